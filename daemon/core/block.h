@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Block metadata shared by the pool, the prefix index and the sequence layer.
+ * Internal to daemon/core: nothing outside core/ includes this file.
+ */
+#pragma once
+
+#include <assert.h>
+#include <stdint.h>
+
+#define CORE_NONE UINT32_MAX
+
+/* 128-bit chain hash of a full block (see hash.h). */
+struct core_hash {
+	uint64_t lo;
+	uint64_t hi;
+};
+
+enum core_block_state {
+	CORE_BLOCK_FREE = 0, /* on the free list, content meaningless */
+	CORE_BLOCK_FILLING,  /* held by sequences, not every slot committed */
+	CORE_BLOCK_READY,    /* full and committed: immutable, hash valid */
+};
+
+enum {
+	CORE_BLOCK_INDEXED = 1u << 0, /* findable through the prefix index */
+	CORE_BLOCK_ON_LRU = 1u << 1,  /* refcount 0 and indexed: cached, on the LRU list */
+};
+
+/*
+ * One per physical block; kept at 64 bytes or less so a 1M-block pool's metadata is 64 MiB.
+ * prev/next link the block into exactly one of the free list (next only) or the LRU list,
+ * or neither while it is referenced.
+ */
+struct core_block {
+	struct core_hash hash; /* chain hash; valid in state READY */
+	uint64_t salt;         /* namespace salt of the chain (READY) */
+	uint64_t extra;        /* extra key of the chain, e.g. adapter id (READY) */
+	uint32_t prev;         /* LRU: towards older */
+	uint32_t next;         /* LRU: towards newer; free list: next free */
+	uint32_t parent;       /* previous block of the chain or CORE_NONE (READY) */
+	uint32_t refcount;     /* block-table references */
+	uint32_t children;     /* indexed blocks whose parent is this block */
+	uint8_t state;         /* enum core_block_state */
+	uint8_t flags;         /* CORE_BLOCK_* */
+	uint16_t reserved;
+};
+
+static_assert(sizeof(struct core_block) <= 64, "block metadata must stay within 64 bytes");

@@ -1,0 +1,510 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sequences and block tables on top of the pool and the prefix index.  Every mutating call
+ * first checks everything that can fail (arguments, space, memory) and only then changes
+ * state, so a failed call changes nothing.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/core/core-internal.h"
+
+static void on_evict(void *ctx, uint32_t b)
+{
+	struct core *c = ctx;
+	struct core_block *blk = &c->pool.blocks[b];
+
+	/* Only indexed blocks are ever cached, and an indexed block's parent is indexed. */
+	index_remove(&c->index, blk->hash, b);
+	if (blk->parent != CORE_NONE)
+		c->pool.blocks[blk->parent].children--;
+	blk->flags &= ~CORE_BLOCK_INDEXED;
+}
+
+static int config_check(const struct core_config *cfg)
+{
+	if (cfg->capacity_blocks == 0 || cfg->block_tokens == 0 ||
+	    cfg->block_tokens > CORE_MAX_BLOCK_TOKENS || cfg->max_sequences == 0 ||
+	    cfg->max_sequences > CORE_MAX_SEQUENCES || cfg->max_seq_tokens == 0 ||
+	    !cfg->copy_block)
+		return -EINVAL;
+	if ((uint64_t)cfg->capacity_blocks * cfg->block_tokens > SIZE_MAX / sizeof(uint32_t))
+		return -EINVAL;
+	return 0;
+}
+
+int core_new(const struct core_config *cfg, struct core **ret)
+{
+	struct core *c;
+	int r;
+
+	r = config_check(cfg);
+	if (r < 0)
+		return r;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->cfg = *cfg;
+	if (!c->cfg.hash_fn)
+		c->cfg.hash_fn = core_hash_xxh3;
+
+	r = pool_init(&c->pool, cfg->capacity_blocks, on_evict, c);
+	if (r < 0)
+		goto fail;
+	r = index_init(&c->index, cfg->capacity_blocks);
+	if (r < 0)
+		goto fail;
+	r = -ENOMEM;
+	c->tokens = calloc((size_t)cfg->capacity_blocks * cfg->block_tokens, sizeof(uint32_t));
+	c->scratch = malloc(CORE_HASH_HEADER_BYTES + (size_t)cfg->block_tokens * sizeof(uint32_t));
+	c->seqs = calloc(cfg->max_sequences, sizeof(*c->seqs));
+	c->free_slots = malloc((size_t)cfg->max_sequences * sizeof(*c->free_slots));
+	if (!c->tokens || !c->scratch || !c->seqs || !c->free_slots)
+		goto fail;
+	/* Hand out low slots first: ids stay small and the slot array stays warm. */
+	for (uint32_t i = 0; i < cfg->max_sequences; i++)
+		c->free_slots[i] = cfg->max_sequences - 1 - i;
+	c->nfree_slots = cfg->max_sequences;
+	*ret = c;
+	return 0;
+fail:
+	core_free(c);
+	return r;
+}
+
+struct core *core_free(struct core *c)
+{
+	if (!c)
+		return NULL;
+	if (c->seqs)
+		for (uint32_t i = 0; i < c->cfg.max_sequences; i++)
+			free(c->seqs[i].table);
+	pool_done(&c->pool);
+	index_done(&c->index);
+	free(c->tokens);
+	free(c->scratch);
+	free(c->seqs);
+	free(c->free_slots);
+	free(c);
+	return NULL;
+}
+
+struct core_hash core_chain_hash(const struct core *c, uint32_t parent, uint64_t salt,
+				 uint64_t extra, const uint32_t *tokens)
+{
+	struct core_hash ph = { 0, 0 };
+
+	if (parent != CORE_NONE)
+		ph = c->pool.blocks[parent].hash;
+	return core_hash_block(c->cfg.hash_fn, c->scratch, ph, salt, extra, tokens,
+			       c->cfg.block_tokens);
+}
+
+/* Sequence ids carry the slot's generation so a closed id is never mistaken for a new one. */
+static inline uint64_t seq_id(const struct core *c, uint32_t slot)
+{
+	return ((uint64_t)c->seqs[slot].gen << 32) | slot;
+}
+
+static struct core_seq *seq_get(const struct core *c, uint64_t id)
+{
+	uint32_t slot = (uint32_t)id;
+	struct core_seq *s;
+
+	if (slot >= c->cfg.max_sequences)
+		return NULL;
+	s = &c->seqs[slot];
+	if (!s->table || s->gen != (uint32_t)(id >> 32))
+		return NULL;
+	return s;
+}
+
+static int tokens_check(const struct core *c, const uint32_t *tokens, uint32_t n)
+{
+	if (n == 0 || !tokens)
+		return -EINVAL;
+	if (c->cfg.vocab_size)
+		for (uint32_t i = 0; i < n; i++)
+			if (tokens[i] >= c->cfg.vocab_size)
+				return -EINVAL;
+	return 0;
+}
+
+static inline uint32_t blocks_for(const struct core *c, uint32_t ntokens)
+{
+	return (uint32_t)(((uint64_t)ntokens + c->cfg.block_tokens - 1) / c->cfg.block_tokens);
+}
+
+/*
+ * Walks the index for the prompt's leading full blocks.  A candidate is accepted only when its
+ * parent, salt, extra key and every token id match: the hash only finds candidates.  Fills
+ * hits[] and returns their number; *ret_collisions counts hash matches with other content.
+ */
+static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uint32_t *hits,
+			    uint32_t *ret_collisions)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	uint32_t limit = o->ntokens / B, parent = CORE_NONE, n = 0;
+
+	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
+		limit--;
+	*ret_collisions = 0;
+	for (; n < limit; n++) {
+		const uint32_t *want = o->tokens + (size_t)n * B;
+		struct core_hash h = core_chain_hash(c, parent, o->salt, o->extra, want);
+		uint32_t b = index_find(&c->index, c->pool.blocks, h);
+		const struct core_block *blk;
+
+		if (b == CORE_NONE)
+			break;
+		blk = &c->pool.blocks[b];
+		if (blk->parent != parent || blk->salt != o->salt || blk->extra != o->extra ||
+		    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) != 0) {
+			(*ret_collisions)++;
+			break;
+		}
+		hits[n] = b;
+		parent = b;
+	}
+	return n;
+}
+
+/* Grows a table to hold nblocks entries.  0 or -ENOMEM; the table is unchanged on failure. */
+static int table_reserve(struct core_seq *s, uint32_t nblocks)
+{
+	uint32_t cap = s->cap_blocks ? s->cap_blocks : 4;
+	uint32_t *t;
+
+	if (nblocks <= s->cap_blocks)
+		return 0;
+	while (cap < nblocks)
+		cap = cap > UINT32_MAX / 2 ? nblocks : cap * 2;
+	t = realloc(s->table, (size_t)cap * sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	s->table = t;
+	s->cap_blocks = cap;
+	return 0;
+}
+
+/* Writes token ids into the slots [from, from + n) of a sequence whose blocks exist. */
+static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from,
+			 const uint32_t *tokens, uint32_t n)
+{
+	const uint32_t B = c->cfg.block_tokens;
+
+	while (n > 0) {
+		uint32_t slot = from % B, chunk = B - slot;
+
+		if (chunk > n)
+			chunk = n;
+		memcpy(c->tokens + (size_t)s->table[from / B] * B + slot, tokens,
+		       (size_t)chunk * sizeof(uint32_t));
+		from += chunk;
+		tokens += chunk;
+		n -= chunk;
+	}
+}
+
+int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
+		  uint32_t *ret_cached)
+{
+	uint32_t nblocks, nhit, collisions, cached_hits = 0, slot;
+	struct core_seq *s;
+	uint32_t *table;
+	int r;
+
+	r = tokens_check(c, o->tokens, o->ntokens);
+	if (r < 0)
+		return r;
+	if (o->flags & ~CORE_OPEN_RECOMPUTE_LAST)
+		return -EINVAL;
+	if (o->ntokens > c->cfg.max_seq_tokens)
+		return -E2BIG;
+	if (c->nfree_slots == 0)
+		return -EMFILE;
+
+	nblocks = blocks_for(c, o->ntokens);
+	table = malloc((size_t)nblocks * sizeof(*table));
+	if (!table)
+		return -ENOMEM;
+	nhit = prefix_walk(c, o, table, &collisions);
+	for (uint32_t i = 0; i < nhit; i++)
+		cached_hits += c->pool.blocks[table[i]].refcount == 0;
+	if (nblocks - nhit > pool_available(&c->pool) - cached_hits) {
+		free(table);
+		return -ENOSPC;
+	}
+
+	/* Nothing can fail from here on. */
+	slot = c->free_slots[--c->nfree_slots];
+	s = &c->seqs[slot];
+	s->gen++;
+	s->salt = o->salt;
+	s->extra = o->extra;
+	s->table = table;
+	s->cap_blocks = nblocks;
+	s->nblocks = nblocks;
+	s->ntokens = o->ntokens;
+	s->ncommitted = nhit * c->cfg.block_tokens;
+
+	/* Take the hits first so allocating the rest cannot evict them. */
+	for (uint32_t i = 0; i < nhit; i++)
+		pool_ref(&c->pool, table[i]);
+	for (uint32_t i = nhit; i < nblocks; i++)
+		table[i] = pool_alloc(&c->pool);
+	write_tokens(c, s, s->ncommitted, o->tokens + s->ncommitted, o->ntokens - s->ncommitted);
+
+	c->stats.lookups++;
+	c->stats.query_blocks += nblocks;
+	c->stats.hit_blocks += nhit;
+	c->stats.hit_tokens += s->ncommitted;
+	c->stats.miss_blocks += nblocks - nhit;
+	c->stats.collisions += collisions;
+
+	*ret_seq = seq_id(c, slot);
+	if (ret_cached)
+		*ret_cached = s->ncommitted;
+	return 0;
+}
+
+uint32_t core_lookup(const struct core *c, const struct core_open *o)
+{
+	uint32_t collisions, nhit = 0, limit;
+	uint32_t *hits;
+
+	if (tokens_check(c, o->tokens, o->ntokens) < 0)
+		return 0;
+	limit = o->ntokens / c->cfg.block_tokens;
+	if (limit == 0)
+		return 0;
+	hits = malloc((size_t)limit * sizeof(*hits));
+	if (!hits)
+		return 0;
+	nhit = prefix_walk(c, o, hits, &collisions);
+	free(hits);
+	return nhit * c->cfg.block_tokens;
+}
+
+int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_t n)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	struct core_seq *s = seq_get(c, id);
+	uint32_t nblocks, need, last, first_changed;
+	bool cow;
+	int r;
+
+	if (!s)
+		return -ENOENT;
+	r = tokens_check(c, tokens, n);
+	if (r < 0)
+		return r;
+	if ((uint64_t)s->ntokens + n > c->cfg.max_seq_tokens)
+		return -E2BIG;
+
+	last = s->nblocks - 1;
+	/* A partly filled last block that others share must be copied before it is written. */
+	cow = s->ntokens % B != 0 && c->pool.blocks[s->table[last]].refcount > 1;
+	nblocks = blocks_for(c, s->ntokens + n);
+	need = nblocks - s->nblocks + cow;
+	if (need > pool_available(&c->pool))
+		return -ENOSPC;
+	r = table_reserve(s, nblocks);
+	if (r < 0)
+		return r;
+
+	first_changed = s->nblocks;
+	if (cow) {
+		uint32_t old = s->table[last], copy = pool_alloc(&c->pool);
+
+		r = c->cfg.copy_block(c->cfg.copy_ctx, copy, old);
+		if (r < 0) {
+			pool_unref(&c->pool, copy);
+			return r;
+		}
+		memcpy(c->tokens + (size_t)copy * B, core_slot_tokens(c, old),
+		       (size_t)(s->ntokens % B) * sizeof(uint32_t));
+		s->table[last] = copy;
+		pool_unref(&c->pool, old);
+		c->stats.cow_copies++;
+		first_changed = last;
+	}
+	for (uint32_t i = s->nblocks; i < nblocks; i++)
+		s->table[i] = pool_alloc(&c->pool);
+	s->nblocks = nblocks;
+	write_tokens(c, s, s->ntokens, tokens, n);
+	s->ntokens += n;
+	return (int)first_changed;
+}
+
+/* Block i of s just became full and committed: make it READY and, when possible, findable. */
+static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
+{
+	uint32_t b = s->table[i], parent = i > 0 ? s->table[i - 1] : CORE_NONE, found;
+	struct core_block *blk = &c->pool.blocks[b], *pb;
+
+	if (blk->state == CORE_BLOCK_READY)
+		return 0; /* a fork sibling committed this shared block already */
+	blk->hash = core_chain_hash(c, parent, s->salt, s->extra, core_slot_tokens(c, b));
+	blk->salt = s->salt;
+	blk->extra = s->extra;
+	blk->parent = parent;
+	blk->state = CORE_BLOCK_READY;
+	c->stats.commits++;
+
+	/* A block is findable only through its parent, so an unfindable parent ends the chain. */
+	pb = parent != CORE_NONE ? &c->pool.blocks[parent] : NULL;
+	if (pb && !(pb->flags & CORE_BLOCK_INDEXED))
+		return 0;
+
+	found = index_find(&c->index, c->pool.blocks, blk->hash);
+	if (found == CORE_NONE) {
+		index_insert(&c->index, blk->hash, b);
+		blk->flags |= CORE_BLOCK_INDEXED;
+		if (pb)
+			pb->children++;
+		return 0;
+	}
+
+	const struct core_block *fb = &c->pool.blocks[found];
+	if (fb->parent != parent || fb->salt != s->salt || fb->extra != s->extra ||
+	    memcmp(core_slot_tokens(c, found), core_slot_tokens(c, b),
+		   (size_t)c->cfg.block_tokens * sizeof(uint32_t)) != 0) {
+		c->stats.collisions++;
+		return 0;
+	}
+	/*
+	 * Someone committed the same block first.  When we are the only holder of our copy, use
+	 * theirs and free ours, so the rest of this chain stays findable and memory is not
+	 * duplicated.  A shared copy stays as it is (not findable).
+	 */
+	if (blk->refcount != 1)
+		return 0;
+	pool_ref(&c->pool, found);
+	s->table[i] = found;
+	pool_unref(&c->pool, b);
+	c->stats.dedup_blocks++;
+	return 1;
+}
+
+int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	struct core_seq *s = seq_get(c, id);
+	int replaced = 0;
+
+	if (!s)
+		return -ENOENT;
+	if (ntokens > s->ntokens)
+		return -EINVAL;
+	if (ntokens <= s->ncommitted)
+		return 0;
+	for (uint32_t i = s->ncommitted / B; i < ntokens / B; i++)
+		replaced += commit_block(c, s, i);
+	s->ncommitted = ntokens;
+	return replaced;
+}
+
+int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
+{
+	struct core_seq *s = seq_get(c, id), *child;
+	uint32_t *table, slot;
+
+	if (!s)
+		return -ENOENT;
+	if (c->nfree_slots == 0)
+		return -EMFILE;
+	table = malloc((size_t)s->nblocks * sizeof(*table));
+	if (!table)
+		return -ENOMEM;
+	memcpy(table, s->table, (size_t)s->nblocks * sizeof(*table));
+	for (uint32_t i = 0; i < s->nblocks; i++)
+		pool_ref(&c->pool, table[i]);
+
+	slot = c->free_slots[--c->nfree_slots];
+	child = &c->seqs[slot];
+	child->gen++;
+	child->salt = s->salt;
+	child->extra = s->extra;
+	child->table = table;
+	child->cap_blocks = s->nblocks;
+	child->nblocks = s->nblocks;
+	child->ntokens = s->ntokens;
+	child->ncommitted = s->ncommitted;
+	*ret_child = seq_id(c, slot);
+	return 0;
+}
+
+int core_seq_close(struct core *c, uint64_t id)
+{
+	struct core_seq *s = seq_get(c, id);
+
+	if (!s)
+		return -ENOENT;
+	/*
+	 * Back to front: a child becomes cached before its parent, which keeps the LRU list
+	 * leaf-first (see pool_alloc).
+	 */
+	for (uint32_t i = s->nblocks; i-- > 0;)
+		pool_unref(&c->pool, s->table[i]);
+	free(s->table);
+	s->table = NULL;
+	s->cap_blocks = s->nblocks = s->ntokens = s->ncommitted = 0;
+	c->free_slots[c->nfree_slots++] = (uint32_t)id;
+	return 0;
+}
+
+int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
+{
+	const struct core_seq *s = seq_get(c, id);
+
+	if (!s)
+		return -ENOENT;
+	*ret = (struct core_seq_info){
+		.salt = s->salt,
+		.extra = s->extra,
+		.ntokens = s->ntokens,
+		.ncommitted = s->ncommitted,
+		.nblocks = s->nblocks,
+		.table = s->table,
+	};
+	return 0;
+}
+
+uint32_t core_drop_cache(struct core *c)
+{
+	uint32_t n = 0;
+
+	while (pool_evict_oldest(&c->pool))
+		n++;
+	return n;
+}
+
+const uint32_t *core_block_tokens(const struct core *c, uint32_t b)
+{
+	return b < c->cfg.capacity_blocks ? core_slot_tokens(c, b) : NULL;
+}
+
+uint32_t core_block_tokens_per_block(const struct core *c)
+{
+	return c->cfg.block_tokens;
+}
+
+void core_get_stats(const struct core *c, struct core_stats *ret)
+{
+	*ret = c->stats;
+	ret->evictions = c->pool.reused;
+}
+
+void core_get_usage(const struct core *c, struct core_usage *ret)
+{
+	*ret = (struct core_usage){
+		.capacity = c->pool.capacity,
+		.free = c->pool.nfree,
+		.cached = c->pool.ncached,
+		.in_use = pool_in_use(&c->pool),
+		.indexed = c->index.count,
+		.sequences = c->cfg.max_sequences - c->nfree_slots,
+	};
+}

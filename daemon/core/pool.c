@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/core/pool.h"
+
+/* Metadata is allocated in one array; keep the product within what calloc can index. */
+#define POOL_MAX_BLOCKS (UINT32_C(1) << 30)
+
+int pool_init(struct pool *p, uint32_t capacity, pool_evict_fn evict, void *evict_ctx)
+{
+	struct core_block *blocks;
+
+	if (capacity == 0 || capacity > POOL_MAX_BLOCKS)
+		return -EINVAL;
+	blocks = calloc(capacity, sizeof(*blocks));
+	if (!blocks)
+		return -ENOMEM;
+
+	*p = (struct pool){
+		.blocks = blocks,
+		.capacity = capacity,
+		.nfree = capacity,
+		.free_head = 0,
+		.lru_head = CORE_NONE,
+		.lru_tail = CORE_NONE,
+		.evict = evict,
+		.evict_ctx = evict_ctx,
+	};
+	for (uint32_t i = 0; i < capacity; i++) {
+		blocks[i].next = i + 1 < capacity ? i + 1 : CORE_NONE;
+		blocks[i].prev = CORE_NONE;
+		blocks[i].parent = CORE_NONE;
+	}
+	return 0;
+}
+
+void pool_done(struct pool *p)
+{
+	free(p->blocks);
+	p->blocks = NULL;
+}
+
+static void lru_unlink(struct pool *p, uint32_t b)
+{
+	struct core_block *blk = &p->blocks[b];
+
+	if (blk->prev != CORE_NONE)
+		p->blocks[blk->prev].next = blk->next;
+	else
+		p->lru_head = blk->next;
+	if (blk->next != CORE_NONE)
+		p->blocks[blk->next].prev = blk->prev;
+	else
+		p->lru_tail = blk->prev;
+	blk->prev = blk->next = CORE_NONE;
+	blk->flags &= ~CORE_BLOCK_ON_LRU;
+	p->ncached--;
+}
+
+static void lru_push_newest(struct pool *p, uint32_t b)
+{
+	struct core_block *blk = &p->blocks[b];
+
+	blk->prev = p->lru_tail;
+	blk->next = CORE_NONE;
+	if (p->lru_tail != CORE_NONE)
+		p->blocks[p->lru_tail].next = b;
+	else
+		p->lru_head = b;
+	p->lru_tail = b;
+	blk->flags |= CORE_BLOCK_ON_LRU;
+	p->ncached++;
+}
+
+static void push_free(struct pool *p, uint32_t b)
+{
+	struct core_block *blk = &p->blocks[b];
+
+	*blk = (struct core_block){
+		.next = p->free_head,
+		.prev = CORE_NONE,
+		.parent = CORE_NONE,
+		.state = CORE_BLOCK_FREE,
+	};
+	p->free_head = b;
+	p->nfree++;
+}
+
+uint32_t pool_alloc(struct pool *p)
+{
+	uint32_t b = p->free_head;
+
+	if (b != CORE_NONE) {
+		p->free_head = p->blocks[b].next;
+		p->nfree--;
+	} else {
+		/*
+		 * Leaf-first holds by construction: a block becomes cached only after every
+		 * cached child did (tables release back to front, and whoever holds a child
+		 * holds its parent), so the oldest cached block has no cached child.
+		 * core_verify() checks this ordering.
+		 */
+		b = p->lru_head;
+		if (b == CORE_NONE)
+			return CORE_NONE;
+		lru_unlink(p, b);
+		p->evict(p->evict_ctx, b);
+		p->reused++;
+	}
+	p->blocks[b] = (struct core_block){
+		.prev = CORE_NONE,
+		.next = CORE_NONE,
+		.parent = CORE_NONE,
+		.refcount = 1,
+		.state = CORE_BLOCK_FILLING,
+	};
+	return b;
+}
+
+void pool_ref(struct pool *p, uint32_t b)
+{
+	struct core_block *blk = &p->blocks[b];
+
+	if (blk->refcount == 0 && (blk->flags & CORE_BLOCK_ON_LRU))
+		lru_unlink(p, b);
+	blk->refcount++;
+}
+
+void pool_unref(struct pool *p, uint32_t b)
+{
+	struct core_block *blk = &p->blocks[b];
+
+	if (--blk->refcount > 0)
+		return;
+	if (blk->flags & CORE_BLOCK_INDEXED)
+		lru_push_newest(p, b);
+	else
+		push_free(p, b);
+}
+
+bool pool_evict_oldest(struct pool *p)
+{
+	uint32_t b = p->lru_head;
+
+	if (b == CORE_NONE)
+		return false;
+	lru_unlink(p, b);
+	p->evict(p->evict_ctx, b);
+	push_free(p, b);
+	return true;
+}

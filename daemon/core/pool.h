@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The block pool: metadata for every physical block, an O(1) free list, refcounts and the
+ * intrusive LRU list of cached blocks (refcount 0, indexed).  No I/O, no policy beyond LRU.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "daemon/core/block.h"
+
+/* Called for a cached block just before its memory is reused; it must drop it from the index. */
+typedef void (*pool_evict_fn)(void *ctx, uint32_t block);
+
+struct pool {
+	struct core_block *blocks;
+	uint32_t capacity;
+	uint32_t nfree;   /* blocks on the free list */
+	uint32_t ncached; /* blocks on the LRU list */
+	uint32_t free_head;
+	uint32_t lru_head; /* oldest cached block: evicted first */
+	uint32_t lru_tail; /* newest cached block */
+	uint64_t reused;   /* cached blocks taken by pool_alloc (evictions) */
+	pool_evict_fn evict;
+	void *evict_ctx;
+};
+
+/* Returns 0 or -EINVAL (capacity 0 or too large) / -ENOMEM. */
+int pool_init(struct pool *p, uint32_t capacity, pool_evict_fn evict, void *evict_ctx);
+void pool_done(struct pool *p);
+
+/* Blocks that an allocation may still obtain: free plus cached. */
+static inline uint32_t pool_available(const struct pool *p)
+{
+	return p->nfree + p->ncached;
+}
+
+static inline uint32_t pool_in_use(const struct pool *p)
+{
+	return p->capacity - p->nfree - p->ncached;
+}
+
+/*
+ * Takes a free block, or else reuses the oldest cached block (calling the evict hook first).
+ * The block comes back FILLING with refcount 1.  Returns CORE_NONE when nothing is left.
+ */
+uint32_t pool_alloc(struct pool *p);
+
+/* Adds a reference; a cached block leaves the LRU list. */
+void pool_ref(struct pool *p, uint32_t b);
+
+/*
+ * Drops a reference.  At zero an indexed block becomes cached (newest on the LRU list) and
+ * any other block goes back to the free list.
+ */
+void pool_unref(struct pool *p, uint32_t b);
+
+/*
+ * Frees the oldest cached block (calling the evict hook).  Returns false when nothing is
+ * cached.
+ */
+bool pool_evict_oldest(struct pool *p);

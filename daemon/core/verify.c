@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * core_verify(): recomputes every invariant of the block manager from scratch.  Slow on
+ * purpose (hashes every indexed block again); for tests, `kvpagedctl verify` and debugging.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/core/core-internal.h"
+
+struct verify {
+	const struct core *c;
+	char *why;
+	size_t why_len;
+	uint32_t *refs;   /* expected refcount per block */
+	uint32_t *lru_pos;/* position on the LRU list + 1, 0 when not on it */
+	uint32_t *kids;   /* expected indexed children per block */
+	uint8_t *on_free;
+};
+
+__attribute__((format(printf, 2, 3))) static int fail(struct verify *v, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (v->why && v->why_len) {
+		va_start(ap, fmt);
+		vsnprintf(v->why, v->why_len, fmt, ap);
+		va_end(ap);
+	}
+	return -EUCLEAN;
+}
+
+static int check_lists(struct verify *v)
+{
+	const struct pool *p = &v->c->pool;
+	uint32_t n = 0, prev = CORE_NONE;
+
+	for (uint32_t b = p->free_head; b != CORE_NONE; b = p->blocks[b].next) {
+		const struct core_block *blk = &p->blocks[b];
+
+		if (b >= p->capacity)
+			return fail(v, "free list links to block %u beyond capacity", b);
+		if (v->on_free[b] || ++n > p->capacity)
+			return fail(v, "free list has a cycle at block %u", b);
+		v->on_free[b] = 1;
+		if (blk->state != CORE_BLOCK_FREE || blk->refcount || blk->flags)
+			return fail(v, "block %u on the free list has state %u refcount %u flags %#x",
+				    b, blk->state, blk->refcount, blk->flags);
+	}
+	if (n != p->nfree)
+		return fail(v, "free list holds %u blocks, counter says %u", n, p->nfree);
+
+	n = 0;
+	for (uint32_t b = p->lru_head; b != CORE_NONE; prev = b, b = p->blocks[b].next) {
+		const struct core_block *blk = &p->blocks[b];
+
+		if (b >= p->capacity)
+			return fail(v, "LRU list links to block %u beyond capacity", b);
+		if (v->lru_pos[b] || v->on_free[b] || n >= p->capacity)
+			return fail(v, "block %u is on the LRU list twice or also free", b);
+		v->lru_pos[b] = ++n;
+		if (blk->prev != prev)
+			return fail(v, "LRU back link of block %u is %u, expected %u", b, blk->prev,
+				    prev);
+		if (blk->refcount || blk->state != CORE_BLOCK_READY ||
+		    blk->flags != (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
+			return fail(v, "cached block %u has refcount %u state %u flags %#x", b,
+				    blk->refcount, blk->state, blk->flags);
+	}
+	if (prev != p->lru_tail)
+		return fail(v, "LRU tail is %u, list ends at %u", p->lru_tail, prev);
+	if (n != p->ncached)
+		return fail(v, "LRU list holds %u blocks, counter says %u", n, p->ncached);
+	return 0;
+}
+
+static int check_sequences(struct verify *v, uint32_t *nseqs)
+{
+	const struct core *c = v->c;
+	const uint32_t B = c->cfg.block_tokens;
+
+	*nseqs = 0;
+	for (uint32_t slot = 0; slot < c->cfg.max_sequences; slot++) {
+		const struct core_seq *s = &c->seqs[slot];
+
+		if (!s->table)
+			continue;
+		(*nseqs)++;
+		if (s->ntokens == 0 || s->nblocks != (s->ntokens + B - 1) / B ||
+		    s->nblocks > s->cap_blocks || s->ncommitted > s->ntokens)
+			return fail(v, "sequence slot %u: %u tokens, %u committed, %u blocks", slot,
+				    s->ntokens, s->ncommitted, s->nblocks);
+		for (uint32_t i = 0; i < s->nblocks; i++) {
+			uint32_t b = s->table[i];
+			const struct core_block *blk;
+
+			if (b >= c->pool.capacity)
+				return fail(v, "sequence slot %u entry %u: block %u out of range",
+					    slot, i, b);
+			blk = &c->pool.blocks[b];
+			v->refs[b]++;
+			if (i < s->ncommitted / B) {
+				if (blk->state != CORE_BLOCK_READY)
+					return fail(v, "sequence slot %u: committed block %u (entry %u) "
+						    "is not READY", slot, b, i);
+				if (blk->salt != s->salt || blk->extra != s->extra)
+					return fail(v, "sequence slot %u: block %u has another "
+						    "namespace or extra key", slot, b);
+				if ((blk->flags & CORE_BLOCK_INDEXED) &&
+				    blk->parent != (i ? s->table[i - 1] : CORE_NONE))
+					return fail(v, "sequence slot %u: indexed block %u's parent "
+						    "is %u, table says %u", slot, b, blk->parent,
+						    i ? s->table[i - 1] : CORE_NONE);
+			} else if (blk->state == CORE_BLOCK_FREE) {
+				return fail(v, "sequence slot %u holds free block %u", slot, b);
+			}
+		}
+	}
+	if (*nseqs != c->cfg.max_sequences - c->nfree_slots)
+		return fail(v, "%u sequences open, slot stack says %u", *nseqs,
+			    c->cfg.max_sequences - c->nfree_slots);
+	return 0;
+}
+
+static int check_blocks(struct verify *v, uint32_t *nindexed)
+{
+	const struct core *c = v->c;
+	const struct pool *p = &c->pool;
+
+	*nindexed = 0;
+	for (uint32_t b = 0; b < p->capacity; b++) {
+		const struct core_block *blk = &p->blocks[b];
+
+		if (blk->refcount != v->refs[b])
+			return fail(v, "block %u: refcount %u, block tables hold %u", b,
+				    blk->refcount, v->refs[b]);
+		if (blk->refcount == 0 && !v->on_free[b] && !v->lru_pos[b])
+			return fail(v, "block %u is unreferenced but neither free nor cached", b);
+		if (blk->refcount > 0 && (v->on_free[b] || v->lru_pos[b]))
+			return fail(v, "block %u is referenced and on a list", b);
+		if (!(blk->flags & CORE_BLOCK_INDEXED))
+			continue;
+		(*nindexed)++;
+		if (blk->state != CORE_BLOCK_READY)
+			return fail(v, "indexed block %u is not READY", b);
+		if (index_find(&c->index, p->blocks, blk->hash) != b)
+			return fail(v, "indexed block %u is not found under its hash", b);
+		if (!core_hash_eq(blk->hash, core_chain_hash(c, blk->parent, blk->salt, blk->extra,
+							      core_slot_tokens(c, b))))
+			return fail(v, "block %u: stored hash does not match its content", b);
+		if (blk->parent != CORE_NONE) {
+			const struct core_block *pb;
+
+			if (blk->parent >= p->capacity)
+				return fail(v, "block %u: parent %u out of range", b, blk->parent);
+			pb = &p->blocks[blk->parent];
+			if (!(pb->flags & CORE_BLOCK_INDEXED))
+				return fail(v, "indexed block %u has an unindexed parent %u", b,
+					    blk->parent);
+			v->kids[blk->parent]++;
+			/* Leaf-first: a cached child must be evicted before its cached parent. */
+			if (v->lru_pos[b] && v->lru_pos[blk->parent] &&
+			    v->lru_pos[blk->parent] < v->lru_pos[b])
+				return fail(v, "cached block %u is older on the LRU than its child %u",
+					    blk->parent, b);
+		}
+	}
+	for (uint32_t b = 0; b < p->capacity; b++)
+		if (p->blocks[b].children != v->kids[b])
+			return fail(v, "block %u: %u indexed children recorded, %u found", b,
+				    p->blocks[b].children, v->kids[b]);
+	return 0;
+}
+
+static int check_index(struct verify *v, uint32_t nindexed)
+{
+	const struct prefix_index *ix = &v->c->index;
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i <= ix->mask; i++) {
+		const struct index_slot *s = &ix->slots[i];
+		const struct core_block *blk;
+
+		if (s->block == CORE_NONE)
+			continue;
+		n++;
+		if (s->block >= v->c->pool.capacity)
+			return fail(v, "index slot %u names block %u out of range", i, s->block);
+		blk = &v->c->pool.blocks[s->block];
+		if (!(blk->flags & CORE_BLOCK_INDEXED) || blk->hash.lo != s->key_lo ||
+		    (uint32_t)blk->hash.hi != s->key_hi32)
+			return fail(v, "index slot %u names block %u, which disagrees", i, s->block);
+	}
+	if (n != ix->count || n != nindexed)
+		return fail(v, "index holds %u entries, counter %u, indexed blocks %u", n,
+			    ix->count, nindexed);
+	return 0;
+}
+
+int core_verify(const struct core *c, char *why, size_t why_len)
+{
+	struct verify v = { .c = c, .why = why, .why_len = why_len };
+	uint32_t nseqs, nindexed;
+	size_t cap = c->pool.capacity;
+	int r = -ENOMEM;
+
+	v.refs = calloc(cap, sizeof(*v.refs));
+	v.lru_pos = calloc(cap, sizeof(*v.lru_pos));
+	v.kids = calloc(cap, sizeof(*v.kids));
+	v.on_free = calloc(cap, 1);
+	if (!v.refs || !v.lru_pos || !v.kids || !v.on_free)
+		goto out;
+
+	r = check_lists(&v);
+	if (r == 0)
+		r = check_sequences(&v, &nseqs);
+	if (r == 0)
+		r = check_blocks(&v, &nindexed);
+	if (r == 0)
+		r = check_index(&v, nindexed);
+	if (r == 0 && why && why_len)
+		why[0] = '\0';
+out:
+	free(v.refs);
+	free(v.lru_pos);
+	free(v.kids);
+	free(v.on_free);
+	return r;
+}
