@@ -24,7 +24,7 @@ struct core {
 	struct pool pool;
 	struct prefix_index index;
 	uint32_t *tokens;       /* token id per slot: capacity_blocks * block_tokens */
-	unsigned char *scratch; /* hash input of one block */
+	uint32_t *walk;         /* hits of core_lookup: one sequence's worth of blocks */
 	struct core_seq *seqs;  /* max_sequences slots */
 	uint32_t *free_slots;   /* stack of unused slots */
 	uint32_t nfree_slots;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/core/core-internal.h"
+#include "daemon/core/hash-inline.h"
 
 static void on_evict(void *ctx, uint32_t b)
 {
@@ -46,8 +47,6 @@ int core_new(const struct core_config *cfg, struct core **ret)
 	if (!c)
 		return -ENOMEM;
 	c->cfg = *cfg;
-	if (!c->cfg.hash_fn)
-		c->cfg.hash_fn = core_hash_xxh3;
 
 	r = pool_init(&c->pool, cfg->capacity_blocks, on_evict, c);
 	if (r < 0)
@@ -57,10 +56,13 @@ int core_new(const struct core_config *cfg, struct core **ret)
 		goto fail;
 	r = -ENOMEM;
 	c->tokens = calloc((size_t)cfg->capacity_blocks * cfg->block_tokens, sizeof(uint32_t));
-	c->scratch = malloc(CORE_HASH_HEADER_BYTES + (size_t)cfg->block_tokens * sizeof(uint32_t));
+	/* No sequence can hold more blocks than the pool has. */
+	c->walk = malloc(((size_t)(cfg->max_seq_tokens / cfg->block_tokens < cfg->capacity_blocks
+					   ? cfg->max_seq_tokens / cfg->block_tokens
+					   : cfg->capacity_blocks) + 1) * sizeof(*c->walk));
 	c->seqs = calloc(cfg->max_sequences, sizeof(*c->seqs));
 	c->free_slots = malloc((size_t)cfg->max_sequences * sizeof(*c->free_slots));
-	if (!c->tokens || !c->scratch || !c->seqs || !c->free_slots)
+	if (!c->tokens || !c->walk || !c->seqs || !c->free_slots)
 		goto fail;
 	/* Hand out low slots first: ids stay small and the slot array stays warm. */
 	for (uint32_t i = 0; i < cfg->max_sequences; i++)
@@ -83,7 +85,7 @@ struct core *core_free(struct core *c)
 	pool_done(&c->pool);
 	index_done(&c->index);
 	free(c->tokens);
-	free(c->scratch);
+	free(c->walk);
 	free(c->seqs);
 	free(c->free_slots);
 	free(c);
@@ -97,7 +99,7 @@ struct core_hash core_chain_hash(const struct core *c, uint32_t parent, uint64_t
 
 	if (parent != CORE_NONE)
 		ph = c->pool.blocks[parent].hash;
-	return core_hash_block(c->cfg.hash_fn, c->scratch, ph, salt, extra, tokens,
+	return core_hash_block(c->cfg.hash_fn, ph, core_hash_ns(salt, extra), tokens,
 			       c->cfg.block_tokens);
 }
 
@@ -145,14 +147,17 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 			    uint32_t *ret_collisions)
 {
 	const uint32_t B = c->cfg.block_tokens;
+	const core_hash_fn fn = c->cfg.hash_fn;
+	const uint64_t ns = core_hash_ns(o->salt, o->extra);
 	uint32_t limit = o->ntokens / B, parent = CORE_NONE, n = 0;
+	struct core_hash ph = { 0, 0 };
 
 	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
 		limit--;
 	*ret_collisions = 0;
 	for (; n < limit; n++) {
 		const uint32_t *want = o->tokens + (size_t)n * B;
-		struct core_hash h = core_chain_hash(c, parent, o->salt, o->extra, want);
+		struct core_hash h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
 		uint32_t b = index_find(&c->index, c->pool.blocks, h);
 		const struct core_block *blk;
 
@@ -166,6 +171,7 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 		}
 		hits[n] = b;
 		parent = b;
+		ph = h;
 	}
 	return n;
 }
@@ -271,20 +277,11 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 
 uint32_t core_lookup(const struct core *c, const struct core_open *o)
 {
-	uint32_t collisions, nhit = 0, limit;
-	uint32_t *hits;
+	uint32_t collisions;
 
-	if (tokens_check(c, o->tokens, o->ntokens) < 0)
+	if (tokens_check(c, o->tokens, o->ntokens) < 0 || o->ntokens > c->cfg.max_seq_tokens)
 		return 0;
-	limit = o->ntokens / c->cfg.block_tokens;
-	if (limit == 0)
-		return 0;
-	hits = malloc((size_t)limit * sizeof(*hits));
-	if (!hits)
-		return 0;
-	nhit = prefix_walk(c, o, hits, &collisions);
-	free(hits);
-	return nhit * c->cfg.block_tokens;
+	return prefix_walk(c, o, c->walk, &collisions) * c->cfg.block_tokens;
 }
 
 int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_t n)

@@ -349,10 +349,11 @@ START_TEST(test_lru_prefers_older_chain)
 END_TEST
 
 /* Every block hashes alike: every lookup finds a candidate that verification must refuse. */
-static struct core_hash constant_hash(const void *data, size_t len)
+static struct core_hash constant_hash(const void *data, size_t len, uint64_t seed)
 {
 	(void)data;
 	(void)len;
+	(void)seed;
 	return (struct core_hash){ .lo = 42, .hi = 42 };
 }
 
