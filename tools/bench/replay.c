@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged-bench replay: a Mooncake-format trace (JSON lines with timestamp, input_length,
+ * output_length, hash_ids) replayed in file order.  hash_ids name 512-token prefix blocks;
+ * each id becomes a stream of 512 deterministic token ids, so equal ids give equal tokens
+ * whatever --block-tokens is.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/bench/bench.h"
+#include "tools/bench/workload.h"
+
+#define TRACE_ID_TOKENS 512 /* Mooncake: one hash id per 512 prompt tokens */
+#define MAX_CAPACITIES 32
+#define TRACE_MAX_LINE_IDS 1000000
+
+static int get_uint(json_object *obj, const char *key, uint32_t *out)
+{
+	json_object *v;
+	int64_t x;
+
+	if (!json_object_object_get_ex(obj, key, &v) || !json_object_is_type(v, json_type_int))
+		return -1;
+	x = json_object_get_int64(v);
+	if (x < 0 || x > UINT32_MAX)
+		return -1;
+	*out = (uint32_t)x;
+	return 0;
+}
+
+/* Loads the trace; on a bad line prints file, line and reason and returns -EINVAL. */
+static int load_trace(const char *path, struct workload *w, uint32_t max_requests)
+{
+	FILE *f = fopen(path, "re");
+	struct wseg *segs = NULL;
+	size_t cap = 0, lineno = 0;
+	char *line = NULL;
+	int r = 0;
+
+	if (!f) {
+		r = -errno;
+		fprintf(stderr, "kvpaged-bench: %s: %s\n", path, strerror(errno));
+		return r;
+	}
+	while (getline(&line, &cap, f) > 0 && (!max_requests || w->nreqs < max_requests)) {
+		uint32_t input, output, nids;
+		json_object *obj, *ids;
+		const char *why = NULL;
+
+		lineno++;
+		if (line[strspn(line, " \t\r\n")] == '\0')
+			continue;
+		obj = json_tokener_parse(line);
+		if (!obj || !json_object_is_type(obj, json_type_object))
+			why = "not a JSON object";
+		else if (get_uint(obj, "input_length", &input) < 0 || input == 0)
+			why = "input_length missing, not a positive integer";
+		else if (get_uint(obj, "output_length", &output) < 0)
+			why = "output_length missing or not a non-negative integer";
+		else if (!json_object_object_get_ex(obj, "hash_ids", &ids) ||
+			 !json_object_is_type(ids, json_type_array))
+			why = "hash_ids missing or not an array";
+		else if ((nids = (uint32_t)json_object_array_length(ids)) !=
+			 (input + TRACE_ID_TOKENS - 1) / TRACE_ID_TOKENS)
+			why = "hash_ids must hold ceil(input_length / 512) ids";
+		if (!why) {
+			segs = realloc(segs, nids * sizeof(*segs));
+			if (!segs)
+				abort();
+			for (uint32_t i = 0; i < nids && !why; i++) {
+				json_object *id = json_object_array_get_idx(ids, i);
+
+				if (!json_object_is_type(id, json_type_int) ||
+				    json_object_get_int64(id) < 0)
+					why = "a hash id is not a non-negative integer";
+				else
+					segs[i] = (struct wseg){
+						.stream = (uint64_t)json_object_get_int64(id),
+						.len = i + 1 < nids ? TRACE_ID_TOKENS
+								    : input - i * TRACE_ID_TOKENS,
+					};
+			}
+		}
+		if (!why && workload_add(w, segs, nids, output) < 0)
+			why = "out of memory";
+		json_object_put(obj);
+		if (why) {
+			fprintf(stderr, "kvpaged-bench: %s:%zu: %s\n", path, lineno, why);
+			r = -EINVAL;
+			break;
+		}
+	}
+	if (!r && w->nreqs == 0) {
+		fprintf(stderr, "kvpaged-bench: %s: no requests\n", path);
+		r = -EINVAL;
+	}
+	free(segs);
+	free(line);
+	fclose(f);
+	return r;
+}
+
+static void replay_usage(FILE *f)
+{
+	fputs("usage: kvpaged-bench replay --trace FILE --block-tokens N --capacity-blocks N[,N...]\n"
+	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
+	      "\n"
+	      "Replays the trace in file order through the block manager: each request opens a\n"
+	      "sequence with its prompt, commits it, appends output_length tokens one at a time\n"
+	      "(unless --prompt-only) and closes.  One line (or JSON object) per capacity.\n",
+	      f);
+}
+
+int cmd_replay(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "trace", required_argument, NULL, 't' },
+		{ "block-tokens", required_argument, NULL, 'b' },
+		{ "capacity-blocks", required_argument, NULL, 'c' },
+		{ "prompt-only", no_argument, NULL, 'p' },
+		{ "reference", required_argument, NULL, 'r' },
+		{ "requests", required_argument, NULL, 'n' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{}
+	};
+	uint32_t caps[MAX_CAPACITIES], B = 0, max_requests = 0;
+	const char *trace = NULL;
+	bool prompt_only = false, json = false, belady = false;
+	int ncaps = 0, opt, r;
+	struct workload w;
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		switch (opt) {
+		case 't':
+			trace = optarg;
+			break;
+		case 'b':
+			if (parse_u32(optarg, &B) < 0 || B == 0) {
+				fprintf(stderr, "kvpaged-bench: --block-tokens: not a positive integer: %s\n", optarg);
+				return 2;
+			}
+			break;
+		case 'c':
+			ncaps = parse_u32_list(optarg, caps, MAX_CAPACITIES);
+			if (ncaps < 0) {
+				fprintf(stderr, "kvpaged-bench: --capacity-blocks: expected N[,N...]: %s\n", optarg);
+				return 2;
+			}
+			break;
+		case 'p':
+			prompt_only = true;
+			break;
+		case 'r':
+			if (strcmp(optarg, "belady")) {
+				fprintf(stderr, "kvpaged-bench: --reference: only 'belady' is known\n");
+				return 2;
+			}
+			belady = true;
+			break;
+		case 'n':
+			if (parse_u32(optarg, &max_requests) < 0) {
+				fprintf(stderr, "kvpaged-bench: --requests: not an integer: %s\n", optarg);
+				return 2;
+			}
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'h':
+			replay_usage(stdout);
+			return 0;
+		default:
+			replay_usage(stderr);
+			return 2;
+		}
+	}
+	if (!trace || !B || ncaps <= 0 || optind != argc) {
+		replay_usage(stderr);
+		return 2;
+	}
+	if (workload_init(&w) < 0)
+		return 1;
+	r = load_trace(trace, &w, max_requests);
+	if (r < 0) {
+		workload_free(&w);
+		return 1;
+	}
+	if (!json) {
+		printf("trace %s: %u requests, block %u tokens%s\n", trace, w.nreqs, B,
+		       prompt_only ? ", prompts only" : "");
+		replay_print_header(belady);
+	}
+	for (int i = 0; i < ncaps; i++) {
+		struct replay_result res;
+
+		if (caps[i] == 0) {
+			fprintf(stderr, "kvpaged-bench: capacity 0 is not a pool\n");
+			r = -EINVAL;
+			break;
+		}
+		r = replay_core(&w, B, caps[i], prompt_only, &res);
+		if (r == 0 && belady)
+			r = replay_belady(&w, B, caps[i], prompt_only, &res.belady_hit_fraction);
+		if (r < 0) {
+			fprintf(stderr, "kvpaged-bench: replay at capacity %u: %s\n", caps[i], strerror(-r));
+			break;
+		}
+		replay_print(&res, json);
+		fflush(stdout);
+	}
+	workload_free(&w);
+	return r < 0 ? 1 : 0;
+}

@@ -1,0 +1,407 @@
+/* SPDX-License-Identifier: MIT */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/core/core.h"
+#include "tools/bench/workload.h"
+
+int workload_init(struct workload *w)
+{
+	memset(w, 0, sizeof(*w));
+	return u64map_init(&w->streams, 1024) < 0 ? -ENOMEM : 0;
+}
+
+void workload_free(struct workload *w)
+{
+	free(w->reqs);
+	free(w->segs);
+	free(w->arena);
+	u64map_free(&w->streams);
+	memset(w, 0, sizeof(*w));
+}
+
+static int grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+	size_t n = *cap ? *cap : 256;
+	void *q;
+
+	if (need <= *cap)
+		return 0;
+	while (n < need)
+		n *= 2;
+	q = realloc(*p, n * elem);
+	if (!q)
+		return -ENOMEM;
+	*p = q;
+	*cap = n;
+	return 0;
+}
+
+/* A stream's tokens are generated once, as long as its longest use. */
+static int stream_tokens(struct workload *w, uint64_t stream, uint32_t len, uint32_t *ret_off)
+{
+	int inserted;
+	uint32_t *off = u64map_get(&w->streams, stream, &inserted);
+
+	if (!inserted) {
+		/* Streams are prefixes: a longer use of a known stream is a bug in the input. */
+		*ret_off = *off;
+		return 0;
+	}
+	if (grow((void **)&w->arena, &w->arena_cap, w->arena_len + len, sizeof(uint32_t)) < 0)
+		return -ENOMEM;
+	if (w->arena_len + len > UINT32_MAX)
+		return -E2BIG;
+	*off = (uint32_t)w->arena_len;
+	for (uint32_t i = 0; i < len; i++)
+		w->arena[w->arena_len + i] = token_of(stream, i);
+	w->arena_len += len;
+	*ret_off = *off;
+	return 0;
+}
+
+int workload_add(struct workload *w, const struct wseg *segs, uint32_t nseg, uint32_t output_len)
+{
+	size_t cap_r = w->cap_reqs, cap_s = w->cap_segs;
+	uint64_t input = 0;
+	int r;
+
+	for (uint32_t i = 0; i < nseg; i++)
+		input += segs[i].len;
+	if (input == 0 || input + output_len > UINT32_MAX)
+		return -EINVAL;
+	if (grow((void **)&w->reqs, &cap_r, w->nreqs + 1, sizeof(*w->reqs)) < 0 ||
+	    grow((void **)&w->segs, &cap_s, w->nsegs + nseg, sizeof(*w->segs)) < 0)
+		return -ENOMEM;
+	w->cap_reqs = (uint32_t)cap_r;
+	w->cap_segs = (uint32_t)cap_s;
+	for (uint32_t i = 0; i < nseg; i++) {
+		struct wseg *s = &w->segs[w->nsegs + i];
+
+		*s = segs[i];
+		/* Every segment but the last is whole; the last may be cut short. */
+		r = stream_tokens(w, s->stream, s->len, &s->arena_off);
+		if (r < 0)
+			return r;
+	}
+	w->reqs[w->nreqs++] = (struct wreq){ .seg_off = w->nsegs, .nseg = nseg,
+					     .input_len = (uint32_t)input,
+					     .output_len = output_len };
+	w->nsegs += nseg;
+	if (input + output_len > w->max_tokens)
+		w->max_tokens = (uint32_t)(input + output_len);
+	return 0;
+}
+
+void workload_prompt(const struct workload *w, uint32_t r, uint32_t *out)
+{
+	const struct wreq *q = &w->reqs[r];
+
+	for (uint32_t i = 0; i < q->nseg; i++) {
+		const struct wseg *s = &w->segs[q->seg_off + i];
+
+		memcpy(out, w->arena + s->arena_off, (size_t)s->len * sizeof(*out));
+		out += s->len;
+	}
+}
+
+uint64_t workload_prefix_key(const struct workload *w, uint32_t r, uint32_t pos)
+{
+	const struct wreq *q = &w->reqs[r];
+
+	for (uint32_t i = 0; i < q->nseg; i++) {
+		const struct wseg *s = &w->segs[q->seg_off + i];
+
+		if (pos < s->len)
+			return mix64(s->stream ^ mix64(pos));
+		pos -= s->len;
+	}
+	return 0;
+}
+
+static int no_copy(void *ctx, uint32_t dst, uint32_t src)
+{
+	return 0; /* the replay measures bookkeeping; there is no KV memory behind it */
+}
+
+int replay_core(const struct workload *w, uint32_t B, uint32_t capacity, bool prompt_only,
+		struct replay_result *res)
+{
+	struct core_config cfg = {
+		.capacity_blocks = capacity,
+		.block_tokens = B,
+		.max_sequences = 4,
+		.max_seq_tokens = w->max_tokens ? w->max_tokens : 1,
+		.copy_block = no_copy,
+	};
+	uint64_t t_start = now_ns(), t;
+	struct core_stats st;
+	struct core *c;
+	uint32_t *prompt;
+	int r;
+
+	r = core_new(&cfg, &c);
+	if (r < 0)
+		return r;
+	prompt = malloc(((size_t)w->max_tokens + 1) * sizeof(*prompt));
+	if (!prompt) {
+		core_free(c);
+		return -ENOMEM;
+	}
+	*res = (struct replay_result){ .capacity = capacity, .block_tokens = B,
+				       .belady_hit_fraction = -1 };
+	for (uint32_t i = 0; i < w->nreqs; i++) {
+		const struct wreq *q = &w->reqs[i];
+		struct core_open o = { .tokens = prompt, .ntokens = q->input_len };
+		uint64_t seq;
+		uint32_t cached;
+
+		workload_prompt(w, i, prompt);
+		t = now_ns();
+		r = core_seq_open(c, &o, &seq, &cached);
+		if (r == -ENOSPC) {
+			res->rejected++;
+			res->core_ns += now_ns() - t;
+			continue;
+		}
+		if (r < 0)
+			goto out;
+		/* The engine prefills the rest and commits it. */
+		r = core_seq_commit(c, seq, q->input_len);
+		res->ops += 3;
+		for (uint32_t k = 0; r >= 0 && !prompt_only && k < q->output_len; k++) {
+			uint32_t tok = token_of(STREAM_OUTPUT | i, k);
+
+			r = core_seq_append(c, seq, &tok, 1);
+			if (r >= 0)
+				r = core_seq_commit(c, seq, q->input_len + k + 1);
+			res->ops += 2;
+		}
+		if (r == -ENOSPC) {
+			res->rejected++;
+			r = 0;
+		}
+		if (r < 0)
+			goto out;
+		r = core_seq_close(c, seq);
+		res->core_ns += now_ns() - t;
+		if (r < 0)
+			goto out;
+	}
+	core_get_stats(c, &st);
+	res->requests = w->nreqs;
+	res->blocks = st.query_blocks;
+	res->hit_blocks = st.hit_blocks;
+	res->hit_tokens = st.hit_tokens;
+	res->evictions = st.evictions;
+	res->collisions = st.collisions;
+	res->wall_ns = now_ns() - t_start;
+	r = 0;
+out:
+	free(prompt);
+	core_free(c);
+	return r;
+}
+
+/* Belady: a max-heap of (next use, depth) with lazy deletion of stale entries. */
+struct heap_ent {
+	uint32_t next_use, depth, node;
+};
+
+struct bnode {
+	uint32_t next_use;
+	bool cached;
+};
+
+static bool heap_less(const struct heap_ent *a, const struct heap_ent *b)
+{
+	return a->next_use != b->next_use ? a->next_use < b->next_use : a->depth < b->depth;
+}
+
+struct heap {
+	struct heap_ent *v;
+	size_t n, cap;
+};
+
+static void heap_push(struct heap *h, struct heap_ent e)
+{
+	size_t i;
+
+	if (h->n == h->cap) {
+		h->cap = h->cap ? 2 * h->cap : 1024;
+		h->v = realloc(h->v, h->cap * sizeof(*h->v));
+		if (!h->v)
+			abort();
+	}
+	for (i = h->n++; i > 0 && heap_less(&h->v[(i - 1) / 2], &e); i = (i - 1) / 2)
+		h->v[i] = h->v[(i - 1) / 2];
+	h->v[i] = e;
+}
+
+static struct heap_ent heap_pop(struct heap *h)
+{
+	struct heap_ent top = h->v[0], last = h->v[--h->n];
+	size_t i = 0;
+
+	for (;;) {
+		size_t c = 2 * i + 1;
+
+		if (c >= h->n)
+			break;
+		if (c + 1 < h->n && heap_less(&h->v[c], &h->v[c + 1]))
+			c++;
+		if (!heap_less(&last, &h->v[c]))
+			break;
+		h->v[i] = h->v[c];
+		i = c;
+	}
+	if (h->n)
+		h->v[i] = last;
+	return top;
+}
+
+#define NEVER UINT32_MAX
+
+int replay_belady(const struct workload *w, uint32_t B, uint32_t capacity, bool prompt_only,
+		  double *ret)
+{
+	uint64_t total_full = 0, hits = 0, blocks = 0;
+	uint32_t *node_of, *next_use, *first;
+	struct bnode *nodes;
+	struct u64map ids, last_use;
+	struct heap heap = { 0 };
+	uint32_t nnodes = 0, cached = 0;
+
+	/* Node per distinct full-block prefix; next use of every (request, block) access. */
+	first = malloc(((size_t)w->nreqs + 1) * sizeof(*first));
+	if (!first)
+		return -ENOMEM;
+	for (uint32_t r = 0; r < w->nreqs; r++) {
+		first[r] = (uint32_t)total_full;
+		total_full += w->reqs[r].input_len / B;
+	}
+	first[w->nreqs] = (uint32_t)total_full;
+	node_of = malloc(total_full * sizeof(*node_of) + 1);
+	next_use = malloc(total_full * sizeof(*next_use) + 1);
+	if (!node_of || !next_use || u64map_init(&ids, total_full / 4 + 16) < 0 ||
+	    u64map_init(&last_use, total_full / 4 + 16) < 0)
+		abort();
+	for (uint32_t r = 0; r < w->nreqs; r++)
+		for (uint32_t j = 0; j < w->reqs[r].input_len / B; j++) {
+			int ins;
+			uint32_t *id = u64map_get(&ids, workload_prefix_key(w, r, (j + 1) * B - 1), &ins);
+
+			if (ins)
+				*id = nnodes++;
+			node_of[first[r] + j] = *id;
+		}
+	for (uint32_t r = w->nreqs; r-- > 0;)
+		for (uint32_t j = 0; j < w->reqs[r].input_len / B; j++) {
+			int ins;
+			uint32_t *nu = u64map_get(&last_use, node_of[first[r] + j], &ins);
+
+			next_use[first[r] + j] = ins ? NEVER : *nu;
+			*nu = r;
+		}
+	nodes = calloc(nnodes + 1, sizeof(*nodes));
+	if (!nodes)
+		abort();
+
+	for (uint32_t r = 0; r < w->nreqs; r++) {
+		const struct wreq *q = &w->reqs[r];
+		uint32_t nfull = q->input_len / B, nhit = 0, need;
+		uint64_t ntok = q->input_len + (prompt_only ? 0 : q->output_len);
+
+		while (nhit < nfull && nodes[node_of[first[r] + nhit]].cached)
+			nhit++;
+		need = (uint32_t)((ntok + B - 1) / B) - nhit;
+		blocks += (q->input_len + B - 1) / B;
+		/* Make room: evict what is used farthest in the future, never this request's. */
+		while (cached + need > capacity) {
+			struct heap_ent e;
+			struct bnode *n;
+
+			if (heap.n == 0)
+				break;
+			e = heap_pop(&heap);
+			n = &nodes[e.node];
+			if (!n->cached || n->next_use != e.next_use)
+				continue; /* stale */
+			if (e.next_use == r) {
+				heap_push(&heap, e); /* only this request's blocks are left */
+				break;
+			}
+			n->cached = false;
+			cached--;
+		}
+		if (cached + need > capacity)
+			continue; /* rejected, as the live pool would */
+		hits += nhit;
+		for (uint32_t j = 0; j < nfull; j++) {
+			struct bnode *n = &nodes[node_of[first[r] + j]];
+
+			if (!n->cached) {
+				n->cached = true;
+				cached++;
+			}
+			n->next_use = next_use[first[r] + j];
+			heap_push(&heap, (struct heap_ent){ n->next_use, j, node_of[first[r] + j] });
+		}
+	}
+	*ret = blocks ? (double)hits / (double)blocks : 0;
+	free(first);
+	free(node_of);
+	free(next_use);
+	free(nodes);
+	free(heap.v);
+	u64map_free(&ids);
+	u64map_free(&last_use);
+	return 0;
+}
+
+void replay_print_header(bool with_belady)
+{
+	printf("%10s %6s %9s %8s %8s %9s %8s %9s %8s%s\n", "capacity", "B", "requests", "blocks",
+	       "hits", "hit_frac", "evicted", "wall_ms", "ns/op", with_belady ? "  belady" : "");
+}
+
+void replay_print(const struct replay_result *res, bool json)
+{
+	double frac = res->blocks ? (double)res->hit_blocks / (double)res->blocks : 0;
+	double ns_op = res->ops ? (double)res->core_ns / (double)res->ops : 0;
+
+	if (json) {
+		json_object *o = json_object_new_object();
+
+		json_object_object_add(o, "capacity_blocks", json_object_new_int64(res->capacity));
+		json_object_object_add(o, "block_tokens", json_object_new_int64(res->block_tokens));
+		json_object_object_add(o, "requests", json_object_new_int64(res->requests));
+		json_object_object_add(o, "rejected", json_object_new_int64(res->rejected));
+		json_object_object_add(o, "blocks", json_object_new_int64((int64_t)res->blocks));
+		json_object_object_add(o, "hit_blocks", json_object_new_int64((int64_t)res->hit_blocks));
+		json_object_object_add(o, "hit_tokens", json_object_new_int64((int64_t)res->hit_tokens));
+		json_object_object_add(o, "hit_fraction", json_object_new_double(frac));
+		json_object_object_add(o, "evictions", json_object_new_int64((int64_t)res->evictions));
+		json_object_object_add(o, "collisions", json_object_new_int64((int64_t)res->collisions));
+		json_object_object_add(o, "ops", json_object_new_int64((int64_t)res->ops));
+		json_object_object_add(o, "core_ms", json_object_new_double((double)res->core_ns / 1e6));
+		json_object_object_add(o, "wall_ms", json_object_new_double((double)res->wall_ns / 1e6));
+		json_object_object_add(o, "ns_per_op", json_object_new_double(ns_op));
+		if (res->belady_hit_fraction >= 0)
+			json_object_object_add(o, "belady_hit_fraction",
+					       json_object_new_double(res->belady_hit_fraction));
+		json_print(o);
+		return;
+	}
+	printf("%10u %6u %9u %8" PRIu64 " %8" PRIu64 " %9.4f %8" PRIu64 " %9.1f %8.1f", res->capacity,
+	       res->block_tokens, res->requests, res->blocks, res->hit_blocks, frac, res->evictions,
+	       (double)res->wall_ns / 1e6, ns_op);
+	if (res->belady_hit_fraction >= 0)
+		printf("  %6.4f", res->belady_hit_fraction);
+	if (res->rejected)
+		printf("  (%u rejected: larger than the pool)", res->rejected);
+	putchar('\n');
+}

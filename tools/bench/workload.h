@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A workload is a list of requests; a request's prompt is a list of segments.  A segment's
+ * stream id names the whole prefix up to the segment's end (as Mooncake's hash ids do), so
+ * equal streams mean equal tokens and equal prefixes.  Streams are materialized once.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tools/bench/u64map.h"
+
+#define STREAM_OUTPUT (UINT64_C(3) << 56) /* | request index: generated tokens */
+
+struct wseg {
+	uint64_t stream;
+	uint32_t len;
+	uint32_t arena_off; /* where the stream's tokens start in the arena */
+};
+
+struct wreq {
+	uint32_t seg_off, nseg;
+	uint32_t input_len, output_len;
+};
+
+struct workload {
+	struct wreq *reqs;
+	uint32_t nreqs, cap_reqs;
+	struct wseg *segs;
+	uint32_t nsegs, cap_segs;
+	uint32_t *arena; /* tokens of every distinct stream */
+	size_t arena_len, arena_cap;
+	struct u64map streams; /* stream -> arena offset */
+	uint32_t max_tokens;   /* longest input + output */
+};
+
+int workload_init(struct workload *w);
+void workload_free(struct workload *w);
+
+/* Adds a request; segment lengths add up to its prompt.  0 or -ENOMEM. */
+int workload_add(struct workload *w, const struct wseg *segs, uint32_t nseg, uint32_t output_len);
+
+/* Writes request r's prompt (input_len tokens) into out. */
+void workload_prompt(const struct workload *w, uint32_t r, uint32_t *out);
+
+/* Identity of request r's prefix up to and including token pos. */
+uint64_t workload_prefix_key(const struct workload *w, uint32_t r, uint32_t pos);
+
+struct replay_result {
+	uint32_t capacity;
+	uint32_t block_tokens;
+	uint32_t requests;
+	uint32_t rejected; /* did not fit in the pool at all */
+	uint64_t blocks;   /* prompt blocks, partial ones included */
+	uint64_t hit_blocks;
+	uint64_t hit_tokens;
+	uint64_t evictions;
+	uint64_t collisions;
+	uint64_t ops;     /* core calls */
+	uint64_t core_ns; /* time inside core calls */
+	uint64_t wall_ns; /* whole replay, prompts built included */
+	double belady_hit_fraction; /* < 0: not computed */
+};
+
+/* Replays w through a fresh core (in-process). */
+int replay_core(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
+		bool prompt_only, struct replay_result *res);
+
+/*
+ * The hit fraction of the offline-optimal policy (Belady's MIN: evict the cached block used
+ * farthest in the future; deeper blocks first on ties, so never a parent before its child).
+ */
+int replay_belady(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
+		  bool prompt_only, double *ret);
+
+void replay_print_header(bool with_belady);
+void replay_print(const struct replay_result *res, bool json);
