@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The whole test suite, as CI runs it: installs dependencies, builds with -Werror, runs every
+# test, runs the unit tests again under AddressSanitizer + UndefinedBehaviorSanitizer, checks
+# the distribution tarball, and ends with one line 'N passed, N failed'.
+set -uo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+
+"$top/scripts/deps.sh" || exit 1
+
+passed=0
+failed=0
+count() { # DIR: add the automake harness results of DIR
+	local log="$1/test-suite.log" p f
+	p=$(sed -n 's/^# PASS: *//p' "$log" 2>/dev/null | head -1)
+	f=$(sed -n 's/^# FAIL: *//p;s/^# ERROR: *//p' "$log" 2>/dev/null | awk '{s+=$1} END {print s+0}')
+	passed=$((passed + ${p:-0}))
+	failed=$((failed + ${f:-0}))
+}
+run_suite() { # NAME DIR MAKE-ARGS...: build and test in DIR
+	local name=$1 dir=$2
+	shift 2
+	echo "== $name"
+	if ! make -C "$dir" -s -j"$(nproc)" check "$@"; then
+		cat "$dir/test-suite.log" 2>/dev/null | tail -100
+		count "$dir"
+		[ -f "$dir/test-suite.log" ] || failed=$((failed + 1))
+		return 1
+	fi
+	count "$dir"
+}
+
+status=0
+echo "== build (-Werror)"
+scripts/build.sh build --enable-werror || exit 1
+run_suite "tests" build || status=1
+
+echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer)"
+scripts/build.sh build-asan --enable-werror --enable-sanitizers || exit 1
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	run_suite "tests under sanitizers" build-asan || status=1
+
+echo "== distcheck"
+if ! make -C build -s distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >build/distcheck.log 2>&1; then
+	tail -60 build/distcheck.log
+	failed=$((failed + 1))
+	status=1
+fi
+
+echo
+echo "check: $passed passed, $failed failed"
+[ "$status" -eq 0 ] && [ "$failed" -eq 0 ]

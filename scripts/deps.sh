@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvpaged needs to build and test.  Idempotent: quiet and fast when
+# everything is there; runs apt-get (as root) only for what is missing.
+set -euo pipefail
+
+packages=(
+	autoconf automake libtool pkg-config make gcc python3
+	libxxhash-dev libjson-c-dev check
+)
+
+missing=()
+for p in "${packages[@]}"; do
+	if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+		missing+=("$p")
+	fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+	echo "deps: missing packages: ${missing[*]} (run as root, or install them)" >&2
+	exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
