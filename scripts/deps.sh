@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(
 	autoconf automake libtool pkg-config make gcc python3
-	libxxhash-dev libjson-c-dev check
+	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
+	libprotobuf-c-dev protobuf-c-compiler
 )
 
 missing=()

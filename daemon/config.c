@@ -1,0 +1,1080 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged.conf.  libinih splits the text into sections and key = value pairs; one schema table
+ * drives everything after that: which keys exist in which section, their types, defaults,
+ * ranges, where they land in struct kvpd_config, and how config_print() writes them back.
+ *
+ * libinih as Debian builds it calls the handler without a line number, cuts section names to
+ * 49 characters, splits a line longer than its buffer into several "lines" (so a long value
+ * would be silently cut short) and never tells the handler about a section with no keys.  So
+ * it reads through our own line reader, which counts lines, refuses over-long ones, and notes
+ * a line that looks like a section header; a header line is one libinih did not call the
+ * handler for (an indented "[x]" after a key is a continuation line to libinih, and then the
+ * handler is called for it).  The section name is taken from that line, which lets pool names
+ * have up to 63 characters, and is cross-checked against libinih's own.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <pwd.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+
+#define KiB (UINT64_C(1) << 10)
+#define MiB (UINT64_C(1) << 20)
+#define GiB (UINT64_C(1) << 30)
+
+/* A file bigger than this is a mistake (a log file named by accident), not a configuration. */
+#define CONFIG_MAX_FILE_BYTES (1024 * 1024)
+
+/* libinih's MAX_SECTION: it keeps at most this many characters minus one of a section name. */
+#define INIH_MAX_SECTION 50
+
+#define POOL_NAME_MAX 63
+
+/* Bigger pools are surely a typo; the bound also keeps every size product far from overflow. */
+#define POOL_MAX_BYTES (UINT64_C(1) << 48)
+
+enum config_section {
+	SECTION_DAEMON,
+	SECTION_LIMITS,
+	SECTION_POOL,
+};
+
+enum config_type {
+	TYPE_U32,
+	TYPE_U64,
+	TYPE_SIZE,
+	TYPE_PATH,      /* an absolute path that fits in a Unix socket address */
+	TYPE_GROUP,     /* a group name or gid; aux_offset is the bool saying it is set */
+	TYPE_NAMESPACE, /* enum kvpd_namespace_mode */
+	TYPE_UIDS,      /* user names or uids; aux_offset is the size_t count */
+	TYPE_GIDS,      /* group names or gids; aux_offset is the size_t count */
+};
+
+#define KEY_REQUIRED (1u << 0)
+#define KEY_POW2 (1u << 1)
+
+struct config_key {
+	const char *name;
+	enum config_section section;
+	enum config_type type;
+	unsigned flags;
+	uint64_t def, min, max; /* numbers and TYPE_NAMESPACE */
+	const char *def_path;
+	size_t offset; /* into struct kvpd_pool_config for pool keys, else struct kvpd_config */
+	size_t aux_offset;
+};
+
+#define NUMBER(sec, st, key, t, member, d, lo, hi, fl)                                             \
+	{                                                                                          \
+		.name = key, .section = sec, .type = t, .flags = fl, .def = d, .min = lo,          \
+		.max = hi, .offset = offsetof(st, member)                                          \
+	}
+#define DAEMON_NUMBER(t, member, d, lo, hi)                                                        \
+	NUMBER(SECTION_DAEMON, struct kvpd_config, #member, t, member, d, lo, hi, 0)
+#define LIMIT(t, member, d, lo, hi, fl)                                                            \
+	NUMBER(SECTION_LIMITS, struct kvpd_config, #member, t, limits.member, d, lo, hi, fl)
+#define POOL_NUMBER(t, member, d, lo, hi, fl)                                                      \
+	NUMBER(SECTION_POOL, struct kvpd_pool_config, #member, t, member, d, lo, hi, fl)
+
+static const struct config_key schema[] = {
+	{ .name = "socket", .section = SECTION_DAEMON, .type = TYPE_PATH,
+	  .def_path = "/run/kvpaged/kvpaged.sock",
+	  .offset = offsetof(struct kvpd_config, socket_path) },
+	{ .name = "admin_socket", .section = SECTION_DAEMON, .type = TYPE_PATH,
+	  .def_path = "/run/kvpaged/admin.sock",
+	  .offset = offsetof(struct kvpd_config, admin_socket_path) },
+	{ .name = "admin_group", .section = SECTION_DAEMON, .type = TYPE_GROUP,
+	  .offset = offsetof(struct kvpd_config, admin_gid),
+	  .aux_offset = offsetof(struct kvpd_config, has_admin_gid) },
+	DAEMON_NUMBER(TYPE_U32, max_sessions, 256, 1, 65536),
+	DAEMON_NUMBER(TYPE_SIZE, max_frame_bytes, 8 * MiB, 4 * KiB, 256 * MiB),
+
+	LIMIT(TYPE_U32, max_sequences, 1024, 1, 1048576, 0),
+	LIMIT(TYPE_U32, max_blocks, 0, 0, UINT64_C(1) << 31, 0),
+	LIMIT(TYPE_U32, max_inflight, 256, 1, 65536, 0),
+	LIMIT(TYPE_U32, max_tokens_per_request, 1048576, 1, 16777216, 0),
+	LIMIT(TYPE_U32, max_ring_entries, 4096, 1, 65536, KEY_POW2),
+	LIMIT(TYPE_SIZE, max_ring_data_bytes, 16 * MiB, 4 * KiB, 1 * GiB, 0),
+	LIMIT(TYPE_SIZE, max_queued_bytes, 16 * MiB, 64 * KiB, 1 * GiB, 0),
+
+	POOL_NUMBER(TYPE_U32, layers, 0, 1, 1024, KEY_REQUIRED),
+	POOL_NUMBER(TYPE_U32, kv_heads, 0, 1, 1024, KEY_REQUIRED),
+	POOL_NUMBER(TYPE_U32, head_dim, 0, 1, 16384, KEY_REQUIRED),
+	POOL_NUMBER(TYPE_U32, element_bytes, 0, 1, 8, KEY_REQUIRED),
+	POOL_NUMBER(TYPE_U32, block_tokens, 0, 1, 65536, KEY_REQUIRED),
+	POOL_NUMBER(TYPE_U32, capacity_blocks, 0, 1, UINT64_C(1) << 30, KEY_REQUIRED),
+	POOL_NUMBER(TYPE_U32, max_sequences, 4096, 1, 16777216, 0),
+	POOL_NUMBER(TYPE_U32, max_seq_tokens, 1048576, 1, UINT64_C(1) << 31, 0),
+	POOL_NUMBER(TYPE_U32, vocab_size, 0, 0, UINT32_MAX, 0),
+	{ .name = "namespace", .section = SECTION_POOL, .type = TYPE_NAMESPACE, .def = KVPD_NS_UID,
+	  .offset = offsetof(struct kvpd_pool_config, namespace_mode) },
+	POOL_NUMBER(TYPE_U64, namespace_seed, 0, 0, UINT64_MAX, 0),
+	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
+	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
+	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_uids) },
+	{ .name = "allow_groups", .section = SECTION_POOL, .type = TYPE_GIDS,
+	  .offset = offsetof(struct kvpd_pool_config, allow_gids),
+	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_gids) },
+};
+
+#define NKEYS (sizeof(schema) / sizeof(schema[0]))
+
+static const char *const namespace_names[] = {
+	[KVPD_NS_UID] = "uid",
+	[KVPD_NS_GID] = "gid",
+	[KVPD_NS_SHARED] = "shared",
+};
+
+static const struct {
+	const char *suffix;
+	uint64_t factor;
+} size_suffixes[] = {
+	{ "", 1 },
+	{ "K", KiB },
+	{ "k", KiB },
+	{ "KiB", KiB },
+	{ "M", MiB },
+	{ "MiB", MiB },
+	{ "G", GiB },
+	{ "GiB", GiB },
+	{ "T", UINT64_C(1) << 40 },
+	{ "TiB", UINT64_C(1) << 40 },
+	{ "KB", 1000 },
+	{ "kB", 1000 },
+	{ "MB", 1000000 },
+	{ "GB", 1000000000 },
+	{ "TB", UINT64_C(1000000000000) },
+};
+
+/* Per-section-instance bookkeeping while parsing. */
+struct section_state {
+	unsigned header_line;
+	unsigned key_line[NKEYS]; /* where each key was set; 0: not set */
+};
+
+struct parse {
+	const char *name; /* the file, for messages */
+	const char *pos;  /* the text not read yet */
+	struct kvpd_config cfg;
+	struct section_state global; /* [daemon] and [limits]: their keys are disjoint */
+	unsigned daemon_line, limits_line;
+	struct section_state *pool_state; /* parallel to cfg.pools */
+	size_t pools_cap;
+
+	/* The section being read. */
+	bool in_section;
+	enum config_section section;
+	size_t pool_index;
+	char label[8 + POOL_NAME_MAX + 1]; /* "pool main", for messages */
+	char section_raw[256];             /* between the brackets, as written */
+	int prev_key;                      /* the last key set in it: a continuation continues it */
+
+	/* The line being read. */
+	unsigned lineno;
+	bool indented;
+	bool handled; /* libinih called the handler for it */
+	bool header;  /* it looks like "[...]" */
+	bool header_too_long;
+	char header_text[256];
+
+	int error; /* 0 or a negative errno; the first error wins */
+	unsigned error_line;
+	bool error_in_handler;
+	char msg[512];
+};
+
+__attribute__((format(printf, 4, 5))) static int fail_at(struct parse *p, int error,
+							  unsigned line, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (p->error)
+		return p->error;
+	p->error = error;
+	p->error_line = line;
+	va_start(ap, fmt);
+	vsnprintf(p->msg, sizeof(p->msg), fmt, ap);
+	va_end(ap);
+	return error;
+}
+
+/* An error about a key on the current line: "[pool main] layers: ...". */
+__attribute__((format(printf, 3, 4))) static int fail_key(struct parse *p, const char *key,
+							  const char *fmt, ...)
+{
+	char what[384];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	return fail_at(p, -EINVAL, p->lineno, "[%s] %s: %s", p->label, key, what);
+}
+
+static int oom(struct parse *p)
+{
+	return fail_at(p, -ENOMEM, p->lineno, "out of memory");
+}
+
+__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t err_len,
+							  const char *fmt, ...)
+{
+	va_list ap;
+
+	if (!err || err_len == 0)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(err, err_len, fmt, ap);
+	va_end(ap);
+}
+
+static inline void *field_at(void *base, size_t offset)
+{
+	return (char *)base + offset;
+}
+
+static inline const void *cfield_at(const void *base, size_t offset)
+{
+	return (const char *)base + offset;
+}
+
+/* Decimal digits only: no sign, no space, no base prefix.  0, -EINVAL or -ERANGE. */
+static int parse_digits(const char *s, size_t n, uint64_t *ret)
+{
+	uint64_t v = 0;
+
+	if (n == 0)
+		return -EINVAL;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] < '0' || s[i] > '9')
+			return -EINVAL;
+	for (size_t i = 0; i < n; i++) {
+		unsigned d = (unsigned)(s[i] - '0');
+
+		if (v > (UINT64_MAX - d) / 10)
+			return -ERANGE;
+		v = v * 10 + d;
+	}
+	*ret = v;
+	return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *ret)
+{
+	return parse_digits(s, strlen(s), ret);
+}
+
+int config_parse_size(const char *s, uint64_t *ret)
+{
+	uint64_t v, bytes;
+	size_t n;
+	int r;
+
+	if (!s)
+		return -EINVAL;
+	n = strspn(s, "0123456789");
+	for (size_t i = 0; i < sizeof(size_suffixes) / sizeof(size_suffixes[0]); i++) {
+		if (strcmp(s + n, size_suffixes[i].suffix) != 0)
+			continue;
+		r = parse_digits(s, n, &v);
+		if (r < 0)
+			return r;
+		if (__builtin_mul_overflow(v, size_suffixes[i].factor, &bytes))
+			return -ERANGE;
+		*ret = bytes;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+/* The shortest exact spelling: "4MiB", "800MB", "1000". */
+static const char *format_size(uint64_t v, char *buf, size_t len)
+{
+	static const char *const spellings[] = {
+		"TiB", "GiB", "MiB", "KiB", "TB", "GB", "MB", "KB",
+	};
+
+	for (size_t i = 0; v && i < sizeof(spellings) / sizeof(spellings[0]); i++) {
+		uint64_t factor = 0;
+
+		for (size_t j = 0; j < sizeof(size_suffixes) / sizeof(size_suffixes[0]); j++)
+			if (!strcmp(size_suffixes[j].suffix, spellings[i]))
+				factor = size_suffixes[j].factor;
+		if (v % factor == 0) {
+			snprintf(buf, len, "%" PRIu64 "%s", v / factor, spellings[i]);
+			return buf;
+		}
+	}
+	snprintf(buf, len, "%" PRIu64, v);
+	return buf;
+}
+
+/*
+ * A numeric id, or a name looked up through NSS.  0, -EINVAL (a number that is no id), -ESRCH
+ * (no such name) or another -errno from the lookup.
+ */
+static int resolve_id(const char *s, bool group, uint32_t *ret)
+{
+	size_t size = 1024;
+	bool found = false;
+	char *buf = NULL;
+	uint32_t id = 0;
+	uint64_t v;
+	int r;
+
+	if (s[strspn(s, "0123456789")] == '\0') {
+		/* (uid_t)-1 means "no change" to chown() and setresuid(): never a real id. */
+		if (parse_u64(s, &v) < 0 || v >= UINT32_MAX)
+			return -EINVAL;
+		*ret = (uint32_t)v;
+		return 0;
+	}
+	for (;;) {
+		struct passwd pw, *pwp = NULL;
+		struct group gr, *grp = NULL;
+		char *nbuf = realloc(buf, size);
+
+		if (!nbuf) {
+			free(buf);
+			return -ENOMEM;
+		}
+		buf = nbuf;
+		if (group) {
+			r = getgrnam_r(s, &gr, buf, size, &grp);
+			if (r == 0 && grp)
+				found = true, id = (uint32_t)grp->gr_gid;
+		} else {
+			r = getpwnam_r(s, &pw, buf, size, &pwp);
+			if (r == 0 && pwp)
+				found = true, id = (uint32_t)pwp->pw_uid;
+		}
+		if (r != ERANGE || size >= 1024 * 1024)
+			break;
+		size *= 2;
+	}
+	free(buf);
+	if (found) {
+		*ret = id;
+		return 0;
+	}
+	/* getpwnam_r(3): these errors also mean that the name is unknown. */
+	if (r == 0 || r == ENOENT || r == ESRCH || r == EBADF || r == EPERM)
+		return -ESRCH;
+	return -r;
+}
+
+static int find_key(enum config_section section, const char *name)
+{
+	for (size_t k = 0; k < NKEYS; k++)
+		if (schema[k].section == section && !strcmp(schema[k].name, name))
+			return (int)k;
+	return -1;
+}
+
+static struct section_state *current_state(struct parse *p)
+{
+	return p->section == SECTION_POOL ? &p->pool_state[p->pool_index] : &p->global;
+}
+
+static void *current_base(struct parse *p)
+{
+	return p->section == SECTION_POOL ? (void *)&p->cfg.pools[p->pool_index] : (void *)&p->cfg;
+}
+
+static int apply_defaults(enum config_section section, void *base)
+{
+	for (size_t k = 0; k < NKEYS; k++) {
+		const struct config_key *key = &schema[k];
+		void *field = field_at(base, key->offset);
+
+		if (key->section != section)
+			continue;
+		switch (key->type) {
+		case TYPE_U32:
+			*(uint32_t *)field = (uint32_t)key->def;
+			break;
+		case TYPE_U64:
+		case TYPE_SIZE:
+			*(uint64_t *)field = key->def;
+			break;
+		case TYPE_NAMESPACE:
+			*(enum kvpd_namespace_mode *)field = (enum kvpd_namespace_mode)key->def;
+			break;
+		case TYPE_PATH:
+			*(char **)field = strdup(key->def_path);
+			if (!*(char **)field)
+				return -ENOMEM;
+			break;
+		case TYPE_GROUP:
+		case TYPE_UIDS:
+		case TYPE_GIDS:
+			break; /* unset and empty: zeroed already */
+		}
+	}
+	return 0;
+}
+
+static bool pool_name_ok(const char *name)
+{
+	size_t n = strlen(name);
+
+	static const char allowed[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+				      "0123456789_.-";
+
+	return n >= 1 && n <= POOL_NAME_MAX && strspn(name, allowed) == n;
+}
+
+static int open_pool(struct parse *p, const char *name, unsigned line)
+{
+	struct kvpd_pool_config *pc;
+
+	if (!*name)
+		return fail_at(p, -EINVAL, line, "[pool]: missing pool name: write [pool NAME]");
+	if (!pool_name_ok(name))
+		return fail_at(p, -EINVAL, line,
+			       "[pool %s]: bad pool name '%s': 1 to %d characters of "
+			       "A-Z a-z 0-9 _ . -",
+			       name, name, POOL_NAME_MAX);
+	for (size_t i = 0; i < p->cfg.npools; i++)
+		if (!strcmp(p->cfg.pools[i].name, name))
+			return fail_at(p, -EINVAL, line,
+				       "[pool %s]: duplicate pool (first defined on line %u)", name,
+				       p->pool_state[i].header_line);
+	if (p->cfg.npools == p->pools_cap) {
+		size_t cap = p->pools_cap ? 2 * p->pools_cap : 4;
+		struct kvpd_pool_config *pools;
+		struct section_state *states;
+
+		pools = realloc(p->cfg.pools, cap * sizeof(*pools));
+		if (!pools)
+			return oom(p);
+		p->cfg.pools = pools;
+		states = realloc(p->pool_state, cap * sizeof(*states));
+		if (!states)
+			return oom(p);
+		p->pool_state = states;
+		p->pools_cap = cap;
+	}
+	pc = &p->cfg.pools[p->cfg.npools];
+	*pc = (struct kvpd_pool_config){ 0 };
+	snprintf(pc->name, sizeof(pc->name), "%s", name);
+	(void)apply_defaults(SECTION_POOL, pc); /* pools have no path keys: cannot fail */
+	p->pool_state[p->cfg.npools] = (struct section_state){ .header_line = line };
+	p->pool_index = p->cfg.npools++;
+	p->section = SECTION_POOL;
+	snprintf(p->label, sizeof(p->label), "pool %s", name);
+	return 0;
+}
+
+/* Called for a line that starts with '[' and that libinih did not call the handler for. */
+static int open_section(struct parse *p)
+{
+	const unsigned line = p->lineno;
+	char *s = p->header_text, *end;
+
+	p->in_section = true;
+	p->prev_key = -1;
+	snprintf(p->section_raw, sizeof(p->section_raw), "%s", p->header_text);
+	if (p->header_too_long)
+		return fail_at(p, -EINVAL, line, "section name is longer than %zu characters",
+			       sizeof(p->header_text) - 1);
+	while (isspace((unsigned char)*s))
+		s++;
+	end = s + strlen(s);
+	while (end > s && isspace((unsigned char)end[-1]))
+		*--end = '\0';
+
+	if (!strcmp(s, "daemon") || !strcmp(s, "limits")) {
+		bool daemon = s[0] == 'd';
+		unsigned *seen = daemon ? &p->daemon_line : &p->limits_line;
+
+		if (*seen)
+			return fail_at(p, -EINVAL, line,
+				       "[%s]: section appears twice (first on line %u)", s, *seen);
+		*seen = line;
+		p->section = daemon ? SECTION_DAEMON : SECTION_LIMITS;
+		strcpy(p->label, daemon ? "daemon" : "limits");
+		return 0;
+	}
+	if (!strncmp(s, "pool", 4) && (s[4] == '\0' || isspace((unsigned char)s[4]))) {
+		s += 4;
+		while (isspace((unsigned char)*s))
+			s++;
+		return open_pool(p, s, line);
+	}
+	return fail_at(p, -EINVAL, line,
+		       "[%s]: unknown section (expected [daemon], [limits] or [pool NAME])", s);
+}
+
+/* Runs once the handler had its chance at the line just read. */
+static void end_line(struct parse *p)
+{
+	if (p->header && !p->handled && !p->error)
+		(void)open_section(p);
+	p->header = false;
+}
+
+static void classify_line(struct parse *p, const char *line)
+{
+	const char *s = line, *close;
+	size_t n;
+
+	/* libinih skips a UTF-8 byte order mark on the first line. */
+	if (p->lineno == 1 && !strncmp(s, "\xEF\xBB\xBF", 3))
+		s += 3;
+	p->handled = false;
+	p->indented = *s && isspace((unsigned char)*s);
+	while (isspace((unsigned char)*s))
+		s++;
+	if (*s != '[')
+		return;
+	close = strchr(s + 1, ']');
+	if (!close)
+		return; /* libinih reports it */
+	n = (size_t)(close - s - 1);
+	p->header = true;
+	p->header_too_long = n >= sizeof(p->header_text);
+	if (p->header_too_long)
+		n = sizeof(p->header_text) - 1;
+	memcpy(p->header_text, s + 1, n);
+	p->header_text[n] = '\0';
+}
+
+/* libinih's ini_reader: one whole line per call, like fgets(). */
+static char *read_line(char *str, int num, void *stream)
+{
+	struct parse *p = stream;
+	const char *nl;
+	size_t len, content;
+
+	end_line(p);
+	if (p->error || !*p->pos)
+		return NULL;
+	nl = strchr(p->pos, '\n');
+	len = nl ? (size_t)(nl - p->pos) + 1 : strlen(p->pos);
+	content = nl ? len - 1 : len;
+	if (content && p->pos[content - 1] == '\r')
+		content--;
+	p->lineno++;
+	/* libinih needs room for "\r\n\0" after the longest line. */
+	if (num < 4 || content > (size_t)num - 3) {
+		fail_at(p, -EINVAL, p->lineno, "line is longer than %d characters", num - 3);
+		return NULL;
+	}
+	memcpy(str, p->pos, len);
+	str[len] = '\0';
+	p->pos += len;
+	classify_line(p, str);
+	return str;
+}
+
+static int set_number(struct parse *p, const struct config_key *key, void *field,
+		      const char *value)
+{
+	char lo[32], hi[32];
+	uint64_t v = 0;
+	int r;
+
+	r = key->type == TYPE_SIZE ? config_parse_size(value, &v) : parse_u64(value, &v);
+	if (r == -EINVAL && key->type == TYPE_SIZE)
+		return fail_key(p, key->name,
+				"'%s' is not a size (a number of bytes, or a number followed by K, "
+				"KiB, KB, M, MiB, MB, G, GiB, GB, T, TiB or TB)",
+				value);
+	if (r == -EINVAL)
+		return fail_key(p, key->name, "'%s' is not a decimal number", value);
+	if (r < 0 || v < key->min || v > key->max) {
+		if (key->type == TYPE_SIZE) {
+			format_size(key->min, lo, sizeof(lo));
+			format_size(key->max, hi, sizeof(hi));
+		} else {
+			snprintf(lo, sizeof(lo), "%" PRIu64, key->min);
+			snprintf(hi, sizeof(hi), "%" PRIu64, key->max);
+		}
+		return fail_key(p, key->name, "%s is out of range %s..%s", value, lo, hi);
+	}
+	if ((key->flags & KEY_POW2) && (v & (v - 1)))
+		return fail_key(p, key->name, "%s is not a power of two", value);
+	if (key->type == TYPE_U32)
+		*(uint32_t *)field = (uint32_t)v;
+	else
+		*(uint64_t *)field = v;
+	return 0;
+}
+
+static int set_path(struct parse *p, const struct config_key *key, char **field,
+		    const char *value)
+{
+	const size_t max = sizeof(((struct sockaddr_un *)NULL)->sun_path) - 1;
+	char *copy;
+
+	if (value[0] != '/')
+		return fail_key(p, key->name, "'%s' is not an absolute path", value);
+	if (strlen(value) > max)
+		return fail_key(p, key->name,
+				"'%s' is longer than %zu bytes, the most a Unix socket address "
+				"holds",
+				value, max);
+	for (const char *c = value; *c; c++)
+		if (iscntrl((unsigned char)*c))
+			return fail_key(p, key->name, "the path contains a control character");
+	copy = strdup(value);
+	if (!copy)
+		return oom(p);
+	free(*field);
+	*field = copy;
+	return 0;
+}
+
+static int id_error(struct parse *p, const struct config_key *key, const char *item, bool group,
+		    int r)
+{
+	const char *what = group ? "group" : "user";
+
+	if (r == -ENOMEM)
+		return oom(p);
+	if (r == -EINVAL)
+		return fail_key(p, key->name, "'%s' is not a valid %s id", item, what);
+	if (r == -ESRCH)
+		return fail_key(p, key->name, "unknown %s '%s'", what, item);
+	fail_key(p, key->name, "cannot look up %s '%s': %s", what, item, strerror(-r));
+	p->error = r; /* the file may be right; the name service is not */
+	return r;
+}
+
+/* Appends the ids in a comma or space separated list (a continuation line adds to it). */
+static int add_ids(struct parse *p, const struct config_key *key, void *base, const char *value)
+{
+	const bool group = key->type == TYPE_GIDS;
+	uint32_t **ids = field_at(base, key->offset);
+	size_t *n = field_at(base, key->aux_offset);
+	const char *sep = ", \t";
+
+	for (const char *s = value + strspn(value, sep); *s; s += strspn(s, sep)) {
+		size_t len = strcspn(s, sep), i;
+		char *item = strndup(s, len);
+		uint32_t id = 0, *grown;
+		int r;
+
+		if (!item)
+			return oom(p);
+		r = resolve_id(item, group, &id);
+		if (r < 0) {
+			r = id_error(p, key, item, group, r);
+			free(item);
+			return r;
+		}
+		free(item);
+		s += len;
+		for (i = 0; i < *n && (*ids)[i] != id; i++)
+			;
+		if (i < *n)
+			continue;
+		grown = realloc(*ids, (*n + 1) * sizeof(**ids));
+		if (!grown)
+			return oom(p);
+		*ids = grown;
+		(*ids)[(*n)++] = id;
+	}
+	return 0;
+}
+
+static int set_value(struct parse *p, const struct config_key *key, const char *value)
+{
+	void *base = current_base(p);
+	void *field = field_at(base, key->offset);
+	uint32_t id = 0;
+	int r;
+
+	switch (key->type) {
+	case TYPE_U32:
+	case TYPE_U64:
+	case TYPE_SIZE:
+		return set_number(p, key, field, value);
+	case TYPE_PATH:
+		return set_path(p, key, field, value);
+	case TYPE_GROUP:
+		if (!*value)
+			return fail_key(p, key->name,
+					"empty value; leave the key out to allow only root");
+		r = resolve_id(value, true, &id);
+		if (r < 0)
+			return id_error(p, key, value, true, r);
+		*(uint32_t *)field = id;
+		*(bool *)field_at(base, key->aux_offset) = true;
+		return 0;
+	case TYPE_NAMESPACE:
+		for (size_t i = 0; i < sizeof(namespace_names) / sizeof(namespace_names[0]); i++)
+			if (!strcmp(value, namespace_names[i])) {
+				*(enum kvpd_namespace_mode *)field = (enum kvpd_namespace_mode)i;
+				return 0;
+			}
+		return fail_key(p, key->name, "'%s' is not one of uid, gid, shared", value);
+	case TYPE_UIDS:
+	case TYPE_GIDS:
+		return add_ids(p, key, base, value);
+	}
+	return fail_key(p, key->name, "internal error: no parser for this type");
+}
+
+/* libinih cuts section names short; ours is the whole name. */
+static bool same_section(const char *ours, const char *libinih)
+{
+	size_t n = strlen(libinih);
+
+	return !strncmp(ours, libinih, n) && (ours[n] == '\0' || n + 1 == INIH_MAX_SECTION);
+}
+
+/* libinih's handler: nonzero to go on. */
+static int on_key(void *user, const char *section, const char *name, const char *value)
+{
+	struct parse *p = user;
+	struct section_state *st;
+	int k;
+
+	p->handled = true;
+	if (p->error)
+		return 0;
+	if (!p->in_section) {
+		fail_at(p, -EINVAL, p->lineno, "%s: key before the first [section]", name);
+		goto fail;
+	}
+	if (!same_section(p->section_raw, section)) {
+		fail_at(p, -EINVAL, p->lineno,
+			"[%s] %s: cannot tell which section this line belongs to", p->label, name);
+		goto fail;
+	}
+	if (!*name) {
+		fail_at(p, -EINVAL, p->lineno, "[%s]: missing key name before '='", p->label);
+		goto fail;
+	}
+	/* To libinih, an indented line right after a key continues that key's value. */
+	if (p->indented && p->prev_key >= 0 && !strcmp(name, schema[p->prev_key].name)) {
+		const struct config_key *key = &schema[p->prev_key];
+
+		if (key->type != TYPE_UIDS && key->type != TYPE_GIDS) {
+			fail_key(p, name,
+				 "an indented line continues this value, and only allow_users and "
+				 "allow_groups may continue on indented lines");
+			goto fail;
+		}
+		if (add_ids(p, key, current_base(p), value) < 0)
+			goto fail;
+		return 1;
+	}
+	k = find_key(p->section, name);
+	if (k < 0) {
+		fail_key(p, name, "unknown key");
+		goto fail;
+	}
+	st = current_state(p);
+	if (st->key_line[k]) {
+		fail_key(p, name, "set twice (first on line %u)", st->key_line[k]);
+		goto fail;
+	}
+	st->key_line[k] = p->lineno;
+	p->prev_key = k;
+	if (set_value(p, &schema[k], value) < 0)
+		goto fail;
+	return 1;
+fail:
+	p->error_in_handler = true;
+	return 0;
+}
+
+static int check_pool(struct parse *p, size_t i)
+{
+	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
+	const struct section_state *st = &p->pool_state[i];
+	const uint32_t factors[] = { pc->layers,	pc->kv_heads,	  pc->head_dim,
+				     pc->element_bytes, pc->block_tokens, pc->capacity_blocks };
+	const int capacity = find_key(SECTION_POOL, "capacity_blocks");
+	uint64_t bytes = 2;
+
+	for (size_t k = 0; k < NKEYS; k++)
+		if (schema[k].section == SECTION_POOL && (schema[k].flags & KEY_REQUIRED) &&
+		    !st->key_line[k])
+			return fail_at(p, -EINVAL, st->header_line,
+				       "[pool %s]: missing required key %s", pc->name,
+				       schema[k].name);
+	for (size_t f = 0; f < sizeof(factors) / sizeof(factors[0]); f++)
+		if (__builtin_mul_overflow(bytes, factors[f], &bytes))
+			return fail_at(p, -EINVAL, st->key_line[capacity],
+				       "[pool %s] capacity_blocks: the pool's memory, 2 * layers * "
+				       "kv_heads * head_dim * element_bytes * block_tokens * "
+				       "capacity_blocks bytes, overflows 64 bits",
+				       pc->name);
+	if (bytes > POOL_MAX_BYTES)
+		return fail_at(p, -EINVAL, st->key_line[capacity],
+			       "[pool %s] capacity_blocks: the pool's memory, %" PRIu64
+			       " bytes (2 * layers * kv_heads * head_dim * element_bytes * "
+			       "block_tokens * capacity_blocks), is more than 2^48 bytes (256TiB)",
+			       pc->name, bytes);
+	return 0;
+}
+
+/* What only the whole file can tell. */
+static int check_all(struct parse *p)
+{
+	int r;
+
+	for (size_t i = 0; i < p->cfg.npools; i++) {
+		r = check_pool(p, i);
+		if (r < 0)
+			return r;
+	}
+	if (p->cfg.npools == 0)
+		return fail_at(p, -EINVAL, 0,
+			       "no [pool NAME] section: at least one pool is required");
+	if (!strcmp(p->cfg.socket_path, p->cfg.admin_socket_path)) {
+		const int sock = find_key(SECTION_DAEMON, "socket");
+		const int admin = find_key(SECTION_DAEMON, "admin_socket");
+		const int k = p->global.key_line[admin] ? admin : sock;
+
+		return fail_at(p, -EINVAL, p->global.key_line[k],
+			       "[daemon] %s: socket and admin_socket must differ (both are %s)",
+			       schema[k].name, p->cfg.socket_path);
+	}
+	return 0;
+}
+
+int config_load_string(const char *text, const char *name_for_messages, struct kvpd_config *ret,
+		       char *err, size_t err_len)
+{
+	struct parse p = { .name = name_for_messages ? name_for_messages : "(string)",
+			   .pos = text,
+			   .prev_key = -1 };
+	int r;
+
+	if (!text || !ret) {
+		set_err(err, err_len, "%s: no text to parse", p.name);
+		return -EINVAL;
+	}
+	r = apply_defaults(SECTION_DAEMON, &p.cfg);
+	if (r == 0)
+		r = apply_defaults(SECTION_LIMITS, &p.cfg);
+	if (r < 0) {
+		oom(&p);
+		goto fail;
+	}
+	r = ini_parse_stream(read_line, &p, on_key, &p);
+	if (r < 0)
+		oom(&p); /* -2: libinih could not allocate its line buffer */
+	else if (r > 0 && (!p.error || r < (int)p.error_line ||
+			   (r == (int)p.error_line && !p.error_in_handler))) {
+		/* libinih found a line it cannot parse before our first error. */
+		p.error = 0;
+		fail_at(&p, -EINVAL, (unsigned)r, "expected '[section]' or 'key = value'");
+	}
+	if (!p.error)
+		check_all(&p);
+	if (p.error)
+		goto fail;
+	free(p.pool_state);
+	*ret = p.cfg;
+	return 0;
+fail:
+	if (p.error_line)
+		set_err(err, err_len, "%s:%u: %s", p.name, p.error_line, p.msg);
+	else
+		set_err(err, err_len, "%s: %s", p.name, p.msg);
+	free(p.pool_state);
+	config_free(&p.cfg);
+	return p.error;
+}
+
+/* Reads a whole (small) file.  0 or -errno; *ret_len excludes the terminating NUL. */
+static int read_file(const char *path, char **ret, size_t *ret_len)
+{
+	size_t len = 0, cap = 4096;
+	char *buf = NULL;
+	int fd, r;
+
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+	if (fd < 0)
+		return -errno;
+	for (;;) {
+		ssize_t n;
+
+		if (!buf || len + 1 == cap) {
+			char *grown;
+
+			if (buf)
+				cap *= 2;
+			grown = realloc(buf, cap);
+			if (!grown) {
+				r = -ENOMEM;
+				goto fail;
+			}
+			buf = grown;
+		}
+		n = read(fd, buf + len, cap - 1 - len);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0) {
+			r = -errno;
+			goto fail;
+		}
+		if (n == 0)
+			break;
+		len += (size_t)n;
+		if (len > CONFIG_MAX_FILE_BYTES) {
+			r = -EFBIG;
+			goto fail;
+		}
+	}
+	close(fd);
+	buf[len] = '\0';
+	*ret = buf;
+	*ret_len = len;
+	return 0;
+fail:
+	free(buf);
+	close(fd);
+	return r;
+}
+
+int config_load_file(const char *path, struct kvpd_config *ret, char *err, size_t err_len)
+{
+	const char *nul;
+	size_t len = 0;
+	char *text = NULL;
+	int r;
+
+	if (!path || !ret) {
+		set_err(err, err_len, "no configuration file named");
+		return -EINVAL;
+	}
+	r = read_file(path, &text, &len);
+	if (r == -EFBIG) {
+		set_err(err, err_len, "%s: larger than %d bytes; not a configuration file", path,
+			CONFIG_MAX_FILE_BYTES);
+		return -EINVAL;
+	}
+	if (r < 0) {
+		set_err(err, err_len, "%s: cannot read: %s", path, strerror(-r));
+		return r;
+	}
+	/* The parser sees a C string: a NUL byte would silently end the file early. */
+	nul = memchr(text, '\0', len);
+	if (nul) {
+		unsigned line = 1;
+
+		for (const char *c = text; c < nul; c++)
+			line += *c == '\n';
+		set_err(err, err_len, "%s:%u: the line contains a NUL byte", path, line);
+		free(text);
+		return -EINVAL;
+	}
+	r = config_load_string(text, path, ret, err, err_len);
+	free(text);
+	return r;
+}
+
+void config_free(struct kvpd_config *c)
+{
+	if (!c)
+		return;
+	free(c->socket_path);
+	free(c->admin_socket_path);
+	for (size_t i = 0; i < c->npools; i++) {
+		free(c->pools[i].allow_uids);
+		free(c->pools[i].allow_gids);
+	}
+	free(c->pools);
+	*c = (struct kvpd_config){ 0 };
+}
+
+const struct kvpd_pool_config *config_find_pool(const struct kvpd_config *c, const char *name)
+{
+	if (!c || c->npools == 0)
+		return NULL;
+	if (!name || !*name)
+		return &c->pools[0];
+	for (size_t i = 0; i < c->npools; i++)
+		if (!strcmp(c->pools[i].name, name))
+			return &c->pools[i];
+	return NULL;
+}
+
+static void print_ids(FILE *f, const char *name, const uint32_t *ids, size_t n)
+{
+	fprintf(f, "%s =", name);
+	for (size_t i = 0; i < n; i++) {
+		/* Continuation lines keep every line well under libinih's line length. */
+		if (i > 0)
+			fputs(i % 8 == 0 ? ",\n\t" : ", ", f);
+		else
+			fputc(' ', f);
+		fprintf(f, "%" PRIu32, ids[i]);
+	}
+	fputc('\n', f);
+}
+
+static void print_section(FILE *f, enum config_section section, const void *base)
+{
+	char buf[32];
+
+	for (size_t k = 0; k < NKEYS; k++) {
+		const struct config_key *key = &schema[k];
+		const void *field = cfield_at(base, key->offset);
+
+		if (key->section != section)
+			continue;
+		switch (key->type) {
+		case TYPE_U32:
+			fprintf(f, "%s = %" PRIu32 "\n", key->name, *(const uint32_t *)field);
+			break;
+		case TYPE_U64:
+			fprintf(f, "%s = %" PRIu64 "\n", key->name, *(const uint64_t *)field);
+			break;
+		case TYPE_SIZE:
+			fprintf(f, "%s = %s\n", key->name,
+				format_size(*(const uint64_t *)field, buf, sizeof(buf)));
+			break;
+		case TYPE_PATH:
+			fprintf(f, "%s = %s\n", key->name,
+				*(char *const *)field ? *(char *const *)field : "");
+			break;
+		case TYPE_GROUP:
+			if (*(const bool *)cfield_at(base, key->aux_offset))
+				fprintf(f, "%s = %" PRIu32 "\n", key->name,
+					*(const uint32_t *)field);
+			else
+				fprintf(f, "# %s is not set: only root may use the admin socket\n",
+					key->name);
+			break;
+		case TYPE_NAMESPACE:
+			fprintf(f, "%s = %s\n", key->name,
+				namespace_names[*(const enum kvpd_namespace_mode *)field]);
+			break;
+		case TYPE_UIDS:
+		case TYPE_GIDS:
+			print_ids(f, key->name, *(uint32_t *const *)field,
+				  *(const size_t *)cfield_at(base, key->aux_offset));
+			break;
+		}
+	}
+}
+
+void config_print(const struct kvpd_config *c, FILE *f)
+{
+	fputs("[daemon]\n", f);
+	print_section(f, SECTION_DAEMON, c);
+	fputs("\n[limits]\n", f);
+	print_section(f, SECTION_LIMITS, c);
+	for (size_t i = 0; i < c->npools; i++) {
+		fprintf(f, "\n[pool %s]\n", c->pools[i].name);
+		print_section(f, SECTION_POOL, &c->pools[i]);
+	}
+}

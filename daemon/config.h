@@ -1,0 +1,99 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged.conf(5): the daemon's configuration, an INI file read with libinih.  One schema table
+ * in config.c drives parsing, defaults and range checks; everything is checked at load, so a
+ * loaded struct kvpd_config is always valid.  See docs/configuration.md.
+ *
+ * Nothing here is thread-safe; the daemon loads its configuration on its one thread.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define KVPD_CONFIG_PATH "/etc/kvpaged/kvpaged.conf"
+
+/* How a client's namespace (the salt of its prefix cache) follows from its credentials. */
+enum kvpd_namespace_mode {
+	KVPD_NS_UID,    /* one namespace per peer uid */
+	KVPD_NS_GID,    /* one namespace per peer primary gid */
+	KVPD_NS_SHARED, /* one namespace for every client of the pool */
+};
+
+/* One [pool NAME] section. */
+struct kvpd_pool_config {
+	char name[64]; /* 1..63 characters of [A-Za-z0-9_.-] */
+	uint32_t layers, kv_heads, head_dim, element_bytes, block_tokens, capacity_blocks;
+	uint32_t max_sequences;  /* open sequences in the whole pool */
+	uint32_t max_seq_tokens; /* tokens in one sequence */
+	uint32_t vocab_size;     /* token ids must be below this; 0 accepts any id */
+	enum kvpd_namespace_mode namespace_mode;
+	uint64_t namespace_seed;
+	/* The ACL; both empty lets in any peer that can connect to the socket. */
+	uint32_t *allow_uids;
+	size_t n_allow_uids;
+	uint32_t *allow_gids;
+	size_t n_allow_gids;
+};
+
+/* [limits]: what one client session may make the daemon hold. */
+struct kvpd_limits {
+	uint32_t max_sequences;
+	uint32_t max_blocks; /* 0: the pool's capacity */
+	uint32_t max_inflight;
+	uint32_t max_tokens_per_request;
+	uint32_t max_ring_entries; /* a power of two */
+	uint64_t max_ring_data_bytes;
+	uint64_t max_queued_bytes;
+};
+
+struct kvpd_config {
+	char *socket_path;
+	char *admin_socket_path;
+	bool has_admin_gid; /* false: only root may use the admin socket */
+	uint32_t admin_gid;
+	uint32_t max_sessions;
+	uint64_t max_frame_bytes;
+	struct kvpd_limits limits;
+	struct kvpd_pool_config *pools; /* in file order; at least one */
+	size_t npools;
+};
+
+/*
+ * Loads and checks the file at path.  Returns 0 and fills *ret (free it with config_free());
+ * -EINVAL when the configuration is wrong (or the file is over 1 MiB); -errno when the file
+ * cannot be read or a user or group name cannot be looked up (NSS failing, not an unknown
+ * name: that is -EINVAL); -ENOMEM.  On failure *ret is untouched and, when err_len > 0, err
+ * holds one line naming the file, the line, the section and the key
+ * ("kvpaged.conf:12: [pool main] layers: 0 is out of range 1..1024").
+ */
+int config_load_file(const char *path, struct kvpd_config *ret, char *err, size_t err_len);
+
+/* As config_load_file(), from text in memory; name_for_messages stands for the file name. */
+int config_load_string(const char *text, const char *name_for_messages, struct kvpd_config *ret,
+		       char *err, size_t err_len);
+
+/* Frees what a load allocated and zeroes *c.  Accepts NULL and a zeroed struct. */
+void config_free(struct kvpd_config *c);
+
+/*
+ * The pool named name, or the first pool when name is NULL or empty.  NULL when there is no
+ * such pool.  The pointer is valid until config_free().
+ */
+const struct kvpd_pool_config *config_find_pool(const struct kvpd_config *c, const char *name);
+
+/*
+ * Parses a byte count: decimal digits, optionally followed (no space) by one suffix that means
+ * it exactly: K or k, KiB, M, MiB, G, GiB, T, TiB (powers of 1024) or KB or kB, MB, GB, TB
+ * (powers of 1000).  Returns 0, -EINVAL (not a size) or -ERANGE (more than 2^64 - 1 bytes);
+ * *ret is untouched on failure.
+ */
+int config_parse_size(const char *s, uint64_t *ret);
+
+/*
+ * Writes the configuration in kvpaged.conf syntax, every key with its effective value, for
+ * `kvpaged --check-config`.  Loading the output gives the same configuration back.
+ */
+void config_print(const struct kvpd_config *c, FILE *f);

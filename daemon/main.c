@@ -1,0 +1,86 @@
+/* SPDX-License-Identifier: MIT */
+/* kvpaged: the daemon's thin main(); everything else lives in libkvpd. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/config.h"
+#include "daemon/log.h"
+#include "daemon/server/server.h"
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: kvpaged [--config FILE] [--foreground] [--check-config] [--verbose]\n"
+		   "\n"
+		   "  -c, --config FILE   configuration (default " KVPD_CONFIG_PATH ")\n"
+		   "  -f, --foreground    accepted for compatibility: kvpaged never forks\n"
+		   "      --check-config  check the configuration, print it as effective, and exit\n"
+		   "  -v, --verbose       log debug messages\n"
+		   "      --version       print the version and exit\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "config", required_argument, NULL, 'c' },
+		{ "foreground", no_argument, NULL, 'f' },
+		{ "check-config", no_argument, NULL, 'C' },
+		{ "verbose", no_argument, NULL, 'v' },
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{}
+	};
+	const char *path = KVPD_CONFIG_PATH;
+	struct kvpd_config cfg = { 0 };
+	struct server srv;
+	bool check = false;
+	char err[512];
+	int opt, r;
+
+	while ((opt = getopt_long(argc, argv, "c:fvh", opts, NULL)) != -1) {
+		switch (opt) {
+		case 'c':
+			path = optarg;
+			break;
+		case 'f':
+			break;
+		case 'C':
+			check = true;
+			break;
+		case 'v':
+			log_set_max_level(LOG_DEBUG);
+			break;
+		case 'V':
+			puts("kvpaged " PACKAGE_VERSION);
+			return 0;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc) {
+		usage(stderr);
+		return 2;
+	}
+	r = config_load_file(path, &cfg, err, sizeof(err));
+	if (r < 0) {
+		fprintf(stderr, "%s%s\n", check ? "" : "<3>", err);
+		return 1;
+	}
+	if (check) {
+		config_print(&cfg, stdout);
+		config_free(&cfg);
+		return 0;
+	}
+	r = server_init(&srv, &cfg);
+	if (r == 0)
+		r = server_run(&srv);
+	server_done(&srv);
+	config_free(&cfg);
+	return r == 0 ? 0 : 1;
+}

@@ -1,0 +1,460 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The admin socket: status, pools, sessions, sequences, statistics, Prometheus metrics, the
+ * full invariant check and cache drops.  Only root and members of admin_group get answers.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/server/server.h"
+
+static bool admin_allowed(struct session *s)
+{
+	const struct kvpd_config *cfg = s->srv->cfg;
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+
+	if (s->cred.uid == 0 || s->cred.uid == geteuid())
+		return true;
+	if (!cfg->has_admin_gid)
+		return false;
+	if (s->cred.gid == cfg->admin_gid)
+		return true;
+	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+		for (size_t i = 0; i < len / sizeof(gid_t); i++)
+			if (groups[i] == cfg->admin_gid)
+				return true;
+	return false;
+}
+
+/* The pools a request names: all of them for an empty name. */
+static bool pool_selected(const struct dpool *p, const char *name)
+{
+	return !name || !*name || !strcmp(name, p->cfg->name);
+}
+
+struct text {
+	char *buf;
+	size_t len, cap;
+	bool failed;
+};
+
+__attribute__((format(printf, 2, 3))) static void text_printf(struct text *t, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	for (;;) {
+		va_start(ap, fmt);
+		n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0) {
+			t->failed = true;
+			return;
+		}
+		if (t->buf && t->len + (size_t)n < t->cap) {
+			t->len += (size_t)n;
+			return;
+		}
+		size_t cap = t->cap ? t->cap * 2 : 4096;
+		while (cap < t->len + (size_t)n + 1)
+			cap *= 2;
+		char *b = realloc(t->buf, cap);
+		if (!b) {
+			t->failed = true;
+			return;
+		}
+		t->buf = b;
+		t->cap = cap;
+	}
+}
+
+/* Prometheus label values: backslash, quote and newline escaped. */
+static const char *label(const char *s, char *out, size_t n)
+{
+	size_t j = 0;
+
+	for (; *s && j + 3 < n; s++) {
+		if (*s == '\\' || *s == '"')
+			out[j++] = '\\';
+		out[j++] = *s;
+	}
+	out[j] = '\0';
+	return out;
+}
+
+static void metrics_text(struct server *srv, struct text *t)
+{
+	char pl[160], nl[160];
+
+	text_printf(t, "# HELP kvpaged_sessions Client and admin sessions connected.\n"
+		       "# TYPE kvpaged_sessions gauge\nkvpaged_sessions %u\n", srv->nsessions);
+	text_printf(t, "# HELP kvpaged_requests_total Requests received on both sockets.\n"
+		       "# TYPE kvpaged_requests_total counter\nkvpaged_requests_total %llu\n",
+		    (unsigned long long)srv->requests);
+	text_printf(t, "# HELP kvpaged_pool_blocks Blocks of each pool by state.\n"
+		       "# TYPE kvpaged_pool_blocks gauge\n");
+	for (size_t i = 0; i < srv->npools; i++) {
+		struct core_usage u;
+
+		core_get_usage(srv->pools[i].core, &u);
+		label(srv->pools[i].cfg->name, pl, sizeof(pl));
+		text_printf(t, "kvpaged_pool_blocks{pool=\"%s\",state=\"free\"} %u\n", pl, u.free);
+		text_printf(t, "kvpaged_pool_blocks{pool=\"%s\",state=\"cached\"} %u\n", pl, u.cached);
+		text_printf(t, "kvpaged_pool_blocks{pool=\"%s\",state=\"in_use\"} %u\n", pl, u.in_use);
+	}
+	text_printf(t, "# HELP kvpaged_pool_sequences Open sequences.\n"
+		       "# TYPE kvpaged_pool_sequences gauge\n");
+	for (size_t i = 0; i < srv->npools; i++) {
+		struct core_usage u;
+
+		core_get_usage(srv->pools[i].core, &u);
+		text_printf(t, "kvpaged_pool_sequences{pool=\"%s\"} %u\n",
+			    label(srv->pools[i].cfg->name, pl, sizeof(pl)), u.sequences);
+	}
+	static const struct {
+		const char *name, *help;
+		size_t off;
+	} counters[] = {
+		{ "lookups", "Prefix lookups (sequence opens).", offsetof(struct core_stats, lookups) },
+		{ "query_blocks", "Prompt blocks looked up (the hit rate's denominator).",
+		  offsetof(struct core_stats, query_blocks) },
+		{ "hit_blocks", "Prompt blocks found cached (the hit rate's numerator).",
+		  offsetof(struct core_stats, hit_blocks) },
+		{ "hit_tokens", "Prompt tokens found cached.", offsetof(struct core_stats, hit_tokens) },
+		{ "collisions", "Hash matches with other content, counted as misses.",
+		  offsetof(struct core_stats, collisions) },
+		{ "evictions", "Cached blocks whose memory was reused.",
+		  offsetof(struct core_stats, evictions) },
+		{ "cow_copies", "Blocks copied on write.", offsetof(struct core_stats, cow_copies) },
+		{ "dedup_blocks", "Committed blocks replaced by an equal cached block.",
+		  offsetof(struct core_stats, dedup_blocks) },
+	};
+	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
+		text_printf(t, "# HELP kvpaged_%s_total %s\n# TYPE kvpaged_%s_total counter\n",
+			    counters[k].name, counters[k].help, counters[k].name);
+		for (size_t i = 0; i < srv->npools; i++) {
+			struct core_stats st;
+			uint64_t v;
+
+			core_get_stats(srv->pools[i].core, &st);
+			memcpy(&v, (const char *)&st + counters[k].off, sizeof(v));
+			text_printf(t, "kvpaged_%s_total{pool=\"%s\"} %llu\n", counters[k].name,
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (unsigned long long)v);
+		}
+	}
+	text_printf(t, "# HELP kvpaged_namespace_query_blocks_total Prompt blocks looked up, per namespace.\n"
+		       "# TYPE kvpaged_namespace_query_blocks_total counter\n");
+	for (size_t i = 0; i < srv->npools; i++)
+		for (uint32_t j = 0; j < srv->pools[i].nns; j++)
+			text_printf(t, "kvpaged_namespace_query_blocks_total{pool=\"%s\",namespace=\"%s\"} %llu\n",
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
+				    (unsigned long long)srv->pools[i].ns[j].query_blocks);
+	text_printf(t, "# HELP kvpaged_namespace_hit_blocks_total Prompt blocks found cached, per namespace.\n"
+		       "# TYPE kvpaged_namespace_hit_blocks_total counter\n");
+	for (size_t i = 0; i < srv->npools; i++)
+		for (uint32_t j = 0; j < srv->pools[i].nns; j++)
+			text_printf(t, "kvpaged_namespace_hit_blocks_total{pool=\"%s\",namespace=\"%s\"} %llu\n",
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
+				    (unsigned long long)srv->pools[i].ns[j].hit_blocks);
+}
+
+#define REPLY(TYPE, msg) session_reply(s, KVPAGED__V1__MESSAGE_TYPE__##TYPE, h->seq, &(msg).base, NULL, 0)
+
+void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__AdminRequest *req;
+	const char *pool;
+
+	if (!s->welcomed) {
+		if (!admin_allowed(s)) {
+			session_reply_error(s, h->seq, EACCES,
+					    "uid %u is neither root nor in the admin group",
+					    (unsigned)s->cred.uid);
+			session_close(s, "admin peer refused");
+			return;
+		}
+		s->welcomed = true;
+	}
+	req = kvpaged__v1__admin_request__unpack(NULL, h->len, payload);
+	if (!req) {
+		session_reply_error(s, h->seq, EPROTO, "malformed AdminRequest");
+		session_close(s, "malformed admin request");
+		return;
+	}
+	pool = req->pool;
+	if (*pool) {
+		bool found = false;
+
+		for (size_t i = 0; i < srv->npools; i++)
+			found |= pool_selected(&srv->pools[i], pool);
+		if (!found) {
+			session_reply_error(s, h->seq, ENOENT, "no pool named '%s'", pool);
+			goto out;
+		}
+	}
+
+	switch (h->type) {
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATUS: {
+		Kvpaged__V1__Status st = KVPAGED__V1__STATUS__INIT;
+
+		st.version = PACKAGE_VERSION;
+		st.uptime_ms = (server_now_ns() - srv->started_ns) / 1000000;
+		st.sessions = srv->nsessions;
+		st.pools = (uint32_t)srv->npools;
+		st.requests = srv->requests;
+		st.pid = (uint32_t)getpid();
+		REPLY(ADMIN_STATUS_REPLY, st);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_POOLS: {
+		Kvpaged__V1__Pools rep = KVPAGED__V1__POOLS__INIT;
+		Kvpaged__V1__PoolUsage *use = calloc(srv->npools, sizeof(*use));
+		Kvpaged__V1__PoolUsage **usep = calloc(srv->npools, sizeof(*usep));
+		Kvpaged__V1__PoolDescription *desc = calloc(srv->npools, sizeof(*desc));
+
+		if (!use || !usep || !desc) {
+			free(use);
+			free(usep);
+			free(desc);
+			session_reply_error(s, h->seq, ENOMEM, "out of memory");
+			break;
+		}
+		for (size_t i = 0; i < srv->npools; i++) {
+			struct core_usage u;
+
+			if (!pool_selected(&srv->pools[i], pool))
+				continue;
+			core_get_usage(srv->pools[i].core, &u);
+			kvpaged__v1__pool_usage__init(&use[rep.n_pools]);
+			kvpaged__v1__pool_description__init(&desc[rep.n_pools]);
+			dpool_describe(&srv->pools[i], &desc[rep.n_pools]);
+			use[rep.n_pools].description = &desc[rep.n_pools];
+			use[rep.n_pools].free = u.free;
+			use[rep.n_pools].cached = u.cached;
+			use[rep.n_pools].in_use = u.in_use;
+			use[rep.n_pools].indexed = u.indexed;
+			use[rep.n_pools].sequences = u.sequences;
+			use[rep.n_pools].sessions = srv->pools[i].sessions;
+			usep[rep.n_pools] = &use[rep.n_pools];
+			rep.n_pools++;
+		}
+		rep.pools = usep;
+		REPLY(ADMIN_POOLS_REPLY, rep);
+		free(use);
+		free(usep);
+		free(desc);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SESSIONS: {
+		Kvpaged__V1__Sessions rep = KVPAGED__V1__SESSIONS__INIT;
+		Kvpaged__V1__SessionInfo *infos = calloc(srv->nsessions + 1, sizeof(*infos));
+		Kvpaged__V1__SessionInfo **ptrs = calloc(srv->nsessions + 1, sizeof(*ptrs));
+
+		if (!infos || !ptrs) {
+			free(infos);
+			free(ptrs);
+			session_reply_error(s, h->seq, ENOMEM, "out of memory");
+			break;
+		}
+		for (struct session *o = srv->sessions; o; o = o->next) {
+			Kvpaged__V1__SessionInfo *si = &infos[rep.n_sessions];
+
+			if (o->admin || !o->welcomed || o->closing || !pool_selected(o->pool, pool))
+				continue;
+			kvpaged__v1__session_info__init(si);
+			si->id = o->id;
+			si->client_name = o->name;
+			si->pool = (char *)o->pool->cfg->name;
+			si->namespace_ = o->ns_name;
+			si->pid = (uint32_t)o->cred.pid;
+			si->uid = o->cred.uid;
+			si->gid = o->cred.gid;
+			si->sequences = o->nseqs;
+			si->blocks = (uint32_t)o->blocks;
+			si->requests = o->requests;
+			si->rings = o->ring != NULL;
+			ptrs[rep.n_sessions++] = si;
+		}
+		rep.sessions = ptrs;
+		REPLY(ADMIN_SESSIONS_REPLY, rep);
+		free(infos);
+		free(ptrs);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SEQUENCES: {
+		Kvpaged__V1__Sequences rep = KVPAGED__V1__SEQUENCES__INIT;
+		size_t total = 0, n = 0;
+
+		for (size_t i = 0; i < srv->npools; i++) {
+			struct core_usage u;
+
+			core_get_usage(srv->pools[i].core, &u);
+			total += u.sequences;
+		}
+		Kvpaged__V1__SequenceInfo *infos = calloc(total + 1, sizeof(*infos));
+		Kvpaged__V1__SequenceInfo **ptrs = calloc(total + 1, sizeof(*ptrs));
+		if (!infos || !ptrs) {
+			free(infos);
+			free(ptrs);
+			session_reply_error(s, h->seq, ENOMEM, "out of memory");
+			break;
+		}
+		for (size_t i = 0; i < srv->npools; i++) {
+			struct dpool *p = &srv->pools[i];
+
+			if (!pool_selected(p, pool))
+				continue;
+			for (uint32_t slot = 0; slot < p->cfg->max_sequences && n < total; slot++) {
+				struct seq_owner *ow = &p->owners[slot];
+				struct core_seq_info info;
+				uint64_t id;
+
+				if (!ow->s)
+					continue;
+				id = ow->s->seqs[ow->idx];
+				if (core_seq_info(p->core, id, &info) < 0)
+					continue;
+				kvpaged__v1__sequence_info__init(&infos[n]);
+				infos[n].seq = id;
+				infos[n].session = ow->s->id;
+				infos[n].pool = (char *)p->cfg->name;
+				infos[n].tokens = info.ntokens;
+				infos[n].committed = info.ncommitted;
+				infos[n].blocks = info.nblocks;
+				ptrs[n] = &infos[n];
+				n++;
+			}
+		}
+		rep.n_sequences = n;
+		rep.sequences = ptrs;
+		REPLY(ADMIN_SEQUENCES_REPLY, rep);
+		free(infos);
+		free(ptrs);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATS: {
+		Kvpaged__V1__Stats rep = KVPAGED__V1__STATS__INIT;
+		size_t np = srv->npools, nns = 0;
+
+		for (size_t i = 0; i < np; i++)
+			nns += srv->pools[i].nns;
+		Kvpaged__V1__PoolStats *ps = calloc(np + 1, sizeof(*ps)), **pp = calloc(np + 1, sizeof(*pp));
+		Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
+		if (!ps || !pp || !ns || !nsp) {
+			session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		} else {
+			for (size_t i = 0; i < np; i++) {
+				struct dpool *p = &srv->pools[i];
+				struct core_stats st;
+
+				if (!pool_selected(p, pool))
+					continue;
+				core_get_stats(p->core, &st);
+				Kvpaged__V1__PoolStats *x = &ps[rep.n_pools];
+				kvpaged__v1__pool_stats__init(x);
+				x->pool = (char *)p->cfg->name;
+				x->lookups = st.lookups;
+				x->query_blocks = st.query_blocks;
+				x->hit_blocks = st.hit_blocks;
+				x->hit_tokens = st.hit_tokens;
+				x->miss_blocks = st.miss_blocks;
+				x->collisions = st.collisions;
+				x->evictions = st.evictions;
+				x->cow_copies = st.cow_copies;
+				x->dedup_blocks = st.dedup_blocks;
+				x->commits = st.commits;
+				pp[rep.n_pools++] = x;
+				for (uint32_t j = 0; j < p->nns; j++) {
+					Kvpaged__V1__NamespaceStats *y = &ns[rep.n_namespaces];
+
+					kvpaged__v1__namespace_stats__init(y);
+					y->pool = (char *)p->cfg->name;
+					y->namespace_ = p->ns[j].name;
+					y->lookups = p->ns[j].lookups;
+					y->query_blocks = p->ns[j].query_blocks;
+					y->hit_blocks = p->ns[j].hit_blocks;
+					y->hit_tokens = p->ns[j].hit_tokens;
+					nsp[rep.n_namespaces++] = y;
+				}
+			}
+			rep.pools = pp;
+			rep.namespaces = nsp;
+			REPLY(ADMIN_STATS_REPLY, rep);
+		}
+		free(ps);
+		free(pp);
+		free(ns);
+		free(nsp);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_METRICS: {
+		Kvpaged__V1__Metrics rep = KVPAGED__V1__METRICS__INIT;
+		struct text t = { 0 };
+
+		metrics_text(srv, &t);
+		if (t.failed) {
+			session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		} else {
+			rep.text = t.buf ? t.buf : "";
+			REPLY(ADMIN_METRICS_REPLY, rep);
+		}
+		free(t.buf);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_VERIFY: {
+		Kvpaged__V1__VerifyReply rep = KVPAGED__V1__VERIFY_REPLY__INIT;
+		char (*why)[400] = calloc(srv->npools, sizeof(*why));
+		char **problems = calloc(srv->npools, sizeof(*problems));
+
+		if (!why || !problems) {
+			free(why);
+			free(problems);
+			session_reply_error(s, h->seq, ENOMEM, "out of memory");
+			break;
+		}
+		for (size_t i = 0; i < srv->npools; i++) {
+			char detail[256];
+
+			if (!pool_selected(&srv->pools[i], pool))
+				continue;
+			if (dpool_verify(&srv->pools[i], detail, sizeof(detail)) < 0) {
+				snprintf(why[rep.n_problems], sizeof(why[0]), "pool %s: %s",
+					 srv->pools[i].cfg->name, detail);
+				log_error("verify: %s", why[rep.n_problems]);
+				problems[rep.n_problems] = why[rep.n_problems];
+				rep.n_problems++;
+			}
+		}
+		rep.problems = problems;
+		REPLY(ADMIN_VERIFY_REPLY, rep);
+		free(why);
+		free(problems);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_DROP_CACHE: {
+		Kvpaged__V1__DropCacheReply rep = KVPAGED__V1__DROP_CACHE_REPLY__INIT;
+
+		for (size_t i = 0; i < srv->npools; i++)
+			if (pool_selected(&srv->pools[i], pool))
+				rep.freed_blocks += core_drop_cache(srv->pools[i].core);
+		log_info("drop-cache: %u cached blocks freed", rep.freed_blocks);
+		REPLY(ADMIN_DROP_CACHE_REPLY, rep);
+		break;
+	}
+	default:
+		session_reply_error(s, h->seq, EPROTO, "unknown admin message type %u", h->type);
+		session_close(s, "unknown admin message type");
+	}
+out:
+	kvpaged__v1__admin_request__free_unpacked(req, NULL);
+}

@@ -1,0 +1,394 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The client socket's messages: the Hello/Welcome handshake (credentials, pool ACL,
+ * namespace, rings), then every sequence operation.  A malformed message closes the session
+ * after an error reply; a refused operation only gets the error.
+ */
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "daemon/log.h"
+#include "daemon/server/server.h"
+#include "proto/kvpaged.pb-c.h"
+
+#define NAMESPACE_MAX 64
+#define CLIENT_NAME_MAX 63
+
+static bool printable(const char *s, size_t max)
+{
+	size_t n = 0;
+
+	for (; *s; s++, n++)
+		if (n >= max || *s < 0x20 || *s > 0x7e)
+			return false;
+	return true;
+}
+
+static bool id_in(uint32_t id, const uint32_t *list, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (list[i] == id)
+			return true;
+	return false;
+}
+
+/* The pool's ACL against the peer's credentials, supplementary groups included. */
+static bool acl_allows(struct session *s, const struct kvpd_pool_config *pc)
+{
+	gid_t groups[256];
+	socklen_t len = sizeof(groups);
+
+	if (pc->n_allow_uids == 0 && pc->n_allow_gids == 0)
+		return true;
+	if (s->cred.uid == 0 || id_in(s->cred.uid, pc->allow_uids, pc->n_allow_uids) ||
+	    id_in(s->cred.gid, pc->allow_gids, pc->n_allow_gids))
+		return true;
+	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+		for (size_t i = 0; i < len / sizeof(gid_t); i++)
+			if (id_in(groups[i], pc->allow_gids, pc->n_allow_gids))
+				return true;
+	return false;
+}
+
+/*
+ * The namespace comes from the peer's credentials (per the pool's `namespace` mode); the
+ * client's string can only narrow it.  The salt is a keyed hash of both, so no string a client
+ * sends can produce another credential's salt.
+ */
+static void assign_namespace(struct session *s, const struct kvpd_pool_config *pc,
+			     const char *narrow)
+{
+	char key[256];
+	int len;
+
+	switch (pc->namespace_mode) {
+	case KVPD_NS_UID:
+		snprintf(s->ns_name, sizeof(s->ns_name), "uid:%u%s%s", (unsigned)s->cred.uid,
+			 *narrow ? "/" : "", narrow);
+		break;
+	case KVPD_NS_GID:
+		snprintf(s->ns_name, sizeof(s->ns_name), "gid:%u%s%s", (unsigned)s->cred.gid,
+			 *narrow ? "/" : "", narrow);
+		break;
+	case KVPD_NS_SHARED:
+		snprintf(s->ns_name, sizeof(s->ns_name), "shared%s%s", *narrow ? "/" : "", narrow);
+		break;
+	}
+	len = snprintf(key, sizeof(key), "%s%c%s", pc->name, 0, s->ns_name);
+	s->salt = XXH3_64bits_withSeed(key, (size_t)len, pc->namespace_seed);
+}
+
+static void on_hello(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	const struct kvpd_config *cfg = s->srv->cfg;
+	Kvpaged__V1__PoolDescription desc = KVPAGED__V1__POOL_DESCRIPTION__INIT;
+	Kvpaged__V1__SessionLimits lim = KVPAGED__V1__SESSION_LIMITS__INIT;
+	Kvpaged__V1__Welcome w = KVPAGED__V1__WELCOME__INIT;
+	Kvpaged__V1__Hello *hello;
+	struct dpool *pool = NULL;
+	int fds[4];
+	unsigned nfds = 0;
+	int r;
+
+	hello = kvpaged__v1__hello__unpack(NULL, h->len, payload);
+	if (!hello) {
+		session_reply_error(s, h->seq, EPROTO, "malformed Hello");
+		session_close(s, "malformed Hello");
+		return;
+	}
+	if (hello->protocol_version != KVP_PROTOCOL_VERSION) {
+		session_reply_error(s, h->seq, EPROTONOSUPPORT,
+				    "protocol version %u not supported (this daemon speaks %u)",
+				    hello->protocol_version, KVP_PROTOCOL_VERSION);
+		session_close(s, "protocol version mismatch");
+		goto out;
+	}
+	for (size_t i = 0; i < s->srv->npools; i++)
+		if (!*hello->pool || !strcmp(hello->pool, s->srv->pools[i].cfg->name)) {
+			pool = &s->srv->pools[i];
+			break;
+		}
+	if (!pool) {
+		session_reply_error(s, h->seq, ENOENT, "no pool named '%s'", hello->pool);
+		session_close(s, "unknown pool");
+		goto out;
+	}
+	if (!acl_allows(s, pool->cfg)) {
+		session_reply_error(s, h->seq, EACCES, "uid %u gid %u may not use pool %s",
+				    (unsigned)s->cred.uid, (unsigned)s->cred.gid, pool->cfg->name);
+		log_notice("refused pid %d uid %u: not in pool %s's ACL", (int)s->cred.pid,
+			   (unsigned)s->cred.uid, pool->cfg->name);
+		session_close(s, "refused by the pool's ACL");
+		goto out;
+	}
+	if (!printable(hello->namespace_, NAMESPACE_MAX) ||
+	    !printable(hello->client_name, CLIENT_NAME_MAX)) {
+		session_reply_error(s, h->seq, EINVAL,
+				    "namespace (<= %d) and client name (<= %d) must be printable ASCII",
+				    NAMESPACE_MAX, CLIENT_NAME_MAX);
+		session_close(s, "bad namespace or name");
+		goto out;
+	}
+	if (hello->ring_entries > cfg->limits.max_ring_entries ||
+	    hello->ring_data_bytes > cfg->limits.max_ring_data_bytes ||
+	    (hello->ring_entries & (hello->ring_entries - 1))) {
+		session_reply_error(s, h->seq, EINVAL,
+				    "ring entries must be a power of two <= %u and data <= %llu bytes",
+				    cfg->limits.max_ring_entries,
+				    (unsigned long long)cfg->limits.max_ring_data_bytes);
+		session_close(s, "bad ring size");
+		goto out;
+	}
+	s->pool = pool;
+	if (*hello->client_name)
+		snprintf(s->name, sizeof(s->name), "%s", hello->client_name);
+	assign_namespace(s, pool->cfg, hello->namespace_);
+	s->stats = dpool_ns_stats(pool, s->salt, s->ns_name);
+
+	fds[nfds++] = pool->mem.fd;
+	if (hello->ring_entries) {
+		r = ring_setup(s, hello->ring_entries, hello->ring_data_bytes);
+		if (r < 0) {
+			session_reply_error(s, h->seq, -r, "cannot set up rings");
+			session_close(s, "ring setup failed");
+			goto out;
+		}
+		fds[nfds++] = s->ring->mem_fd;
+		fds[nfds++] = s->ring->sq_event_fd;
+		fds[nfds++] = s->ring->cq_event_fd;
+		w.ring_entries = s->ring->entries;
+		w.ring_data_bytes = (uint32_t)s->ring->data_bytes;
+		w.ring_bytes = s->ring->bytes;
+	}
+	dpool_describe(pool, &desc);
+	lim.max_sequences = cfg->limits.max_sequences;
+	lim.max_blocks = cfg->limits.max_blocks ? cfg->limits.max_blocks : pool->cfg->capacity_blocks;
+	lim.max_inflight = cfg->limits.max_inflight;
+	lim.max_tokens_per_request = cfg->limits.max_tokens_per_request;
+	w.protocol_version = KVP_PROTOCOL_VERSION;
+	w.session_id = s->id;
+	w.pool = &desc;
+	w.limits = &lim;
+	w.namespace_ = s->ns_name;
+	s->welcomed = true;
+	pool->sessions++;
+	log_info("session %llu: %s (pid %d uid %u) joined pool %s as %s%s",
+		 (unsigned long long)s->id, s->name, (int)s->cred.pid, (unsigned)s->cred.uid,
+		 pool->cfg->name, s->ns_name, s->ring ? " with rings" : "");
+	session_reply(s, KVPAGED__V1__MESSAGE_TYPE__WELCOME, h->seq, &w.base, fds, nfds);
+out:
+	kvpaged__v1__hello__free_unpacked(hello, NULL);
+}
+
+/* Replies with the errno of a refused operation and, when there is one, the reason. */
+static void reply_refused(struct session *s, uint32_t seq, int r, const char *why, const char *op)
+{
+	session_reply_error(s, seq, -r, "%s: %s", op, why ? why : strerror(-r));
+}
+
+#define UNPACK(type, var)                                                                     \
+	var = kvpaged__v1__##type##__unpack(NULL, h->len, payload);                           \
+	if (!var) {                                                                           \
+		session_reply_error(s, h->seq, EPROTO, "malformed " #type " message");        \
+		session_close(s, "malformed message");                                        \
+		return;                                                                       \
+	}
+
+#define REPLY(TYPE, msg) session_reply(s, KVPAGED__V1__MESSAGE_TYPE__##TYPE, h->seq, &(msg).base, NULL, 0)
+
+static void on_open(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__OpenReply rep = KVPAGED__V1__OPEN_REPLY__INIT;
+	struct seq_result res;
+	const char *why = NULL;
+	Kvpaged__V1__Open *m;
+	int r;
+
+	UNPACK(open, m);
+	if (m->n_tokens > UINT32_MAX)
+		r = -E2BIG;
+	else
+		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, &res, &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "open");
+	} else {
+		rep.seq = res.seq;
+		rep.cached_tokens = res.cached;
+		rep.n_table = res.table_len;
+		rep.table = (uint32_t *)res.table;
+		REPLY(OPEN_REPLY, rep);
+	}
+	kvpaged__v1__open__free_unpacked(m, NULL);
+}
+
+static void on_append(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__AppendReply rep = KVPAGED__V1__APPEND_REPLY__INIT;
+	struct seq_result res;
+	const char *why = NULL;
+	Kvpaged__V1__Append *m;
+	int r;
+
+	UNPACK(append, m);
+	if (m->n_tokens > UINT32_MAX)
+		r = -E2BIG;
+	else
+		r = ops_append(s, m->seq, m->tokens, (uint32_t)m->n_tokens, &res, &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "append");
+	} else {
+		rep.first_changed = res.first_changed;
+		rep.n_table = res.table_len;
+		rep.table = (uint32_t *)res.table;
+		REPLY(APPEND_REPLY, rep);
+	}
+	kvpaged__v1__append__free_unpacked(m, NULL);
+}
+
+static void on_commit(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__CommitReply rep = KVPAGED__V1__COMMIT_REPLY__INIT;
+	struct seq_result res;
+	const char *why = NULL;
+	Kvpaged__V1__Commit *m;
+	int r;
+
+	UNPACK(commit, m);
+	r = ops_commit(s, m->seq, m->tokens, &res, &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "commit");
+	} else {
+		rep.replaced = res.replaced;
+		rep.n_table = res.table_len;
+		rep.table = (uint32_t *)res.table;
+		REPLY(COMMIT_REPLY, rep);
+	}
+	kvpaged__v1__commit__free_unpacked(m, NULL);
+}
+
+static void on_fork(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__ForkReply rep = KVPAGED__V1__FORK_REPLY__INIT;
+	struct seq_result res;
+	const char *why = NULL;
+	Kvpaged__V1__Fork *m;
+	int r;
+
+	UNPACK(fork, m);
+	r = ops_fork(s, m->seq, &res, &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "fork");
+	} else {
+		rep.seq = res.seq;
+		rep.n_table = res.table_len;
+		rep.table = (uint32_t *)res.table;
+		REPLY(FORK_REPLY, rep);
+	}
+	kvpaged__v1__fork__free_unpacked(m, NULL);
+}
+
+static void on_close(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__CloseReply rep = KVPAGED__V1__CLOSE_REPLY__INIT;
+	const char *why = NULL;
+	Kvpaged__V1__Close *m;
+	int r;
+
+	UNPACK(close, m);
+	r = ops_close(s, m->seq, &why);
+	if (r < 0)
+		reply_refused(s, h->seq, r, why, "close");
+	else
+		REPLY(CLOSE_REPLY, rep);
+	kvpaged__v1__close__free_unpacked(m, NULL);
+}
+
+static void on_lookup(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__LookupReply rep = KVPAGED__V1__LOOKUP_REPLY__INIT;
+	const char *why = NULL;
+	Kvpaged__V1__Lookup *m;
+	uint32_t cached = 0;
+	int r;
+
+	UNPACK(lookup, m);
+	if (m->n_tokens > UINT32_MAX)
+		r = -E2BIG;
+	else
+		r = ops_lookup(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, &cached,
+			       &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "lookup");
+	} else {
+		rep.cached_tokens = cached;
+		REPLY(LOOKUP_REPLY, rep);
+	}
+	kvpaged__v1__lookup__free_unpacked(m, NULL);
+}
+
+static void on_seq_info(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__SeqInfoReply rep = KVPAGED__V1__SEQ_INFO_REPLY__INIT;
+	struct core_seq_info info;
+	const char *why = NULL;
+	Kvpaged__V1__SeqInfo *m;
+	int r;
+
+	UNPACK(seq_info, m);
+	r = ops_info(s, m->seq, &info, &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "seq_info");
+	} else {
+		rep.tokens = info.ntokens;
+		rep.committed = info.ncommitted;
+		rep.n_table = info.nblocks;
+		rep.table = (uint32_t *)info.table;
+		REPLY(SEQ_INFO_REPLY, rep);
+	}
+	kvpaged__v1__seq_info__free_unpacked(m, NULL);
+}
+
+void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	if (!s->welcomed) {
+		if (h->type != KVPAGED__V1__MESSAGE_TYPE__HELLO) {
+			session_reply_error(s, h->seq, EPROTO, "the first message must be Hello");
+			session_close(s, "no Hello");
+			return;
+		}
+		on_hello(s, h, payload);
+		return;
+	}
+	switch (h->type) {
+	case KVPAGED__V1__MESSAGE_TYPE__OPEN:
+		on_open(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__APPEND:
+		on_append(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__COMMIT:
+		on_commit(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__FORK:
+		on_fork(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__CLOSE:
+		on_close(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__LOOKUP:
+		on_lookup(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__SEQ_INFO:
+		on_seq_info(s, h, payload);
+		break;
+	default:
+		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);
+		session_close(s, "unknown message type");
+	}
+}

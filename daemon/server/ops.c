@@ -1,0 +1,257 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sequence operations on behalf of a session, shared by the socket and the rings.  A session
+ * may only touch sequences it opened or forked (anything else is -ENOENT, as if it did not
+ * exist), and its limits are checked before the core is called (-EDQUOT, -EMFILE, -E2BIG).
+ * The core itself guarantees that a failed call changes nothing.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "daemon/server/server.h"
+
+static uint32_t session_max_blocks(const struct session *s)
+{
+	uint32_t m = s->srv->cfg->limits.max_blocks;
+
+	return m ? m : s->pool->cfg->capacity_blocks;
+}
+
+static uint32_t blocks_for(const struct session *s, uint64_t tokens)
+{
+	uint32_t B = s->pool->cfg->block_tokens;
+
+	return (uint32_t)((tokens + B - 1) / B);
+}
+
+/* Makes room for one more owned sequence, so that recording it later cannot fail. */
+static int reserve_seq(struct session *s)
+{
+	uint32_t cap = s->cap_seqs ? 2 * s->cap_seqs : 16;
+	uint64_t *v;
+
+	if (s->nseqs < s->cap_seqs)
+		return 0;
+	v = realloc(s->seqs, cap * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	s->seqs = v;
+	s->cap_seqs = cap;
+	return 0;
+}
+
+static void own(struct session *s, uint64_t seq)
+{
+	struct dpool *p = s->pool;
+	uint32_t slot = (uint32_t)seq;
+
+	s->seqs[s->nseqs] = seq;
+	p->owners[slot] = (struct seq_owner){ .s = s, .idx = s->nseqs };
+	s->nseqs++;
+}
+
+static void disown(struct session *s, uint64_t seq)
+{
+	struct dpool *p = s->pool;
+	uint32_t slot = (uint32_t)seq, idx = p->owners[slot].idx;
+
+	s->seqs[idx] = s->seqs[--s->nseqs];
+	p->owners[(uint32_t)s->seqs[idx]].idx = idx;
+	p->owners[slot] = (struct seq_owner){ 0 };
+}
+
+/* The session's view of a sequence id: 0 when it owns it, -ENOENT otherwise. */
+static int check_owner(struct session *s, uint64_t seq, struct core_seq_info *info)
+{
+	uint32_t slot = (uint32_t)seq;
+
+	if (slot >= s->pool->cfg->max_sequences || s->pool->owners[slot].s != s)
+		return -ENOENT;
+	return core_seq_info(s->pool->core, seq, info);
+}
+
+static int check_tokens(struct session *s, uint32_t n, const char **why)
+{
+	if (n > s->srv->cfg->limits.max_tokens_per_request) {
+		*why = "more tokens than max_tokens_per_request";
+		return -E2BIG;
+	}
+	return 0;
+}
+
+static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct seq_result *res)
+{
+	struct core_seq_info info;
+
+	core_seq_info(s->pool->core, seq, &info);
+	res->table = info.table + from;
+	res->table_len = info.nblocks - from;
+}
+
+int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
+	     uint32_t flags, struct seq_result *res, const char **why)
+{
+	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
+			       .flags = flags };
+	uint32_t nblocks = blocks_for(s, n);
+	int r;
+
+	/* Arguments first: a bad request is -EINVAL whatever the session's usage. */
+	if (n == 0 || !tokens || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
+		*why = "empty prompt or unknown flags";
+		return -EINVAL;
+	}
+	r = check_tokens(s, n, why);
+	if (r < 0)
+		return r;
+	if (s->nseqs >= s->srv->cfg->limits.max_sequences) {
+		*why = "session has max_sequences sequences open";
+		return -EMFILE;
+	}
+	if (s->blocks + nblocks > session_max_blocks(s)) {
+		*why = "session would exceed its max_blocks quota";
+		return -EDQUOT;
+	}
+	/* Reserve the owner entry first so that nothing can fail after the core call. */
+	r = reserve_seq(s);
+	if (r < 0)
+		return r;
+	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
+	if (r < 0)
+		return r;
+	own(s, res->seq);
+	s->blocks += nblocks;
+	s->stats->lookups++;
+	s->stats->query_blocks += nblocks;
+	s->stats->hit_blocks += res->cached / s->pool->cfg->block_tokens;
+	s->stats->hit_tokens += res->cached;
+	fill_table(s, res->seq, 0, res);
+	return 0;
+}
+
+int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t n,
+	       struct seq_result *res, const char **why)
+{
+	struct core_seq_info info;
+	uint32_t grow;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	r = check_tokens(s, n, why);
+	if (r < 0)
+		return r;
+	grow = blocks_for(s, (uint64_t)info.ntokens + n) - info.nblocks;
+	if (s->blocks + grow > session_max_blocks(s)) {
+		*why = "session would exceed its max_blocks quota";
+		return -EDQUOT;
+	}
+	r = core_seq_append(s->pool->core, seq, tokens, n);
+	if (r < 0)
+		return r;
+	s->blocks += grow;
+	res->seq = seq;
+	res->first_changed = (uint32_t)r;
+	fill_table(s, seq, (uint32_t)r, res);
+	return 0;
+}
+
+int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_result *res,
+	       const char **why)
+{
+	struct core_seq_info info;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	r = core_seq_commit(s->pool->core, seq, ntokens);
+	if (r < 0)
+		return r;
+	res->seq = seq;
+	res->replaced = (uint32_t)r;
+	res->table_len = 0;
+	if (r > 0)
+		fill_table(s, seq, 0, res);
+	return 0;
+}
+
+int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char **why)
+{
+	struct core_seq_info info;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	if (s->nseqs >= s->srv->cfg->limits.max_sequences) {
+		*why = "session has max_sequences sequences open";
+		return -EMFILE;
+	}
+	if (s->blocks + info.nblocks > session_max_blocks(s)) {
+		*why = "session would exceed its max_blocks quota";
+		return -EDQUOT;
+	}
+	r = reserve_seq(s);
+	if (r < 0)
+		return r;
+	r = core_seq_fork(s->pool->core, seq, &res->seq);
+	if (r < 0)
+		return r;
+	own(s, res->seq);
+	s->blocks += info.nblocks;
+	fill_table(s, res->seq, 0, res);
+	return 0;
+}
+
+int ops_close(struct session *s, uint64_t seq, const char **why)
+{
+	struct core_seq_info info;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	r = core_seq_close(s->pool->core, seq);
+	if (r < 0)
+		return r;
+	disown(s, seq);
+	s->blocks -= info.nblocks;
+	return 0;
+}
+
+int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
+	       uint32_t flags, uint32_t *cached, const char **why)
+{
+	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
+			       .flags = flags };
+	int r = check_tokens(s, n, why);
+
+	if (r < 0)
+		return r;
+	if (n == 0 || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
+		*why = "empty prompt or unknown flags";
+		return -EINVAL;
+	}
+	*cached = core_lookup(s->pool->core, &o);
+	return 0;
+}
+
+int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why)
+{
+	return check_owner(s, seq, info);
+}
+
+void ops_close_all(struct session *s)
+{
+	if (!s->pool)
+		return;
+	while (s->nseqs > 0) {
+		uint64_t seq = s->seqs[s->nseqs - 1];
+
+		core_seq_close(s->pool->core, seq);
+		disown(s, seq);
+	}
+	s->blocks = 0;
+}

@@ -1,0 +1,348 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's side of the shared-memory rings (proto/ring.h).  Everything read from the
+ * mapping is copied before it is looked at and checked after: the daemon keeps its own SQ head
+ * and CQ tail, and a client whose tail runs ahead of its head, or whose entry points outside
+ * the data area, gets an error frame and loses its session (and nothing else happens).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/server/server.h"
+
+#define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+
+/* Shared memory is written by another process: plain C accesses would let the compiler reload
+ * or tear them.  These are the only ways the daemon touches the indices. */
+static inline uint32_t load_acquire(const uint32_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static inline void store_release(uint32_t *p, uint32_t v)
+{
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
+{
+	struct session_ring *r = calloc(1, sizeof(*r));
+	uint64_t off, sq_off, cq_off, sqes_off, cqes_off, data_off;
+	char name[64];
+	int e;
+
+	if (!r)
+		return -ENOMEM;
+	r->mem_fd = r->sq_event_fd = r->cq_event_fd = -1;
+	off = ALIGN_UP(sizeof(struct kvp_ring_header), KVP_RING_CACHELINE);
+	sq_off = off;
+	off += sizeof(struct kvp_ring_indices);
+	cq_off = off;
+	off += sizeof(struct kvp_ring_indices);
+	sqes_off = off;
+	off += (uint64_t)entries * sizeof(struct kvp_sqe);
+	cqes_off = off;
+	off += (uint64_t)entries * sizeof(struct kvp_cqe);
+	data_off = ALIGN_UP(off, KVP_RING_CACHELINE);
+	r->bytes = ALIGN_UP(data_off + data_bytes, 4096);
+
+	snprintf(name, sizeof(name), "kvpaged-ring-%llu", (unsigned long long)s->id);
+	r->mem_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (r->mem_fd < 0)
+		goto fail;
+	if (ftruncate(r->mem_fd, (off_t)r->bytes) < 0 ||
+	    fcntl(r->mem_fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+		goto fail;
+	r->mem = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->mem_fd, 0);
+	if (r->mem == MAP_FAILED) {
+		r->mem = NULL;
+		goto fail;
+	}
+	r->sq_event_fd = eventfd(0, EFD_CLOEXEC);
+	r->cq_event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (r->sq_event_fd < 0 || r->cq_event_fd < 0)
+		goto fail;
+
+	r->hdr = r->mem;
+	*r->hdr = (struct kvp_ring_header){
+		.magic = KVP_RING_MAGIC,
+		.abi_version = KVP_RING_ABI_VERSION,
+		.header_bytes = sizeof(struct kvp_ring_header),
+		.sq_entries = entries,
+		.cq_entries = entries,
+		.sqe_bytes = sizeof(struct kvp_sqe),
+		.cqe_bytes = sizeof(struct kvp_cqe),
+		.sq_off = sq_off,
+		.cq_off = cq_off,
+		.sqes_off = sqes_off,
+		.cqes_off = cqes_off,
+		.data_off = data_off,
+		.data_bytes = data_bytes,
+	};
+	r->sq = (struct kvp_ring_indices *)((uint8_t *)r->mem + sq_off);
+	r->cq = (struct kvp_ring_indices *)((uint8_t *)r->mem + cq_off);
+	r->sqes = (struct kvp_sqe *)((uint8_t *)r->mem + sqes_off);
+	r->cqes = (struct kvp_cqe *)((uint8_t *)r->mem + cqes_off);
+	r->data = (uint8_t *)r->mem + data_off;
+	r->entries = entries;
+	r->mask = entries - 1;
+	r->data_bytes = data_bytes;
+	/* Until the first doorbell, the daemon sleeps: submitters must ring. */
+	store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
+	r->doorbell_op = (struct op){ .kind = OP_DOORBELL, .s = s };
+	s->ring = r;
+	ring_arm_doorbell(s);
+	return 0;
+fail:
+	e = -errno;
+	if (r->mem)
+		munmap(r->mem, r->bytes);
+	if (r->mem_fd >= 0)
+		close(r->mem_fd);
+	if (r->sq_event_fd >= 0)
+		close(r->sq_event_fd);
+	if (r->cq_event_fd >= 0)
+		close(r->cq_event_fd);
+	free(r);
+	return e ? e : -ENOMEM;
+}
+
+void ring_arm_doorbell(struct session *s)
+{
+	struct session_ring *r = s->ring;
+	struct io_uring_sqe *sqe;
+
+	if (!r || r->doorbell_armed || s->closing)
+		return;
+	sqe = server_sqe(s->srv);
+	io_uring_prep_read(sqe, r->sq_event_fd, &r->doorbell_value, sizeof(r->doorbell_value), 0);
+	io_uring_sqe_set_data(sqe, &r->doorbell_op);
+	r->doorbell_armed = true;
+	s->refs++;
+}
+
+void ring_destroy(struct session *s)
+{
+	struct session_ring *r = s->ring;
+
+	if (!r)
+		return;
+	if (r->doorbell_armed) {
+		/* The pending read keeps the eventfd alive; cancel it so the session can go. */
+		struct io_uring_sqe *sqe = server_sqe(s->srv);
+
+		io_uring_prep_cancel(sqe, &r->doorbell_op, 0);
+		io_uring_sqe_set_data(sqe, NULL);
+	}
+	/* Freed when the doorbell's completion arrives (ring_on_doorbell) or right now. */
+	if (!r->doorbell_armed) {
+		munmap(r->mem, r->bytes);
+		close(r->mem_fd);
+		close(r->sq_event_fd);
+		close(r->cq_event_fd);
+		free(r);
+		s->ring = NULL;
+	}
+}
+
+/* Checks that [off, off + len) lies in the data area. */
+static bool in_data(const struct session_ring *r, uint32_t off, uint32_t len)
+{
+	return (uint64_t)off + len <= r->data_bytes;
+}
+
+/* Writes table entries to the entry's output space; marks truncation. */
+static void put_table(struct session_ring *r, const struct kvp_sqe *e, struct kvp_cqe *c,
+		      const uint32_t *table, uint32_t n)
+{
+	uint32_t fit = e->out_len / sizeof(uint32_t);
+
+	if (fit < n) {
+		c->flags |= KVP_CQE_TRUNCATED;
+		n = fit;
+	}
+	memcpy(r->data + e->out_off, table, (size_t)n * sizeof(uint32_t));
+	c->out_len = n * sizeof(uint32_t);
+}
+
+/* Executes one copied, checked entry.  Returns false when the session must be closed. */
+static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *c,
+		    uint32_t **scratch, size_t *scratch_cap)
+{
+	struct session_ring *r = s->ring;
+	const uint32_t ntok = e->in_len / sizeof(uint32_t);
+	struct seq_result res = { 0 };
+	const char *why = NULL;
+	uint32_t *tokens = NULL;
+	int rc = 0;
+
+	if (e->opcode >= KVP_OP_MAX || e->flags || e->in_len % sizeof(uint32_t) ||
+	    !in_data(r, e->in_off, e->in_len) || !in_data(r, e->out_off, e->out_len) ||
+	    e->out_off % sizeof(uint32_t) || e->in_off % sizeof(uint32_t))
+		return false;
+	if (e->in_len) {
+		/* Copy, then check: the client may rewrite the data area under us. */
+		if (*scratch_cap < e->in_len) {
+			uint32_t *b = realloc(*scratch, e->in_len);
+
+			if (!b) {
+				c->res = -ENOMEM;
+				return true;
+			}
+			*scratch = b;
+			*scratch_cap = e->in_len;
+		}
+		tokens = *scratch;
+		memcpy(tokens, r->data + e->in_off, e->in_len);
+	}
+	c->user_data = e->user_data;
+	switch (e->opcode) {
+	case KVP_OP_NOP:
+		break;
+	case KVP_OP_OPEN:
+		rc = ops_open(s, tokens, ntok, e->extra, e->arg, &res, &why);
+		if (rc == 0) {
+			c->value = res.seq;
+			c->aux = res.cached;
+			put_table(r, e, c, res.table, res.table_len);
+		}
+		break;
+	case KVP_OP_APPEND:
+		rc = ops_append(s, e->seq, tokens, ntok, &res, &why);
+		if (rc == 0) {
+			c->aux = res.first_changed;
+			put_table(r, e, c, res.table, res.table_len);
+		}
+		break;
+	case KVP_OP_COMMIT:
+		rc = ops_commit(s, e->seq, e->arg, &res, &why);
+		if (rc == 0) {
+			c->aux = res.replaced;
+			if (res.replaced)
+				put_table(r, e, c, res.table, res.table_len);
+		}
+		break;
+	case KVP_OP_FORK:
+		rc = ops_fork(s, e->seq, &res, &why);
+		if (rc == 0) {
+			c->value = res.seq;
+			put_table(r, e, c, res.table, res.table_len);
+		}
+		break;
+	case KVP_OP_CLOSE:
+		rc = ops_close(s, e->seq, &why);
+		break;
+	case KVP_OP_LOOKUP:
+		rc = ops_lookup(s, tokens, ntok, e->extra, e->arg, &c->aux, &why);
+		break;
+	case KVP_OP_SEQ_INFO: {
+		struct core_seq_info info;
+
+		rc = ops_info(s, e->seq, &info, &why);
+		if (rc == 0) {
+			c->value = (uint64_t)info.ntokens << 32 | info.ncommitted;
+			put_table(r, e, c, info.table, info.nblocks);
+		}
+		break;
+	}
+	}
+	c->res = rc;
+	return true;
+}
+
+/* Consumes what the client submitted.  Returns false when the session must be closed. */
+static bool drain(struct session *s, const char **why)
+{
+	static uint32_t *scratch;
+	static size_t scratch_cap;
+	struct session_ring *r = s->ring;
+	uint32_t tail, cq_head, posted = 0;
+
+	tail = load_acquire(&r->sq->tail);
+	if (tail - r->sq_head > r->entries) {
+		*why = "submission tail is more than the ring size ahead of its head";
+		return false;
+	}
+	while (r->sq_head != tail && !s->closing) {
+		struct kvp_sqe e;
+		struct kvp_cqe c = { 0 };
+
+		cq_head = load_acquire(&r->cq->head);
+		if (r->cq_tail - cq_head > r->entries) {
+			*why = "completion head is not behind the daemon's tail";
+			return false;
+		}
+		if (r->cq_tail - cq_head == r->entries) {
+			/* Only a client with more operations in flight than the ring holds gets here. */
+			*why = "more operations in flight than the completion ring holds";
+			return false;
+		}
+		memcpy(&e, &r->sqes[r->sq_head & r->mask], sizeof(e));
+		r->sq_head++;
+		s->requests++;
+		s->srv->requests++;
+		c.user_data = e.user_data;
+		if (!execute(s, &e, &c, &scratch, &scratch_cap)) {
+			*why = "entry with a bad opcode, flags, offset or length";
+			return false;
+		}
+		r->cqes[r->cq_tail & r->mask] = c;
+		r->cq_tail++;
+		posted++;
+	}
+	/* Publish: entries before indices (release), so the client never sees a torn entry. */
+	store_release(&r->sq->head, r->sq_head);
+	if (posted) {
+		store_release(&r->cq->tail, r->cq_tail);
+		/* Pairs with the client's flag store + fence before it sleeps. */
+		atomic_thread_fence(memory_order_seq_cst);
+		if (load_acquire(&r->cq->flags) & KVP_CQ_NEED_WAKEUP) {
+			uint64_t one = 1;
+
+			(void)!write(r->cq_event_fd, &one, sizeof(one));
+		}
+	}
+	return true;
+}
+
+void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
+{
+	struct session_ring *r = s->ring;
+	const char *why = NULL;
+
+	r->doorbell_armed = false;
+	if (s->closing || cqe->res < 0) {
+		if (!s->closing)
+			session_close(s, "doorbell read failed");
+		ring_destroy(s);
+		goto out;
+	}
+	/* Awake: submitters need not ring while we drain. */
+	store_release(&r->sq->flags, 0);
+	for (;;) {
+		if (!drain(s, &why)) {
+			session_reply_error(s, 0, EPROTO, "ring: %s", why);
+			log_notice("session %llu (%s): ring: %s", (unsigned long long)s->id, s->name,
+				   why);
+			session_close(s, "ring protocol violation");
+			goto out;
+		}
+		/* Going to sleep: set the flag, then look once more so no submission is missed. */
+		store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
+		atomic_thread_fence(memory_order_seq_cst);
+		if (load_acquire(&r->sq->tail) == r->sq_head)
+			break;
+		store_release(&r->sq->flags, 0);
+	}
+	ring_arm_doorbell(s);
+out:
+	session_unref(s);
+}

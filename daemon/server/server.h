@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The daemon's server: one thread, one io_uring, all state.  Accepts, socket reads and writes,
+ * ring doorbells and signals all complete on the same ring; handlers run to completion.
+ */
+#pragma once
+
+#include <liburing.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include "daemon/backend/backend.h"
+#include "daemon/config.h"
+#include "daemon/core/core.h"
+#include "proto/frame.h"
+#include "proto/kvpaged.pb-c.h"
+#include "proto/ring.h"
+
+struct session;
+struct server;
+
+/* What a completion is about: every in-flight io_uring operation points at one of these. */
+enum op_kind {
+	OP_ACCEPT_CLIENT,
+	OP_ACCEPT_ADMIN,
+	OP_SIGNAL,
+	OP_RECV,
+	OP_SEND,
+	OP_DOORBELL,
+};
+
+struct op {
+	enum op_kind kind;
+	struct session *s; /* NULL for the server's own operations */
+};
+
+/* Hit statistics of one namespace of a pool (the admin's per-tenant view). */
+struct ns_stats {
+	uint64_t salt;
+	char name[80];
+	uint64_t lookups, query_blocks, hit_blocks, hit_tokens;
+};
+
+/* A namespace table never grows past this; later namespaces share the last, "(other)", entry. */
+#define POOL_MAX_NS_STATS 1024
+
+struct seq_owner {
+	struct session *s; /* NULL: slot free */
+	uint32_t idx;      /* position in s->seqs */
+};
+
+struct dpool {
+	const struct kvpd_pool_config *cfg;
+	struct core *core;
+	struct backend_pool mem;
+	uint64_t bytes_per_token, block_bytes;
+	uint64_t layer_stride, kv_stride, slot_stride, head_stride;
+	struct seq_owner *owners; /* by the core's sequence slot (low 32 bits of an id) */
+	struct ns_stats *ns;
+	uint32_t nns;
+	uint32_t sessions;
+};
+
+struct outbuf {
+	struct outbuf *next;
+	uint8_t *data;
+	size_t len, off;
+	int fds[KVP_FRAME_MAX_FDS];
+	unsigned nfds;
+};
+
+struct session_ring {
+	int mem_fd, sq_event_fd, cq_event_fd;
+	void *mem;
+	uint64_t bytes;
+	struct kvp_ring_header *hdr; /* daemon-written at setup; never read back */
+	struct kvp_ring_indices *sq, *cq;
+	struct kvp_sqe *sqes;
+	struct kvp_cqe *cqes;
+	uint8_t *data;
+	uint32_t entries, mask;
+	uint64_t data_bytes;
+	uint32_t sq_head; /* the daemon's own copies: shared memory is never trusted */
+	uint32_t cq_tail;
+	uint64_t doorbell_value; /* eventfd read target */
+	struct op doorbell_op;
+	bool doorbell_armed;
+};
+
+struct session {
+	struct server *srv;
+	struct session *prev, *next;
+	uint64_t id;
+	int fd;
+	bool admin;
+	bool welcomed;
+	bool closing;
+	unsigned refs; /* in-flight operations + 1 while open */
+	struct ucred cred;
+	char name[64];
+	char ns_name[80];
+	uint64_t salt;
+	struct dpool *pool;
+	struct ns_stats *stats;
+
+	/* receiving */
+	struct op recv_op;
+	bool recv_armed;
+	uint8_t *rbuf;
+	size_t rlen, rcap;
+	struct msghdr rmsg;
+	struct iovec riov;
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * KVP_FRAME_MAX_FDS)];
+		struct cmsghdr align;
+	} rcontrol;
+
+	/* sending */
+	struct op send_op;
+	bool send_armed;
+	struct outbuf *outq, *outq_tail;
+	size_t queued_bytes;
+	unsigned queued_frames;
+	struct msghdr smsg;
+	struct iovec siov;
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * KVP_FRAME_MAX_FDS)];
+		struct cmsghdr align;
+	} scontrol;
+
+	/* sequences this session owns, for quotas and for closing them on disconnect */
+	uint64_t *seqs;
+	uint32_t nseqs, cap_seqs;
+	uint64_t blocks; /* block-table entries over its sequences */
+	uint64_t requests;
+
+	struct session_ring *ring;
+};
+
+struct server {
+	struct kvpd_config *cfg;
+	struct io_uring ring;
+	int client_fd, admin_fd, signal_fd;
+	struct op accept_client_op, accept_admin_op, signal_op;
+	struct signalfd_siginfo siginfo;
+	struct dpool *pools;
+	size_t npools;
+	struct session *sessions;
+	uint32_t nsessions;
+	uint64_t next_session_id;
+	uint64_t requests;
+	uint64_t started_ns;
+	bool stopping;
+	int exit_status;
+};
+
+/* server.c */
+int server_init(struct server *srv, struct kvpd_config *cfg);
+int server_run(struct server *srv);
+void server_done(struct server *srv);
+struct io_uring_sqe *server_sqe(struct server *srv);
+uint64_t server_now_ns(void);
+
+/* pool.c */
+int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
+void dpool_done(struct dpool *p);
+struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name);
+int dpool_verify(struct dpool *p, char *why, size_t why_len);
+void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
+
+/* session.c */
+struct session *session_new(struct server *srv, int fd, bool admin);
+void session_close(struct session *s, const char *why);
+void session_unref(struct session *s);
+void session_on_recv(struct session *s, struct io_uring_cqe *cqe);
+void session_on_send(struct session *s, struct io_uring_cqe *cqe);
+void session_arm_recv(struct session *s);
+/* Queues a reply frame (msg NULL: empty payload).  Returns 0 or -ENOMEM (session closed). */
+int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
+		  const int *fds, unsigned nfds);
+int session_reply_error(struct session *s, uint32_t seq, int error, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+/* ops.c: sequence operations shared by the socket and the rings */
+struct seq_result {
+	uint64_t seq;
+	uint32_t cached, first_changed, replaced;
+	const uint32_t *table; /* valid until the next core call */
+	uint32_t table_len;
+};
+int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
+	     uint32_t flags, struct seq_result *res, const char **why);
+int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t n,
+	       struct seq_result *res, const char **why);
+int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_result *res,
+	       const char **why);
+int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char **why);
+int ops_close(struct session *s, uint64_t seq, const char **why);
+int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
+	       uint32_t flags, uint32_t *cached, const char **why);
+int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why);
+void ops_close_all(struct session *s);
+
+/* client.c / admin.c: message dispatch */
+void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+
+/* ring.c: shared-memory rings */
+int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes);
+void ring_destroy(struct session *s);
+void ring_arm_doorbell(struct session *s);
+void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe);

@@ -1,0 +1,341 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Sessions: one per connection on the client or admin socket.  Frames are read with RECVMSG
+ * (so fds a peer should not send are seen and closed) into a per-session buffer and dispatched
+ * when whole; replies are queued and written with SENDMSG, one in flight at a time.  A session
+ * that does not read its replies stops being read once it has max_queued_bytes or max_inflight
+ * replies queued.  Bad input gets an error frame and closes that session only.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "daemon/log.h"
+#include "daemon/server/server.h"
+
+#define RBUF_INITIAL 65536
+
+struct session *session_new(struct server *srv, int fd, bool admin)
+{
+	struct session *s = calloc(1, sizeof(*s));
+	socklen_t len = sizeof(s->cred);
+
+	if (!s) {
+		log_error("out of memory for a new session");
+		return NULL;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &s->cred, &len) < 0) {
+		log_warning_errno(errno, "SO_PEERCRED: %m");
+		free(s);
+		return NULL;
+	}
+	s->rbuf = malloc(RBUF_INITIAL);
+	if (!s->rbuf) {
+		free(s);
+		return NULL;
+	}
+	s->rcap = RBUF_INITIAL;
+	s->srv = srv;
+	s->fd = fd;
+	s->admin = admin;
+	s->id = srv->next_session_id++;
+	s->refs = 1;
+	s->recv_op = (struct op){ .kind = OP_RECV, .s = s };
+	s->send_op = (struct op){ .kind = OP_SEND, .s = s };
+	snprintf(s->name, sizeof(s->name), "pid %d", (int)s->cred.pid);
+	s->next = srv->sessions;
+	if (srv->sessions)
+		srv->sessions->prev = s;
+	srv->sessions = s;
+	srv->nsessions++;
+	log_debug("session %llu: %s connection from pid %d uid %d", (unsigned long long)s->id,
+		  admin ? "admin" : "client", (int)s->cred.pid, (int)s->cred.uid);
+	session_arm_recv(s);
+	return s;
+}
+
+static void free_outq(struct session *s)
+{
+	for (struct outbuf *o = s->outq, *next; o; o = next) {
+		next = o->next;
+		free(o->data);
+		free(o);
+	}
+	s->outq = s->outq_tail = NULL;
+	s->queued_bytes = 0;
+	s->queued_frames = 0;
+}
+
+void session_unref(struct session *s)
+{
+	struct server *srv = s->srv;
+
+	if (--s->refs > 0)
+		return;
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		srv->sessions = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	srv->nsessions--;
+	close(s->fd);
+	free_outq(s);
+	free(s->rbuf);
+	free(s->seqs);
+	free(s);
+}
+
+/*
+ * Closes a session: releases every sequence it owns at once (its blocks go back to the pool
+ * now), stops reading, sends what is queued (the error that explains the close, typically),
+ * each send bounded by a timeout, then shuts the socket down; the session is freed when its
+ * last in-flight operation completes.
+ */
+void session_close(struct session *s, const char *why)
+{
+	if (s->closing)
+		return;
+	s->closing = true;
+	if (why)
+		log_debug("session %llu (%s): closing: %s", (unsigned long long)s->id, s->name, why);
+	ops_close_all(s);
+	if (s->pool && s->welcomed)
+		s->pool->sessions--;
+	ring_destroy(s);
+	/* Completes the pending recv; a pending send finishes (or times out) on its own. */
+	shutdown(s->fd, s->outq ? SHUT_RD : SHUT_RDWR);
+	session_unref(s);
+}
+
+void session_arm_recv(struct session *s)
+{
+	struct io_uring_sqe *sqe;
+
+	if (s->closing || s->recv_armed)
+		return;
+	/* Backpressure: a peer that does not read its replies is not read either. */
+	if (s->queued_bytes > s->srv->cfg->limits.max_queued_bytes ||
+	    s->queued_frames >= s->srv->cfg->limits.max_inflight)
+		return;
+	if (s->rlen == s->rcap) {
+		size_t cap = s->rcap * 2, max = s->srv->cfg->max_frame_bytes + KVP_FRAME_HEADER_BYTES;
+		uint8_t *b;
+
+		if (cap > max)
+			cap = max;
+		if (cap <= s->rcap) {
+			session_close(s, "receive buffer full");
+			return;
+		}
+		b = realloc(s->rbuf, cap);
+		if (!b) {
+			session_close(s, "out of memory");
+			return;
+		}
+		s->rbuf = b;
+		s->rcap = cap;
+	}
+	s->riov = (struct iovec){ .iov_base = s->rbuf + s->rlen, .iov_len = s->rcap - s->rlen };
+	s->rmsg = (struct msghdr){ .msg_iov = &s->riov, .msg_iovlen = 1,
+				   .msg_control = s->rcontrol.buf,
+				   .msg_controllen = sizeof(s->rcontrol.buf) };
+	sqe = server_sqe(s->srv);
+	io_uring_prep_recvmsg(sqe, s->fd, &s->rmsg, MSG_CMSG_CLOEXEC);
+	io_uring_sqe_set_data(sqe, &s->recv_op);
+	s->recv_armed = true;
+	s->refs++;
+}
+
+/* Closes fds that arrived with a message; returns how many there were. */
+static unsigned drop_fds(struct msghdr *mh)
+{
+	unsigned n = 0;
+
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR(mh); cm; cm = CMSG_NXTHDR(mh, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (size_t i = 0; i < (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+			close(fd);
+			n++;
+		}
+	}
+	return n;
+}
+
+void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
+{
+	size_t off = 0;
+
+	s->recv_armed = false;
+	if (s->closing)
+		goto out;
+	if (cqe->res <= 0) {
+		session_close(s, cqe->res == 0 ? "peer closed the connection" : "receive failed");
+		goto out;
+	}
+	if (drop_fds(&s->rmsg) > 0 || (s->rmsg.msg_flags & MSG_CTRUNC)) {
+		session_reply_error(s, 0, EPROTO, "file descriptors are not accepted from clients");
+		session_close(s, "peer sent file descriptors");
+		goto out;
+	}
+	s->rlen += (size_t)cqe->res;
+
+	/* Dispatch every whole frame in the buffer. */
+	while (!s->closing && s->rlen - off >= KVP_FRAME_HEADER_BYTES) {
+		struct kvp_frame_header h;
+		int r = kvp_frame_header_decode(s->rbuf + off, (uint32_t)s->srv->cfg->max_frame_bytes,
+						&h);
+
+		if (r < 0 || h.nfds != 0) {
+			session_reply_error(s, 0, r == -EMSGSIZE ? EMSGSIZE : EPROTO,
+					    r == -EMSGSIZE ? "frame larger than max_frame_bytes"
+					    : h.nfds ? "frame header announces file descriptors"
+						     : "bad frame header");
+			session_close(s, "bad frame header");
+			break;
+		}
+		if (s->rlen - off < KVP_FRAME_HEADER_BYTES + (size_t)h.len)
+			break;
+		s->requests++;
+		s->srv->requests++;
+		if (s->admin)
+			admin_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
+		else
+			client_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
+		off += KVP_FRAME_HEADER_BYTES + h.len;
+	}
+	if (off > 0 && !s->closing) {
+		memmove(s->rbuf, s->rbuf + off, s->rlen - off);
+		s->rlen -= off;
+	}
+	session_arm_recv(s);
+out:
+	session_unref(s);
+}
+
+static void arm_send(struct session *s)
+{
+	struct outbuf *o = s->outq;
+	struct io_uring_sqe *sqe;
+
+	if (!o || s->send_armed)
+		return;
+	s->siov = (struct iovec){ .iov_base = o->data + o->off, .iov_len = o->len - o->off };
+	s->smsg = (struct msghdr){ .msg_iov = &s->siov, .msg_iovlen = 1 };
+	if (o->off == 0 && o->nfds > 0) {
+		struct cmsghdr *cm;
+
+		memset(&s->scontrol, 0, sizeof(s->scontrol));
+		s->smsg.msg_control = s->scontrol.buf;
+		s->smsg.msg_controllen = CMSG_SPACE(sizeof(int) * o->nfds);
+		cm = CMSG_FIRSTHDR(&s->smsg);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(sizeof(int) * o->nfds);
+		memcpy(CMSG_DATA(cm), o->fds, sizeof(int) * o->nfds);
+	}
+	sqe = server_sqe(s->srv);
+	io_uring_prep_sendmsg(sqe, s->fd, &s->smsg, MSG_NOSIGNAL);
+	io_uring_sqe_set_data(sqe, &s->send_op);
+	if (s->closing) {
+		/* A peer that stopped reading cannot hold a closed session: 1 s per send. */
+		static struct __kernel_timespec limit = { .tv_sec = 1 };
+
+		sqe->flags |= IOSQE_IO_LINK;
+		sqe = server_sqe(s->srv);
+		io_uring_prep_link_timeout(sqe, &limit, 0);
+		io_uring_sqe_set_data(sqe, NULL);
+	}
+	s->send_armed = true;
+	s->refs++;
+}
+
+void session_on_send(struct session *s, struct io_uring_cqe *cqe)
+{
+	struct outbuf *o = s->outq;
+
+	s->send_armed = false;
+	if (cqe->res < 0) {
+		if (s->closing) {
+			free_outq(s);
+			shutdown(s->fd, SHUT_RDWR);
+		} else {
+			session_close(s, "send failed");
+		}
+		goto out;
+	}
+	o->off += (size_t)cqe->res;
+	if (o->off == o->len) {
+		s->outq = o->next;
+		if (!s->outq)
+			s->outq_tail = NULL;
+		s->queued_bytes -= o->len;
+		s->queued_frames--;
+		free(o->data);
+		free(o);
+	}
+	arm_send(s);
+	if (s->closing && !s->outq)
+		shutdown(s->fd, SHUT_RDWR); /* everything said: done */
+	session_arm_recv(s);        /* backpressure may have paused reading */
+out:
+	session_unref(s);
+}
+
+int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
+		  const int *fds, unsigned nfds)
+{
+	size_t len = msg ? protobuf_c_message_get_packed_size(msg) : 0;
+	struct kvp_frame_header h = { .len = (uint32_t)len, .seq = seq, .type = type,
+				      .nfds = (uint8_t)nfds };
+	struct outbuf *o;
+
+	if (s->closing)
+		return 0;
+	o = calloc(1, sizeof(*o));
+	if (o)
+		o->data = malloc(KVP_FRAME_HEADER_BYTES + len);
+	if (!o || !o->data) {
+		free(o);
+		session_close(s, "out of memory for a reply");
+		return -ENOMEM;
+	}
+	kvp_frame_header_encode(&h, o->data);
+	if (msg)
+		protobuf_c_message_pack(msg, o->data + KVP_FRAME_HEADER_BYTES);
+	o->len = KVP_FRAME_HEADER_BYTES + len;
+	o->nfds = nfds;
+	if (nfds)
+		memcpy(o->fds, fds, nfds * sizeof(int));
+	if (s->outq_tail)
+		s->outq_tail->next = o;
+	else
+		s->outq = o;
+	s->outq_tail = o;
+	s->queued_bytes += o->len;
+	s->queued_frames++;
+	arm_send(s);
+	return 0;
+}
+
+int session_reply_error(struct session *s, uint32_t seq, int error, const char *fmt, ...)
+{
+	Kvpaged__V1__Error err = KVPAGED__V1__ERROR__INIT;
+	char msg[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	err.code = error;
+	err.message = msg;
+	log_debug("session %llu (%s): error %d: %s", (unsigned long long)s->id, s->name, error, msg);
+	return session_reply(s, KVPAGED__V1__MESSAGE_TYPE__ERROR, seq, &err.base, NULL, 0);
+}

@@ -1,0 +1,414 @@
+/* SPDX-License-Identifier: MIT */
+/* libkvpaged: connection, handshake and the synchronous calls over the socket. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "libclient/client-internal.h"
+
+#define CLIENT_MAX_FRAME (64u << 20)
+
+__attribute__((format(printf, 3, 4))) int client_fail(struct kvp_client *c, int r,
+						      const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(c->err, sizeof(c->err), fmt, ap);
+	va_end(ap);
+	return r < 0 ? r : -r;
+}
+
+KVP_EXPORT const char *kvp_last_error(const struct kvp_client *c)
+{
+	return c ? c->err : "no client";
+}
+
+KVP_EXPORT void kvp_table_free(struct kvp_table *t)
+{
+	if (!t)
+		return;
+	free(t->blocks);
+	*t = (struct kvp_table){ 0 };
+}
+
+static int table_set(struct kvp_table *t, uint32_t from, const uint32_t *v, size_t n)
+{
+	if (!t)
+		return 0;
+	if (from > t->len || from + n > UINT32_MAX)
+		return -EPROTO;
+	if (from + n > t->cap) {
+		uint32_t cap = (uint32_t)(from + n) + 16;
+		uint32_t *b = realloc(t->blocks, (size_t)cap * sizeof(*b));
+
+		if (!b)
+			return -ENOMEM;
+		t->blocks = b;
+		t->cap = cap;
+	}
+	memcpy(t->blocks + from, v, n * sizeof(*v));
+	t->len = from + (uint32_t)n;
+	return 0;
+}
+
+/*
+ * One request/response exchange on the socket.  On success *ret holds the unpacked reply
+ * (free it with protobuf_c_message_free_unpacked); an Error reply becomes -code with its
+ * message in kvp_last_error().
+ */
+static int call(struct kvp_client *c, uint16_t type, const ProtobufCMessage *req,
+		const ProtobufCMessageDescriptor *reply_desc, ProtobufCMessage **ret,
+		int *fds, unsigned max_fds, unsigned *nfds)
+{
+	uint32_t seq = ++c->next_seq;
+	struct kvp_frame_header h;
+	uint8_t *payload;
+	unsigned got = 0;
+	int r;
+
+	if (c->fd < 0)
+		return client_fail(c, -ENOTCONN, "not connected");
+	r = kvp_frame_send(c->fd, type, seq, req, NULL, 0);
+	if (r < 0 && r != -EPIPE && r != -ECONNRESET)
+		return client_fail(c, r, "sending to kvpaged: %s", strerror(-r));
+	/* Even when the daemon hung up on us, it may have said why first. */
+	r = kvp_frame_recv(c->fd, CLIENT_MAX_FRAME, &h, &payload, fds, max_fds, &got);
+	if (r < 0)
+		return client_fail(c, r, "receiving from kvpaged: %s",
+				   r == -ECONNRESET ? "the daemon closed the connection" : strerror(-r));
+	if (h.seq != seq && h.type != KVPAGED__V1__MESSAGE_TYPE__ERROR) {
+		r = client_fail(c, -EPROTO, "reply %u to request %u", h.seq, seq);
+		goto out;
+	}
+	if (h.type == KVPAGED__V1__MESSAGE_TYPE__ERROR) {
+		Kvpaged__V1__Error *e = kvpaged__v1__error__unpack(NULL, h.len, payload);
+
+		if (!e || e->code <= 0) {
+			r = client_fail(c, -EPROTO, "malformed error from kvpaged");
+		} else {
+			r = client_fail(c, -e->code, "%s", e->message);
+		}
+		if (e)
+			kvpaged__v1__error__free_unpacked(e, NULL);
+		goto out;
+	}
+	if (h.type != type + KVP_REPLY_OFFSET) {
+		r = client_fail(c, -EPROTO, "unexpected reply type %u to %u", h.type, type);
+		goto out;
+	}
+	*ret = protobuf_c_message_unpack(reply_desc, NULL, h.len, payload);
+	if (!*ret) {
+		r = client_fail(c, -EPROTO, "malformed reply from kvpaged");
+		goto out;
+	}
+	if (nfds)
+		*nfds = got;
+	got = 0;
+	c->err[0] = '\0';
+	r = 0;
+out:
+	for (unsigned i = 0; i < got; i++)
+		close(fds[i]);
+	free(payload);
+	return r;
+}
+
+#define CALL(c, TYPE, req, reply_type, reply)                                                 \
+	call((c), KVPAGED__V1__MESSAGE_TYPE__##TYPE, &(req).base,                             \
+	     &kvpaged__v1__##reply_type##__descriptor, (ProtobufCMessage **)&(reply), NULL, 0, NULL)
+
+static void copy_str(char *dst, size_t n, const char *src)
+{
+	snprintf(dst, n, "%s", src ? src : "");
+}
+
+static int unix_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		int r = -errno;
+
+		close(fd);
+		return r;
+	}
+	return fd;
+}
+
+KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret)
+{
+	struct kvp_connect_options o = { 0 };
+	Kvpaged__V1__Hello hello = KVPAGED__V1__HELLO__INIT;
+	Kvpaged__V1__Welcome *w = NULL;
+	struct kvp_client *c;
+	const char *path;
+	int fds[4], r;
+	unsigned nfds = 0;
+
+	if (opts)
+		memcpy(&o, opts, opts->size && opts->size < sizeof(o) ? opts->size : sizeof(o));
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->fd = c->pool_fd = c->ring_fd = c->sq_efd = c->cq_efd = -1;
+	c->spin_us = o.spin_us;
+	path = o.socket_path ? o.socket_path : getenv("KVPAGED_SOCKET");
+	if (!path || !*path)
+		path = KVP_DEFAULT_SOCKET;
+	c->fd = unix_connect(path);
+	if (c->fd < 0) {
+		r = c->fd;
+		goto fail;
+	}
+	hello.protocol_version = KVP_PROTOCOL_VERSION;
+	hello.client_name = (char *)(o.client_name ? o.client_name : "");
+	hello.pool = (char *)(o.pool ? o.pool : "");
+	hello.namespace_ = (char *)(o.ns ? o.ns : "");
+	hello.ring_entries = o.ring_entries;
+	hello.ring_data_bytes = o.ring_data_bytes;
+	r = call(c, KVPAGED__V1__MESSAGE_TYPE__HELLO, &hello.base, &kvpaged__v1__welcome__descriptor,
+		 (ProtobufCMessage **)&w, fds, 4, &nfds);
+	if (r < 0)
+		goto fail;
+	if (w->protocol_version != KVP_PROTOCOL_VERSION || !w->pool ||
+	    nfds != (w->ring_entries ? 4u : 1u)) {
+		for (unsigned i = 0; i < nfds; i++)
+			close(fds[i]);
+		r = client_fail(c, -EPROTO, "malformed Welcome");
+		goto fail;
+	}
+	c->pool_fd = fds[0];
+	if (nfds == 4) {
+		c->ring_fd = fds[1];
+		c->sq_efd = fds[2];
+		c->cq_efd = fds[3];
+	}
+	c->session_id = w->session_id;
+	copy_str(c->ns, sizeof(c->ns), w->namespace_);
+	copy_str(c->pool.name, sizeof(c->pool.name), w->pool->name);
+	copy_str(c->pool.backend, sizeof(c->pool.backend), w->pool->backend);
+	c->pool.layers = w->pool->layers;
+	c->pool.kv_heads = w->pool->kv_heads;
+	c->pool.head_dim = w->pool->head_dim;
+	c->pool.element_bytes = w->pool->element_bytes;
+	c->pool.block_tokens = w->pool->block_tokens;
+	c->pool.capacity_blocks = w->pool->capacity_blocks;
+	c->pool.max_seq_tokens = w->pool->max_seq_tokens;
+	c->pool.vocab_size = w->pool->vocab_size;
+	c->pool.bytes_per_token = w->pool->bytes_per_token;
+	c->pool.block_bytes = w->pool->block_bytes;
+	c->pool.pool_bytes = w->pool->pool_bytes;
+	c->pool.block_stride = w->pool->block_stride;
+	c->pool.layer_stride = w->pool->layer_stride;
+	c->pool.kv_stride = w->pool->kv_stride;
+	c->pool.slot_stride = w->pool->slot_stride;
+	c->pool.head_stride = w->pool->head_stride;
+
+	c->pool_base = mmap(NULL, c->pool.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+			    c->pool_fd, 0);
+	if (c->pool_base == MAP_FAILED) {
+		c->pool_base = NULL;
+		r = client_fail(c, -errno, "cannot map the pool: %s", strerror(errno));
+		goto fail;
+	}
+	if (c->ring_fd >= 0) {
+		r = client_ring_init(c, w->ring_entries, w->ring_data_bytes, w->ring_bytes);
+		if (r < 0)
+			goto fail;
+	}
+	kvpaged__v1__welcome__free_unpacked(w, NULL);
+	c->err[0] = '\0';
+	*ret = c;
+	return 0;
+fail:
+	if (w)
+		kvpaged__v1__welcome__free_unpacked(w, NULL);
+	kvp_disconnect(c);
+	return r;
+}
+
+KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c)
+{
+	if (!c)
+		return NULL;
+	client_ring_done(c);
+	if (c->pool_base)
+		munmap(c->pool_base, c->pool.pool_bytes);
+	if (c->pool_fd >= 0)
+		close(c->pool_fd);
+	if (c->fd >= 0)
+		close(c->fd);
+	free(c);
+	return NULL;
+}
+
+KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c)
+{
+	return &c->pool;
+}
+
+KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c)
+{
+	return c->pool_base;
+}
+
+KVP_EXPORT const char *kvp_namespace(const struct kvp_client *c)
+{
+	return c->ns;
+}
+
+KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
+			uint64_t extra_key, uint32_t flags, uint64_t *ret_seq, uint32_t *ret_cached,
+			struct kvp_table *table)
+{
+	Kvpaged__V1__Open req = KVPAGED__V1__OPEN__INIT;
+	Kvpaged__V1__OpenReply *rep;
+	int r;
+
+	req.tokens = (uint32_t *)tokens;
+	req.n_tokens = n;
+	req.extra_key = extra_key;
+	req.flags = flags;
+	r = CALL(c, OPEN, req, open_reply, rep);
+	if (r < 0)
+		return r;
+	if (table)
+		table->len = 0;
+	r = table_set(table, 0, rep->table, rep->n_table);
+	if (r == 0) {
+		*ret_seq = rep->seq;
+		if (ret_cached)
+			*ret_cached = rep->cached_tokens;
+	}
+	kvpaged__v1__open_reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *tokens,
+			  uint32_t n, struct kvp_table *table)
+{
+	Kvpaged__V1__Append req = KVPAGED__V1__APPEND__INIT;
+	Kvpaged__V1__AppendReply *rep;
+	int r;
+
+	req.seq = seq;
+	req.tokens = (uint32_t *)tokens;
+	req.n_tokens = n;
+	r = CALL(c, APPEND, req, append_reply, rep);
+	if (r < 0)
+		return r;
+	r = table_set(table, rep->first_changed, rep->table, rep->n_table);
+	kvpaged__v1__append_reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
+			  struct kvp_table *table)
+{
+	Kvpaged__V1__Commit req = KVPAGED__V1__COMMIT__INIT;
+	Kvpaged__V1__CommitReply *rep;
+	int r;
+
+	req.seq = seq;
+	req.tokens = ntokens;
+	r = CALL(c, COMMIT, req, commit_reply, rep);
+	if (r < 0)
+		return r;
+	if (rep->replaced && table)
+		r = table_set(table, 0, rep->table, rep->n_table);
+	if (r == 0)
+		r = (int)rep->replaced;
+	kvpaged__v1__commit_reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_fork(struct kvp_client *c, uint64_t seq, uint64_t *ret_child,
+			struct kvp_table *child_table)
+{
+	Kvpaged__V1__Fork req = KVPAGED__V1__FORK__INIT;
+	Kvpaged__V1__ForkReply *rep;
+	int r;
+
+	req.seq = seq;
+	r = CALL(c, FORK, req, fork_reply, rep);
+	if (r < 0)
+		return r;
+	if (child_table)
+		child_table->len = 0;
+	r = table_set(child_table, 0, rep->table, rep->n_table);
+	if (r == 0)
+		*ret_child = rep->seq;
+	kvpaged__v1__fork_reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_close(struct kvp_client *c, uint64_t seq)
+{
+	Kvpaged__V1__Close req = KVPAGED__V1__CLOSE__INIT;
+	Kvpaged__V1__CloseReply *rep;
+	int r;
+
+	req.seq = seq;
+	r = CALL(c, CLOSE, req, close_reply, rep);
+	if (r < 0)
+		return r;
+	kvpaged__v1__close_reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+KVP_EXPORT int kvp_lookup(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
+			  uint64_t extra_key, uint32_t flags, uint32_t *ret_cached)
+{
+	Kvpaged__V1__Lookup req = KVPAGED__V1__LOOKUP__INIT;
+	Kvpaged__V1__LookupReply *rep;
+	int r;
+
+	req.tokens = (uint32_t *)tokens;
+	req.n_tokens = n;
+	req.extra_key = extra_key;
+	req.flags = flags;
+	r = CALL(c, LOOKUP, req, lookup_reply, rep);
+	if (r < 0)
+		return r;
+	*ret_cached = rep->cached_tokens;
+	kvpaged__v1__lookup_reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_tokens,
+			    uint32_t *ret_committed, struct kvp_table *table)
+{
+	Kvpaged__V1__SeqInfo req = KVPAGED__V1__SEQ_INFO__INIT;
+	Kvpaged__V1__SeqInfoReply *rep;
+	int r;
+
+	req.seq = seq;
+	r = CALL(c, SEQ_INFO, req, seq_info_reply, rep);
+	if (r < 0)
+		return r;
+	if (table)
+		table->len = 0;
+	r = table_set(table, 0, rep->table, rep->n_table);
+	if (r == 0) {
+		if (ret_tokens)
+			*ret_tokens = rep->tokens;
+		if (ret_committed)
+			*ret_committed = rep->committed;
+	}
+	kvpaged__v1__seq_info_reply__free_unpacked(rep, NULL);
+	return r;
+}

@@ -1,0 +1,185 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvpaged: the client library of kvpaged, the KV-cache manager for LLM inference engines.
+ *
+ * A client connects to the daemon, learns its pool's geometry and maps the pool's memory, then
+ * opens sequences (one per request), appends tokens, commits what it has written and closes
+ * them.  Each call returns the block table the engine's attention kernels index the pool with.
+ *
+ * Conventions: functions that can fail return a negative errno (and 0 or a count on success);
+ * results go out through ret_ parameters, untouched on failure.  After a failure
+ * kvp_last_error() says why, in the daemon's words when the daemon refused.
+ *
+ * Threads: a struct kvp_client is not thread-safe.  Use it from one thread at a time (or one
+ * client per thread); different clients are independent.
+ */
+#ifndef KVPAGED_H
+#define KVPAGED_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(KVP_BUILDING_LIBRARY)
+#define KVP_EXPORT __attribute__((visibility("default")))
+#else
+#define KVP_EXPORT
+#endif
+
+#define KVP_DEFAULT_SOCKET "/run/kvpaged/kvpaged.sock"
+
+/* Open flag: leave the last prompt token uncached, so its logits can be computed. */
+#define KVP_OPEN_RECOMPUTE_LAST (1u << 0)
+
+struct kvp_client;
+
+struct kvp_connect_options {
+	uint32_t size;           /* sizeof(struct kvp_connect_options): lets the struct grow */
+	const char *socket_path; /* NULL: $KVPAGED_SOCKET, then KVP_DEFAULT_SOCKET */
+	const char *pool;        /* NULL or "": the daemon's first pool */
+	const char *ns;          /* NULL or "": narrow nothing; else narrows the namespace */
+	const char *client_name; /* shown by `kvpagedctl sessions` */
+	uint32_t ring_entries;   /* 0: no rings (socket only); else a power of two */
+	uint32_t ring_data_bytes;
+	uint32_t spin_us;        /* kvp_complete spins this long before it sleeps */
+};
+
+/* The pool's geometry and in-block layout.  Byte offset of (block b, layer l, kv k (0 K,
+ * 1 V), slot s, head h) = b*block_stride + l*layer_stride + k*kv_stride + s*slot_stride +
+ * h*head_stride, then head_dim elements of element_bytes each. */
+struct kvp_pool_info {
+	char name[64];
+	char backend[16];
+	uint32_t layers, kv_heads, head_dim, element_bytes, block_tokens, capacity_blocks;
+	uint32_t max_seq_tokens, vocab_size;
+	uint64_t bytes_per_token, block_bytes, pool_bytes;
+	uint64_t block_stride, layer_stride, kv_stride, slot_stride, head_stride;
+};
+
+/* A block table.  Zero-initialize it; the library grows blocks as needed. */
+struct kvp_table {
+	uint32_t *blocks;
+	uint32_t len;
+	uint32_t cap;
+};
+
+/*
+ * Connects, says Hello, maps the pool (and the rings when asked for).  Returns 0, or -errno:
+ * -ENOENT no such socket or pool, -EACCES refused by the pool's ACL, -EPROTO the daemon spoke
+ * something else.  The client owns its fds and mappings until kvp_disconnect().
+ */
+KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret);
+
+/* Closes the session (the daemon closes every sequence it still has).  Accepts NULL;
+ * returns NULL. */
+KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c);
+
+/* The pool's description, owned by the client. */
+KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c);
+
+/* The pool memory mapped read-write in this process (pool_bytes long). */
+KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c);
+
+/* The namespace the daemon assigned, e.g. "uid:1000/tenant-a". */
+KVP_EXPORT const char *kvp_namespace(const struct kvp_client *c);
+
+/* Why the last call on this client failed ("" after a success). */
+KVP_EXPORT const char *kvp_last_error(const struct kvp_client *c);
+
+/* Frees a table's entries; the struct can be reused. */
+KVP_EXPORT void kvp_table_free(struct kvp_table *t);
+
+/*
+ * Opens a sequence for a prompt.  *ret_cached gets how many leading tokens already have their
+ * K/V in the pool (skip their prefill); table gets the whole block table.
+ */
+KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
+			uint64_t extra_key, uint32_t flags, uint64_t *ret_seq, uint32_t *ret_cached,
+			struct kvp_table *table);
+
+/* Gives n more tokens slots; table (the sequence's, as last returned) is updated in place. */
+KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *tokens,
+			  uint32_t n, struct kvp_table *table);
+
+/*
+ * Marks the first ntokens tokens as written; full blocks become findable by others.  Returns
+ * the number of table entries the daemon replaced with an equal block committed first (the
+ * table, if given, is updated; the K/V there is the same).
+ */
+KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
+			  struct kvp_table *table);
+
+/* A new sequence sharing every block of seq; writes into a shared block copy it first. */
+KVP_EXPORT int kvp_fork(struct kvp_client *c, uint64_t seq, uint64_t *ret_child,
+			struct kvp_table *child_table);
+
+KVP_EXPORT int kvp_close(struct kvp_client *c, uint64_t seq);
+
+/* How many leading tokens of a prompt are cached, without opening anything. */
+KVP_EXPORT int kvp_lookup(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
+			  uint64_t extra_key, uint32_t flags, uint32_t *ret_cached);
+
+KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_tokens,
+			    uint32_t *ret_committed, struct kvp_table *table);
+
+/* ------------------------------------------------------------------ asynchronous rings */
+
+enum kvp_opcode {
+	KVP_NOP = 0,
+	KVP_OPEN = 1,
+	KVP_APPEND = 2,
+	KVP_COMMIT = 3,
+	KVP_FORK = 4,
+	KVP_CLOSE = 5,
+	KVP_LOOKUP = 6,
+	KVP_SEQ_INFO = 7,
+};
+
+/* One operation for kvp_submit().  tokens are copied at submission. */
+struct kvp_op {
+	uint32_t opcode;   /* enum kvp_opcode */
+	uint32_t arg;      /* COMMIT: tokens written; OPEN/LOOKUP: flags */
+	uint64_t user_data;
+	uint64_t seq;
+	uint64_t extra_key;
+	const uint32_t *tokens;
+	uint32_t ntokens;
+	uint32_t table_cap; /* entries table_out can take */
+	uint32_t *table_out; /* where the completion's table entries go (may be NULL) */
+};
+
+struct kvp_completion {
+	uint64_t user_data;
+	int32_t res;      /* 0 or a negative errno */
+	uint32_t flags;   /* KVP_COMPLETION_TRUNCATED */
+	uint64_t value;   /* OPEN/FORK: the sequence; SEQ_INFO: tokens << 32 | committed */
+	uint32_t aux;     /* OPEN: cached tokens; APPEND: first changed entry; COMMIT: replaced;
+			     LOOKUP: cached tokens */
+	uint32_t table_len; /* entries written to the op's table_out */
+};
+
+#define KVP_COMPLETION_TRUNCATED (1u << 0) /* table_cap was too small */
+
+/*
+ * Queues up to n operations on the submission ring and rings the doorbell only if the daemon
+ * sleeps.  Returns how many were queued (fewer when the ring or its data area is full: reap
+ * completions first), -ENOTSUP without rings, or -errno.
+ */
+KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsigned n);
+
+/*
+ * Reaps up to max completions, waiting until at least min are there: it spins for spin_us,
+ * then sleeps on the completion eventfd.  timeout_ms < 0 waits forever.  Returns the number
+ * reaped (>= 0), -ETIMEDOUT, -ECONNRESET if the daemon went away, or -errno.
+ */
+KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, unsigned max,
+			    unsigned min, int timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KVPAGED_H */

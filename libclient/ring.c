@@ -1,0 +1,254 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libkvpaged's side of the shared-memory rings (proto/ring.h): submissions go straight into
+ * shared memory and the doorbell is written only when the daemon sleeps; completions are
+ * reaped by spinning briefly, then sleeping on the completion eventfd.  The data area is used
+ * as a FIFO: each operation holds its input tokens and its output space until it is reaped.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libclient/client-internal.h"
+
+static inline uint32_t load_acquire(const uint32_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+static inline void store_release(uint32_t *p, uint32_t v)
+{
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+static uint64_t now_us(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+int client_ring_init(struct kvp_client *c, uint32_t entries, uint32_t data_bytes, uint64_t bytes)
+{
+	const struct kvp_ring_header *h;
+
+	c->ring_mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, c->ring_fd, 0);
+	if (c->ring_mem == MAP_FAILED) {
+		c->ring_mem = NULL;
+		return client_fail(c, -errno, "cannot map the rings");
+	}
+	c->ring_bytes = bytes;
+	h = c->ring_mem;
+	/* Trust, but check: a bad layout would make us scribble outside the mapping. */
+	if (h->magic != KVP_RING_MAGIC || h->abi_version != KVP_RING_ABI_VERSION ||
+	    h->sq_entries != entries || h->cq_entries != entries || !entries ||
+	    (entries & (entries - 1)) || h->sqe_bytes != sizeof(struct kvp_sqe) ||
+	    h->cqe_bytes != sizeof(struct kvp_cqe) || h->data_bytes != data_bytes ||
+	    h->sq_off + sizeof(struct kvp_ring_indices) > bytes ||
+	    h->cq_off + sizeof(struct kvp_ring_indices) > bytes ||
+	    h->sqes_off + (uint64_t)entries * sizeof(struct kvp_sqe) > bytes ||
+	    h->cqes_off + (uint64_t)entries * sizeof(struct kvp_cqe) > bytes ||
+	    h->data_off + h->data_bytes > bytes)
+		return client_fail(c, -EPROTO, "ring layout not understood (ABI %u)", h->abi_version);
+	c->sq = (struct kvp_ring_indices *)((uint8_t *)c->ring_mem + h->sq_off);
+	c->cq = (struct kvp_ring_indices *)((uint8_t *)c->ring_mem + h->cq_off);
+	c->sqes = (struct kvp_sqe *)((uint8_t *)c->ring_mem + h->sqes_off);
+	c->cqes = (struct kvp_cqe *)((uint8_t *)c->ring_mem + h->cqes_off);
+	c->data = (uint8_t *)c->ring_mem + h->data_off;
+	c->data_bytes = h->data_bytes;
+	c->entries = entries;
+	c->mask = entries - 1;
+	c->slots = calloc(entries, sizeof(*c->slots));
+	if (!c->slots)
+		return client_fail(c, -ENOMEM, "out of memory");
+	return 0;
+}
+
+void client_ring_done(struct kvp_client *c)
+{
+	if (c->ring_mem)
+		munmap(c->ring_mem, c->ring_bytes);
+	if (c->ring_fd >= 0)
+		close(c->ring_fd);
+	if (c->sq_efd >= 0)
+		close(c->sq_efd);
+	if (c->cq_efd >= 0)
+		close(c->cq_efd);
+	free(c->slots);
+}
+
+/* Reserves len bytes (a multiple of 4) of the data FIFO; returns the offset or -1 if full. */
+static int64_t data_alloc(struct kvp_client *c, uint64_t len, uint32_t *ret_held)
+{
+	uint64_t pos = c->data_tail % c->data_bytes, waste = 0;
+
+	if (len > c->data_bytes)
+		return -1;
+	if (pos + len > c->data_bytes) {
+		waste = c->data_bytes - pos; /* never split an operation's bytes across the end */
+		pos = 0;
+	}
+	if (c->data_tail - c->data_head + waste + len > c->data_bytes)
+		return -1;
+	c->data_tail += waste + len;
+	*ret_held = (uint32_t)(waste + len);
+	return (int64_t)pos;
+}
+
+KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsigned n)
+{
+	unsigned i;
+
+	if (!c->ring_mem)
+		return client_fail(c, -ENOTSUP, "connected without rings");
+	for (i = 0; i < n; i++) {
+		const struct kvp_op *op = &ops[i];
+		uint64_t in_len = (uint64_t)op->ntokens * sizeof(uint32_t);
+		uint64_t out_len = (uint64_t)op->table_cap * sizeof(uint32_t);
+		struct ring_slot *slot;
+		struct kvp_sqe *e;
+		uint32_t held = 0;
+		int64_t off;
+
+		if (op->opcode > KVP_SEQ_INFO)
+			return i ? (int)i : client_fail(c, -EINVAL, "unknown opcode %u", op->opcode);
+		/* At most one ring's worth in flight, so the completion ring never overflows. */
+		if (c->sq_tail - c->slot_head == c->entries)
+			break;
+		off = data_alloc(c, in_len + out_len, &held);
+		if (off < 0) {
+			if (in_len + out_len > c->data_bytes)
+				return i ? (int)i : client_fail(c, -E2BIG, "operation larger than the data area");
+			break;
+		}
+		if (in_len)
+			memcpy(c->data + off, op->tokens, in_len);
+		slot = &c->slots[c->sq_tail & c->mask];
+		*slot = (struct ring_slot){ .user_data = op->user_data, .table_out = op->table_out,
+					    .table_cap = op->table_out ? op->table_cap : 0,
+					    .data_len = held };
+		e = &c->sqes[c->sq_tail & c->mask];
+		*e = (struct kvp_sqe){
+			.opcode = (uint8_t)op->opcode,
+			.arg = op->arg,
+			.user_data = c->sq_tail, /* our slot; the caller's user_data stays here */
+			.seq = op->seq,
+			.extra = op->extra_key,
+			.in_off = (uint32_t)off,
+			.in_len = (uint32_t)in_len,
+			.out_off = (uint32_t)(off + (int64_t)in_len),
+			.out_len = (uint32_t)out_len,
+		};
+		c->sq_tail++;
+	}
+	if (i == 0)
+		return 0;
+	/* Entries before the tail (release); then see whether the daemon sleeps. */
+	store_release(&c->sq->tail, c->sq_tail);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (load_acquire(&c->sq->flags) & KVP_SQ_NEED_WAKEUP) {
+		uint64_t one = 1;
+
+		if (write(c->sq_efd, &one, sizeof(one)) < 0)
+			return client_fail(c, -errno, "doorbell");
+	}
+	return (int)i;
+}
+
+/* Moves completions out of the ring; returns how many. */
+static unsigned reap(struct kvp_client *c, struct kvp_completion *out, unsigned max)
+{
+	uint32_t tail = load_acquire(&c->cq->tail);
+	unsigned n = 0;
+
+	while (c->cq_head != tail && n < max) {
+		const struct kvp_cqe *e = &c->cqes[c->cq_head & c->mask];
+		struct ring_slot *slot = &c->slots[e->user_data & c->mask];
+		struct kvp_completion *o = &out[n++];
+		uint32_t len = e->out_len / sizeof(uint32_t);
+
+		*o = (struct kvp_completion){ .user_data = slot->user_data, .res = e->res,
+					      .flags = e->flags & KVP_CQE_TRUNCATED ? KVP_COMPLETION_TRUNCATED : 0,
+					      .value = e->value, .aux = e->aux };
+		if (slot->table_out && len && len <= slot->table_cap) {
+			/* The daemon wrote the table right after our input in this slot's bytes. */
+			const struct kvp_sqe *s = &c->sqes[e->user_data & c->mask];
+
+			memcpy(slot->table_out, c->data + s->out_off, (size_t)len * sizeof(uint32_t));
+			o->table_len = len;
+		}
+		slot->done = true;
+		c->cq_head++;
+	}
+	store_release(&c->cq->head, c->cq_head);
+	/* Free data in submission order, as far as everything is reaped. */
+	while (c->slot_head != c->sq_tail && c->slots[c->slot_head & c->mask].done) {
+		struct ring_slot *slot = &c->slots[c->slot_head & c->mask];
+
+		c->data_head += slot->data_len;
+		slot->done = false;
+		c->slot_head++;
+	}
+	return n;
+}
+
+KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, unsigned max,
+			    unsigned min, int timeout_ms)
+{
+	uint64_t start = now_us();
+	unsigned got = 0;
+
+	if (!c->ring_mem)
+		return client_fail(c, -ENOTSUP, "connected without rings");
+	if (min > max)
+		min = max;
+	for (;;) {
+		got += reap(c, out + got, max - got);
+		if (got >= min)
+			return (int)got;
+		if (now_us() - start < c->spin_us)
+			continue;
+
+		/* Sleep: raise the flag, then look once more so a completion is never missed. */
+		store_release(&c->cq->flags, KVP_CQ_NEED_WAKEUP);
+		atomic_thread_fence(memory_order_seq_cst);
+		if (load_acquire(&c->cq->tail) == c->cq_head) {
+			struct pollfd p[2] = { { .fd = c->cq_efd, .events = POLLIN },
+					       { .fd = c->fd, .events = POLLIN } };
+			int wait = -1, r;
+
+			if (timeout_ms >= 0) {
+				uint64_t spent = (now_us() - start) / 1000;
+
+				if (spent >= (uint64_t)timeout_ms) {
+					store_release(&c->cq->flags, 0);
+					return got ? (int)got : client_fail(c, -ETIMEDOUT, "timed out");
+				}
+				wait = timeout_ms - (int)spent;
+			}
+			r = poll(p, 2, wait);
+			if (r < 0 && errno != EINTR) {
+				store_release(&c->cq->flags, 0);
+				return client_fail(c, -errno, "poll");
+			}
+			if (p[0].revents & POLLIN) {
+				uint64_t v;
+
+				(void)!read(c->cq_efd, &v, sizeof(v));
+			}
+			/* The socket only speaks when the daemon drops us (an error frame or EOF). */
+			if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
+			    load_acquire(&c->cq->tail) == c->cq_head) {
+				store_release(&c->cq->flags, 0);
+				return client_fail(c, -ECONNRESET, "the daemon closed the session");
+			}
+		}
+		store_release(&c->cq->flags, 0);
+	}
+}

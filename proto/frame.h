@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Frames on kvpaged's Unix sockets: a 16-byte little-endian header, then a protobuf payload
+ * (proto/kvpaged.proto), file descriptors riding on the header's bytes (SCM_RIGHTS).
+ *
+ *   0       4        8        12     14    15
+ *   +-------+--------+--------+------+-----+-----+---------------------+
+ *   | magic |  len   |  seq   | type |nfds |flags| payload (len bytes) |
+ *   +-------+--------+--------+------+-----+-----+---------------------+
+ *
+ * magic is "KVP1"; seq is chosen by the requester and echoed in the reply; flags are 0.
+ * Both ends check magic, flags, len against their cap and nfds against what the type may
+ * carry before reading or unpacking anything.  See proto/PROTOCOL.md.
+ */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <protobuf-c/protobuf-c.h>
+
+#define KVP_PROTOCOL_VERSION 1
+#define KVP_FRAME_MAGIC UINT32_C(0x3150564b) /* "KVP1" */
+#define KVP_FRAME_HEADER_BYTES 16
+#define KVP_FRAME_MAX_FDS 4
+#define KVP_FRAME_DEFAULT_MAX_BYTES (4u << 20)
+
+/* Replies carry the request's type + 0x100; ERROR answers any request. */
+#define KVP_REPLY_OFFSET 0x100
+
+struct kvp_frame_header {
+	uint32_t len;
+	uint32_t seq;
+	uint16_t type;
+	uint8_t nfds;
+	uint8_t flags;
+};
+
+void kvp_frame_header_encode(const struct kvp_frame_header *h, uint8_t out[KVP_FRAME_HEADER_BYTES]);
+
+/*
+ * Decodes and checks a header.  Returns 0, -EPROTO (bad magic or flags, or more than
+ * KVP_FRAME_MAX_FDS fds) or -EMSGSIZE (len above max_len).
+ */
+int kvp_frame_header_decode(const uint8_t in[KVP_FRAME_HEADER_BYTES], uint32_t max_len,
+			    struct kvp_frame_header *ret);
+
+/*
+ * Blocking helpers for clients and tools (the daemon reads through io_uring).  Send packs msg
+ * (NULL: empty payload) and sends the whole frame with its fds.  Returns 0 or -errno.
+ */
+int kvp_frame_send(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
+		   const int *fds, unsigned nfds);
+
+/* One non-blocking attempt to send a small frame (no fds); for refusals.  0 or -errno. */
+int kvp_frame_send_nonblocking(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *msg);
+
+/*
+ * Receives one whole frame.  *ret_payload is malloc'd (free it); fds that came with it are
+ * stored in fds (up to max_fds, close-on-exec), their number in *ret_nfds; extra fds are
+ * closed and the call fails with -EPROTO.  Returns 0, -ECONNRESET at end of stream, or -errno.
+ */
+int kvp_frame_recv(int fd, uint32_t max_len, struct kvp_frame_header *ret_header,
+		   uint8_t **ret_payload, int *fds, unsigned max_fds, unsigned *ret_nfds);

@@ -1,0 +1,212 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Integration-test harness: starts the real kvpaged on a temporary directory with a generated
+ * configuration, waits until it listens, runs the real kvpagedctl, and stops it checking for
+ * a clean exit.  Every wait has a timeout; Check kills a test that hangs.
+ */
+#pragma once
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "libclient/include/kvpaged.h"
+
+struct daemon {
+	pid_t pid;
+	char dir[64];
+	char sock[128];
+	char admin[128];
+	char conf[128];
+	char log[128];
+};
+
+static inline void msleep(unsigned ms)
+{
+	struct timespec ts = { .tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000 };
+
+	nanosleep(&ts, NULL);
+}
+
+static inline const char *bin(const char *env, const char *fallback)
+{
+	const char *p = getenv(env);
+
+	return p && *p ? p : fallback;
+}
+
+static inline bool can_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	bool ok;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", path);
+	ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+	close(fd);
+	return ok;
+}
+
+/*
+ * Starts kvpaged.  limits and pools are configuration text appended after the [daemon]
+ * section (NULL: a [limits] default and one pool "main" of 512 blocks of 16 tokens).
+ */
+static inline void daemon_start_with(struct daemon *d, const char *daemon_extra, const char *rest)
+{
+	static const char *default_rest = "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
+					  "element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 512\n";
+	FILE *f;
+
+	snprintf(d->dir, sizeof(d->dir), "/tmp/kvpaged-test-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(d->dir));
+	chmod(d->dir, 0755);
+	snprintf(d->sock, sizeof(d->sock), "%s/kvpaged.sock", d->dir);
+	snprintf(d->admin, sizeof(d->admin), "%s/admin.sock", d->dir);
+	snprintf(d->conf, sizeof(d->conf), "%s/kvpaged.conf", d->dir);
+	snprintf(d->log, sizeof(d->log), "%s/kvpaged.log", d->dir);
+	f = fopen(d->conf, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s\n%s", d->sock, d->admin,
+		daemon_extra ? daemon_extra : "", rest ? rest : default_rest);
+	fclose(f);
+	setenv("KVPAGED_SOCKET", d->sock, 1);
+
+	d->pid = fork();
+	ck_assert_int_ge(d->pid, 0);
+	if (d->pid == 0) {
+		int fd = open(d->log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+
+		dup2(fd, 2);
+		execl(bin("KVPAGED_BIN", "./kvpaged"), "kvpaged", "--config", d->conf, "--verbose",
+		      (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 500 && !can_connect(d->sock); i++) {
+		int status;
+
+		ck_assert_msg(waitpid(d->pid, &status, WNOHANG) == 0, "kvpaged exited at start");
+		msleep(10);
+	}
+	ck_assert_msg(can_connect(d->sock), "kvpaged did not listen within 5 s");
+}
+
+static inline void daemon_start(struct daemon *d, const char *rest)
+{
+	daemon_start_with(d, NULL, rest);
+}
+
+/* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
+static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
+{
+	int pipefd[2], status;
+	size_t got = 0;
+	pid_t pid;
+
+	ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		dup2(pipefd[1], 1);
+		execl(bin("KVPAGEDCTL_BIN", "./kvpagedctl"), "kvpagedctl", "--socket", d->admin,
+		      "--json", cmd, (char *)NULL);
+		_exit(127);
+	}
+	close(pipefd[1]);
+	for (;;) {
+		char buf[4096];
+		ssize_t n = read(pipefd[0], buf, sizeof(buf));
+
+		if (n <= 0)
+			break;
+		if (out && got + (size_t)n < out_len) {
+			memcpy(out + got, buf, (size_t)n);
+			got += (size_t)n;
+		}
+	}
+	close(pipefd[0]);
+	if (out)
+		out[got] = '\0';
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* The value of an integer field of kvpagedctl --json output (first occurrence). */
+static inline long long json_int(const char *text, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(text, pat);
+	ck_assert_msg(p != NULL, "no %s in %s", key, text);
+	return strtoll(p + strlen(pat), NULL, 10);
+}
+
+static inline void assert_verified(const struct daemon *d)
+{
+	char out[4096];
+
+	ck_assert_msg(ctl(d, "verify", out, sizeof(out)) == 0, "kvpagedctl verify: %s", out);
+}
+
+/* Stops kvpaged with SIGTERM and checks that it exits 0 within 5 s. */
+static inline void daemon_stop(struct daemon *d)
+{
+	int status = 0;
+	pid_t r = 0;
+
+	kill(d->pid, SIGTERM);
+	for (int i = 0; i < 500 && (r = waitpid(d->pid, &status, WNOHANG)) == 0; i++)
+		msleep(10);
+	if (r == 0) {
+		kill(d->pid, SIGKILL);
+		waitpid(d->pid, &status, 0);
+		ck_abort_msg("kvpaged did not stop within 5 s of SIGTERM");
+	}
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "kvpaged exited with status %d", status);
+	unlink(d->conf);
+	unlink(d->log);
+	rmdir(d->dir);
+}
+
+static inline struct kvp_client *connect_ns(const char *ns, uint32_t ring_entries)
+{
+	struct kvp_connect_options o = { .size = sizeof(o), .ns = ns, .client_name = "test",
+					 .ring_entries = ring_entries,
+					 .ring_data_bytes = ring_entries ? 1u << 20 : 0 };
+	struct kvp_client *c = NULL;
+	int r = kvp_connect(&o, &c);
+
+	ck_assert_msg(r == 0, "kvp_connect: %d %s", r, c ? kvp_last_error(c) : "");
+	return c;
+}
+
+static inline void prompt(uint32_t *t, uint32_t n, uint32_t base)
+{
+	for (uint32_t i = 0; i < n; i++)
+		t[i] = base + i * 7;
+}
+
+static inline int run_suite(Suite *s)
+{
+	SRunner *sr = srunner_create(s);
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,489 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The real daemon with real client processes: prefix sharing across processes, shared memory,
+ * fork and copy-on-write, quotas, a client killed mid-stream, namespaces, ACLs, the rings.
+ */
+#include <pwd.h>
+#include <sys/mman.h>
+
+#include "tests/integration/harness.h"
+
+static struct daemon d;
+
+/* Fills every byte of a block with a pattern that names the block's position in the prompt. */
+static void write_block(struct kvp_client *c, uint32_t block, uint8_t tag)
+{
+	const struct kvp_pool_info *p = kvp_pool(c);
+
+	memset((uint8_t *)kvp_pool_base(c) + (uint64_t)block * p->block_stride, tag, p->block_bytes);
+}
+
+static bool block_is(struct kvp_client *c, uint32_t block, uint8_t tag)
+{
+	const struct kvp_pool_info *p = kvp_pool(c);
+	const uint8_t *b = (uint8_t *)kvp_pool_base(c) + (uint64_t)block * p->block_stride;
+
+	for (uint64_t i = 0; i < p->block_bytes; i++)
+		if (b[i] != tag)
+			return false;
+	return true;
+}
+
+static int wait_child(pid_t pid)
+{
+	int status;
+
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+START_TEST(test_eight_processes_share_a_prompt)
+{
+	uint32_t t[1500], cached = 1;
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	pid_t kids[7];
+	uint64_t seq;
+	char out[8192];
+
+	daemon_start(&d, NULL);
+	prompt(t, 1500, 1000);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, t, 1500, 0, 0, &seq, &cached, &tab), 0);
+	ck_assert_uint_eq(cached, 0);
+	ck_assert_uint_eq(tab.len, 94); /* 93 full blocks of 16 and one of 12 tokens */
+	for (uint32_t i = 0; i < tab.len; i++)
+		write_block(c, tab.blocks[i], (uint8_t)(i * 13 + 1));
+	ck_assert_int_eq(kvp_commit(c, seq, 1500, &tab), 0);
+
+	for (int k = 0; k < 7; k++) {
+		kids[k] = fork();
+		ck_assert_int_ge(kids[k], 0);
+		if (kids[k] == 0) {
+			struct kvp_table mine = { 0 };
+			struct kvp_client *cc = connect_ns(NULL, 0);
+			uint64_t s;
+			uint32_t got;
+
+			alarm(20);
+			if (kvp_open(cc, t, 1500, 0, 0, &s, &got, &mine) < 0 || got != 93 * 16)
+				_exit(1);
+			for (uint32_t i = 0; i < 93; i++)
+				if (mine.blocks[i] != tab.blocks[i] ||
+				    !block_is(cc, mine.blocks[i], (uint8_t)(i * 13 + 1)))
+					_exit(2);
+			if (mine.blocks[93] == tab.blocks[93])
+				_exit(3); /* the partial block is never shared */
+			_exit(kvp_close(cc, s) == 0 ? 0 : 4);
+		}
+	}
+	for (int k = 0; k < 7; k++)
+		ck_assert_int_eq(wait_child(kids[k]), 0);
+
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "hit_blocks"), 7 * 93);
+	ck_assert_int_eq(json_int(out, "query_blocks"), 8 * 94);
+	assert_verified(&d);
+	ck_assert_int_eq(kvp_close(c, seq), 0);
+	ck_assert_int_eq(kvp_close(c, seq), -ENOENT);
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_fork_and_copy_on_write_across_processes)
+{
+	uint32_t t[20], x = 99, cached;
+	struct kvp_table tab = { 0 }, kid = { 0 };
+	struct kvp_client *c;
+	uint64_t seq, child;
+	pid_t pid;
+	char out[8192];
+
+	daemon_start(&d, NULL);
+	prompt(t, 20, 5);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, t, 20, 0, 0, &seq, &cached, &tab), 0);
+	write_block(c, tab.blocks[0], 0xa1);
+	write_block(c, tab.blocks[1], 0xb2);
+	ck_assert_int_eq(kvp_commit(c, seq, 20, &tab), 0);
+
+	ck_assert_int_eq(kvp_fork(c, seq, &child, &kid), 0);
+	ck_assert_uint_eq(kid.len, 2);
+	ck_assert_mem_eq(kid.blocks, tab.blocks, 2 * sizeof(uint32_t));
+	/* Writing slot 20 lands in the shared partial block: the daemon copies it first. */
+	ck_assert_int_eq(kvp_append(c, child, &x, 1, &kid), 0);
+	ck_assert_uint_eq(kid.blocks[0], tab.blocks[0]);
+	ck_assert_uint_ne(kid.blocks[1], tab.blocks[1]);
+	ck_assert(block_is(c, kid.blocks[1], 0xb2)); /* the copy holds the K/V bytes */
+	write_block(c, kid.blocks[1], 0xc3);
+	ck_assert(block_is(c, tab.blocks[1], 0xb2)); /* the original is untouched */
+
+	/* Another process shares the committed full block and reads the same bytes. */
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvp_client *cc = connect_ns(NULL, 0);
+		struct kvp_table mine = { 0 };
+		uint64_t s;
+		uint32_t got;
+
+		alarm(20);
+		if (kvp_open(cc, t, 20, 0, 0, &s, &got, &mine) < 0 || got != 16)
+			_exit(1);
+		_exit(mine.blocks[0] == tab.blocks[0] && block_is(cc, mine.blocks[0], 0xa1) ? 0 : 2);
+	}
+	ck_assert_int_eq(wait_child(pid), 0);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "cow_copies"), 1);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+	kvp_table_free(&kid);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_quotas_and_limits)
+{
+	uint32_t t[200], cached;
+	uint64_t s[8], extra;
+	struct kvp_client *c, *others[4];
+	int r;
+
+	daemon_start(&d, "[limits]\nmax_sequences = 4\nmax_blocks = 20\nmax_tokens_per_request = 100\n\n"
+			 "[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+			 "block_tokens = 16\ncapacity_blocks = 64\n");
+	prompt(t, 200, 3);
+	c = connect_ns(NULL, 0);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(kvp_open(c, t + i, 1, 0, 0, &s[i], &cached, NULL), 0);
+	ck_assert_int_eq(kvp_open(c, t, 1, 0, 0, &extra, &cached, NULL), -EMFILE);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "max_sequences"));
+	ck_assert_int_eq(kvp_fork(c, s[0], &extra, NULL), -EMFILE);
+	ck_assert_int_eq(kvp_close(c, s[3]), 0);
+
+	ck_assert_int_eq(kvp_open(c, t, 101, 0, 0, &extra, &cached, NULL), -E2BIG);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "max_tokens_per_request"));
+	ck_assert_int_eq(kvp_open(c, t, 100, 0, 0, &s[3], &cached, NULL), 0); /* 3 + 7 blocks */
+	ck_assert_int_eq(kvp_append(c, s[3], t, 100, NULL), 0);                /* 16 blocks */
+	r = kvp_append(c, s[3], t, 80, NULL);                                  /* 21 > 20 */
+	ck_assert_int_eq(r, -EDQUOT);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "max_blocks"));
+	ck_assert_int_eq(kvp_append(c, s[3], t, 60, NULL), 0); /* exactly 20 */
+	/* Bad requests are refused without harming the session. */
+	ck_assert_int_eq(kvp_append(c, 12345, t, 1, NULL), -ENOENT);
+	ck_assert_int_eq(kvp_commit(c, s[3], 100000, NULL), -EINVAL);
+	ck_assert_int_eq(kvp_open(c, t, 0, 0, 0, &extra, &cached, NULL), -EINVAL);
+
+	/* The pool (64 blocks) runs out before four more sessions' quotas do. */
+	r = 0;
+	for (int i = 0; i < 4; i++) {
+		uint32_t u[96];
+
+		prompt(u, 96, 100000 + 1000 * (uint32_t)i);
+		others[i] = connect_ns(NULL, 0);
+		for (int k = 0; k < 3 && r == 0; k++)
+			r = kvp_open(others[i], u, 96 - (uint32_t)k, 0, 0, &extra, &cached, NULL);
+	}
+	ck_assert_int_eq(r, -ENOSPC);
+	assert_verified(&d);
+	for (int i = 0; i < 4; i++)
+		kvp_disconnect(others[i]);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_max_sessions)
+{
+	struct kvp_connect_options o = { .size = sizeof(o) };
+	struct kvp_client *a, *b, *c = NULL;
+
+	daemon_start_with(&d, "max_sessions = 2\n", NULL);
+	/* The harness's readiness probe holds a session until the daemon sees it close. */
+	for (int i = 0; i < 200 && kvp_connect(&o, &a) < 0; i++)
+		msleep(10);
+	b = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_connect(&o, &c), -EUSERS);
+	ck_assert_ptr_null(c);
+	kvp_disconnect(b);
+	/* A slot frees up once the daemon has seen the disconnect. */
+	for (int i = 0; i < 200 && kvp_connect(&o, &c) < 0; i++)
+		msleep(10);
+	ck_assert_ptr_nonnull(c);
+	kvp_disconnect(c);
+	kvp_disconnect(a);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_client_killed_mid_stream)
+{
+	uint32_t t[64], cached;
+	struct kvp_client *c;
+	int pipefd[2];
+	uint64_t seq;
+	pid_t pid;
+	char out[8192], ch;
+
+	daemon_start(&d, NULL);
+	prompt(t, 64, 77);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, t, 40, 0, 0, &seq, &cached, NULL), 0);
+
+	ck_assert_int_eq(pipe(pipefd), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvp_client *cc = connect_ns(NULL, 0);
+		uint64_t s, f;
+		uint32_t got, tok = 5;
+
+		if (kvp_open(cc, t, 64, 0, 0, &s, &got, NULL) < 0 || kvp_commit(cc, s, 64, NULL) < 0 ||
+		    kvp_fork(cc, s, &f, NULL) < 0)
+			_exit(1);
+		for (uint32_t n = 65;; n++) {
+			if (kvp_append(cc, s, &tok, 1, NULL) < 0 || kvp_commit(cc, s, n, NULL) < 0)
+				_exit(2);
+			if (n == 200 && write(pipefd[1], "x", 1) != 1)
+				_exit(3);
+		}
+	}
+	close(pipefd[1]);
+	ck_assert_int_eq(read(pipefd[0], &ch, 1), 1); /* it is mid-stream now */
+	kill(pid, SIGKILL);
+	ck_assert_int_eq(wait_child(pid), 128 + SIGKILL);
+
+	/* Its blocks come back once the daemon sees the connection drop. */
+	for (int i = 0; i < 200; i++) {
+		ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+		if (json_int(out, "in_use") == 3)
+			break;
+		msleep(20);
+	}
+	ck_assert_int_eq(json_int(out, "in_use"), 3); /* our own 40-token sequence */
+	ck_assert_int_eq(json_int(out, "sequences"), 1);
+	assert_verified(&d);
+	/* The survivor carries on. */
+	ck_assert_int_eq(kvp_append(c, seq, t, 10, NULL), 0);
+	/* >= 0: the child committed the same leading blocks first, so ours may be deduplicated. */
+	ck_assert_int_ge(kvp_commit(c, seq, 50, NULL), 0);
+	ck_assert_int_eq(kvp_close(c, seq), 0);
+	ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "in_use"), 0);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	close(pipefd[0]);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_namespaces_never_share)
+{
+	uint32_t t[64], cached;
+	struct kvp_table ta = { 0 }, tb = { 0 };
+	struct kvp_client *a, *b, *a2;
+	uint64_t sa, sb;
+	char out[8192];
+
+	daemon_start(&d, NULL);
+	prompt(t, 64, 9);
+	a = connect_ns("tenant-a", 0);
+	b = connect_ns("tenant-b", 0);
+	ck_assert_str_eq(kvp_namespace(a), "uid:0/tenant-a");
+	ck_assert_int_eq(kvp_open(a, t, 64, 0, 0, &sa, &cached, &ta), 0);
+	ck_assert_int_eq(kvp_commit(a, sa, 64, NULL), 0);
+	ck_assert_int_eq(kvp_open(b, t, 64, 0, 0, &sb, &cached, &tb), 0);
+	ck_assert_uint_eq(cached, 0);
+	for (uint32_t i = 0; i < 4; i++)
+		for (uint32_t j = 0; j < 4; j++)
+			ck_assert_uint_ne(ta.blocks[i], tb.blocks[j]);
+	/* The same namespace from another session does share. */
+	a2 = connect_ns("tenant-a", 0);
+	ck_assert_int_eq(kvp_lookup(a2, t, 64, 0, 0, &cached), 0);
+	ck_assert_uint_eq(cached, 64);
+	/* A sequence id of another session is unknown here. */
+	ck_assert_int_eq(kvp_append(b, sa, t, 1, NULL), -ENOENT);
+	ck_assert_int_eq(kvp_close(a2, sa), -ENOENT);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "uid:0/tenant-b"));
+	assert_verified(&d);
+	kvp_disconnect(a);
+	kvp_disconnect(b);
+	kvp_disconnect(a2);
+	kvp_table_free(&ta);
+	kvp_table_free(&tb);
+	daemon_stop(&d);
+}
+END_TEST
+
+/* Runs fn in a child as user nobody; returns its exit status (77: cannot switch users). */
+static int as_nobody(int (*fn)(void))
+{
+	struct passwd *pw = getpwnam("nobody");
+	pid_t pid;
+
+	if (geteuid() != 0 || !pw)
+		return 77;
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		alarm(20);
+		if (setgroups(0, NULL) < 0 || setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0)
+			_exit(77);
+		_exit(fn());
+	}
+	return wait_child(pid);
+}
+
+static int nobody_connects(void)
+{
+	struct kvp_connect_options o = { .size = sizeof(o), .pool = "private" };
+	struct kvp_client *c = NULL;
+	int r = kvp_connect(&o, &c);
+
+	if (r != -EACCES) {
+		fprintf(stderr, "nobody connecting to pool private: %d\n", r);
+		return 1;
+	}
+	o.pool = "public";
+	r = kvp_connect(&o, &c);
+	if (r < 0)
+		return 2;
+	/* uid namespaces: nobody's blocks are not root's. */
+	uint32_t t[32], cached = 1;
+	prompt(t, 32, 42);
+	if (kvp_lookup(c, t, 32, 0, 0, &cached) < 0 || cached != 0)
+		return 3;
+	if (strcmp(kvp_namespace(c), "uid:65534") != 0)
+		return 4;
+	kvp_disconnect(c);
+	return 0;
+}
+
+START_TEST(test_acl_and_uid_namespaces)
+{
+	uint32_t t[32], cached;
+	struct kvp_connect_options o = { .size = sizeof(o), .pool = "public" };
+	struct kvp_client *c;
+	uint64_t s;
+	int r;
+
+	daemon_start(&d, "[pool private]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+			 "block_tokens = 16\ncapacity_blocks = 16\nallow_users = root\n\n"
+			 "[pool public]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+			 "block_tokens = 16\ncapacity_blocks = 16\n");
+	ck_assert_int_eq(kvp_connect(&o, &c), 0);
+	prompt(t, 32, 42);
+	ck_assert_int_eq(kvp_open(c, t, 32, 0, 0, &s, &cached, NULL), 0);
+	ck_assert_int_eq(kvp_commit(c, s, 32, NULL), 0);
+	r = as_nobody(nobody_connects);
+	if (r != 77)
+		ck_assert_int_eq(r, 0);
+	else
+		puts("skipped the ACL check: not root or no user nobody");
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
+static struct daemon *admin_daemon;
+
+static int nobody_admin(void)
+{
+	char out[1024];
+
+	/* The socket file is opened up so the daemon itself must refuse. */
+	return ctl(admin_daemon, "status", out, sizeof(out)) == 1 ? 0 : 1;
+}
+
+START_TEST(test_admin_refuses_strangers)
+{
+	int r;
+
+	daemon_start(&d, NULL);
+	ck_assert_int_eq(chmod(d.admin, 0666), 0);
+	admin_daemon = &d;
+	r = as_nobody(nobody_admin);
+	if (r != 77)
+		ck_assert_int_eq(r, 0);
+	ck_assert_int_eq(ctl(&d, "status", NULL, 0), 0);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_rings)
+{
+	uint32_t t[40], table[8], x = 3;
+	struct kvp_completion comp[8];
+	struct kvp_client *r;
+	struct kvp_op op;
+	uint64_t seq, child;
+
+	daemon_start(&d, NULL);
+	r = connect_ns(NULL, 64);
+	prompt(t, 40, 11);
+
+	op = (struct kvp_op){ .opcode = KVP_OPEN, .user_data = 7, .tokens = t, .ntokens = 40,
+			      .table_cap = 8, .table_out = table };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 8, 1, 5000), 1);
+	ck_assert_uint_eq(comp[0].user_data, 7);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_uint_eq(comp[0].table_len, 3);
+	seq = comp[0].value;
+
+	/* A batch: commit, fork, then close the fork. */
+	struct kvp_op batch[2] = {
+		{ .opcode = KVP_COMMIT, .user_data = 1, .seq = seq, .arg = 40 },
+		{ .opcode = KVP_FORK, .user_data = 2, .seq = seq, .table_cap = 8, .table_out = table },
+	};
+	ck_assert_int_eq(kvp_submit(r, batch, 2), 2);
+	ck_assert_int_eq(kvp_complete(r, comp, 8, 2, 5000), 2);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_int_eq(comp[1].res, 0);
+	child = comp[1].value;
+	op = (struct kvp_op){ .opcode = KVP_APPEND, .user_data = 3, .seq = child, .tokens = &x,
+			      .ntokens = 1, .table_cap = 8, .table_out = table };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 8, 1, 5000), 1);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_uint_eq(comp[0].aux, 2); /* the partial block was copied */
+
+	/* Errors come back as completions. */
+	op = (struct kvp_op){ .opcode = KVP_CLOSE, .user_data = 4, .seq = 999999 };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 8, 1, 5000), 1);
+	ck_assert_int_eq(comp[0].res, -ENOENT);
+
+	/* The socket path sees the same sequences. */
+	uint32_t ntok, ncommit;
+	ck_assert_int_eq(kvp_seq_info(r, child, &ntok, &ncommit, NULL), 0);
+	ck_assert_uint_eq(ntok, 41);
+	ck_assert_uint_eq(ncommit, 40);
+	assert_verified(&d);
+	kvp_disconnect(r);
+	daemon_stop(&d);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("daemon");
+	TCase *tc = tcase_create("daemon");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_eight_processes_share_a_prompt);
+	tcase_add_test(tc, test_fork_and_copy_on_write_across_processes);
+	tcase_add_test(tc, test_quotas_and_limits);
+	tcase_add_test(tc, test_max_sessions);
+	tcase_add_test(tc, test_client_killed_mid_stream);
+	tcase_add_test(tc, test_namespaces_never_share);
+	tcase_add_test(tc, test_acl_and_uid_namespaces);
+	tcase_add_test(tc, test_admin_refuses_strangers);
+	tcase_add_test(tc, test_rings);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}

@@ -1,0 +1,949 @@
+/* SPDX-License-Identifier: MIT */
+/* kvpaged.conf: defaults, the round trip through config_print, and every kind of error. */
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include "daemon/config.h"
+#include "tests/unit/testutil.h"
+
+#define NAME "kvpaged.conf"
+
+/* A valid pool; its keys are on lines 1..7 of the text that starts with it. */
+#define POOL_MAIN                                                                            \
+	"[pool main]\n"                                                                      \
+	"layers = 32\n"                                                                      \
+	"kv_heads = 8\n"                                                                     \
+	"head_dim = 128\n"                                                                   \
+	"element_bytes = 2\n"                                                                \
+	"block_tokens = 16\n"                                                                \
+	"capacity_blocks = 4096\n"
+
+static int load(const char *text, struct kvpd_config *c, char *err, size_t err_len)
+{
+	return config_load_string(text, NAME, c, err, err_len);
+}
+
+static void load_ok(const char *text, struct kvpd_config *c)
+{
+	char err[512] = "";
+	int r;
+
+	*c = (struct kvpd_config){ 0 };
+	r = load(text, c, err, sizeof(err));
+	ck_assert_msg(r == 0, "load failed with %d: %s", r, err);
+	ck_assert_str_eq(err, "");
+}
+
+/* Loading fails with error, err contains want, and *ret is untouched. */
+static void expect_error_code(const char *text, int error, const char *want)
+{
+	struct kvpd_config c, before;
+	char err[512] = "";
+	int r;
+
+	memset(&c, 0xa5, sizeof(c));
+	memcpy(&before, &c, sizeof(c));
+	r = load(text, &c, err, sizeof(err));
+	ck_assert_msg(r == error, "expected %d, got %d (%s) for:\n%s", error, r, err, text);
+	ck_assert_msg(strstr(err, want), "error '%s' does not contain '%s'", err, want);
+	ck_assert_msg(memcmp(&c, &before, sizeof(c)) == 0, "ret was changed on failure");
+}
+
+static void expect_error(const char *text, const char *want)
+{
+	expect_error_code(text, -EINVAL, want);
+}
+
+/* POOL_MAIN plus one more line in it (line 8). */
+static void expect_pool_error(const char *line, const char *want)
+{
+	char text[1024];
+
+	snprintf(text, sizeof(text), POOL_MAIN "%s\n", line);
+	expect_error(text, want);
+}
+
+static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvpd_pool_config *b)
+{
+	ck_assert_str_eq(a->name, b->name);
+	ck_assert_uint_eq(a->layers, b->layers);
+	ck_assert_uint_eq(a->kv_heads, b->kv_heads);
+	ck_assert_uint_eq(a->head_dim, b->head_dim);
+	ck_assert_uint_eq(a->element_bytes, b->element_bytes);
+	ck_assert_uint_eq(a->block_tokens, b->block_tokens);
+	ck_assert_uint_eq(a->capacity_blocks, b->capacity_blocks);
+	ck_assert_uint_eq(a->max_sequences, b->max_sequences);
+	ck_assert_uint_eq(a->max_seq_tokens, b->max_seq_tokens);
+	ck_assert_uint_eq(a->vocab_size, b->vocab_size);
+	ck_assert_int_eq(a->namespace_mode, b->namespace_mode);
+	ck_assert_uint_eq(a->namespace_seed, b->namespace_seed);
+	ck_assert_uint_eq(a->n_allow_uids, b->n_allow_uids);
+	for (size_t i = 0; i < a->n_allow_uids; i++)
+		ck_assert_uint_eq(a->allow_uids[i], b->allow_uids[i]);
+	ck_assert_uint_eq(a->n_allow_gids, b->n_allow_gids);
+	for (size_t i = 0; i < a->n_allow_gids; i++)
+		ck_assert_uint_eq(a->allow_gids[i], b->allow_gids[i]);
+}
+
+static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_config *b)
+{
+	ck_assert_str_eq(a->socket_path, b->socket_path);
+	ck_assert_str_eq(a->admin_socket_path, b->admin_socket_path);
+	ck_assert_int_eq(a->has_admin_gid, b->has_admin_gid);
+	ck_assert_uint_eq(a->admin_gid, b->admin_gid);
+	ck_assert_uint_eq(a->max_sessions, b->max_sessions);
+	ck_assert_uint_eq(a->max_frame_bytes, b->max_frame_bytes);
+	ck_assert_uint_eq(a->limits.max_sequences, b->limits.max_sequences);
+	ck_assert_uint_eq(a->limits.max_blocks, b->limits.max_blocks);
+	ck_assert_uint_eq(a->limits.max_inflight, b->limits.max_inflight);
+	ck_assert_uint_eq(a->limits.max_tokens_per_request, b->limits.max_tokens_per_request);
+	ck_assert_uint_eq(a->limits.max_ring_entries, b->limits.max_ring_entries);
+	ck_assert_uint_eq(a->limits.max_ring_data_bytes, b->limits.max_ring_data_bytes);
+	ck_assert_uint_eq(a->limits.max_queued_bytes, b->limits.max_queued_bytes);
+	ck_assert_uint_eq(a->npools, b->npools);
+	for (size_t i = 0; i < a->npools; i++)
+		assert_pool_equal(&a->pools[i], &b->pools[i]);
+}
+
+static char *print_to_string(const struct kvpd_config *c)
+{
+	char *text = NULL;
+	size_t len = 0;
+	FILE *f = open_memstream(&text, &len);
+
+	ck_assert_ptr_nonnull(f);
+	config_print(c, f);
+	ck_assert_int_eq(fclose(f), 0);
+	return text;
+}
+
+START_TEST(test_defaults)
+{
+	struct kvpd_config c;
+	const struct kvpd_pool_config *p;
+
+	load_ok(POOL_MAIN, &c);
+	ck_assert_str_eq(c.socket_path, "/run/kvpaged/kvpaged.sock");
+	ck_assert_str_eq(c.admin_socket_path, "/run/kvpaged/admin.sock");
+	ck_assert(!c.has_admin_gid);
+	ck_assert_uint_eq(c.max_sessions, 256);
+	ck_assert_uint_eq(c.max_frame_bytes, 8 * 1024 * 1024);
+	ck_assert_uint_eq(c.limits.max_sequences, 1024);
+	ck_assert_uint_eq(c.limits.max_blocks, 0);
+	ck_assert_uint_eq(c.limits.max_inflight, 256);
+	ck_assert_uint_eq(c.limits.max_tokens_per_request, 1048576);
+	ck_assert_uint_eq(c.limits.max_ring_entries, 4096);
+	ck_assert_uint_eq(c.limits.max_ring_data_bytes, 16 * 1024 * 1024);
+	ck_assert_uint_eq(c.limits.max_queued_bytes, 16 * 1024 * 1024);
+	ck_assert_uint_eq(c.npools, 1);
+	p = &c.pools[0];
+	ck_assert_str_eq(p->name, "main");
+	ck_assert_uint_eq(p->layers, 32);
+	ck_assert_uint_eq(p->kv_heads, 8);
+	ck_assert_uint_eq(p->head_dim, 128);
+	ck_assert_uint_eq(p->element_bytes, 2);
+	ck_assert_uint_eq(p->block_tokens, 16);
+	ck_assert_uint_eq(p->capacity_blocks, 4096);
+	ck_assert_uint_eq(p->max_sequences, 4096);
+	ck_assert_uint_eq(p->max_seq_tokens, 1048576);
+	ck_assert_uint_eq(p->vocab_size, 0);
+	ck_assert_int_eq(p->namespace_mode, KVPD_NS_UID);
+	ck_assert_uint_eq(p->namespace_seed, 0);
+	ck_assert_ptr_null(p->allow_uids);
+	ck_assert_uint_eq(p->n_allow_uids, 0);
+	ck_assert_ptr_null(p->allow_gids);
+	ck_assert_uint_eq(p->n_allow_gids, 0);
+
+	ck_assert_ptr_eq(config_find_pool(&c, NULL), p);
+	ck_assert_ptr_eq(config_find_pool(&c, ""), p);
+	ck_assert_ptr_eq(config_find_pool(&c, "main"), p);
+	ck_assert_ptr_null(config_find_pool(&c, "mai"));
+	config_free(&c);
+	ck_assert_ptr_null(c.pools);
+	ck_assert_uint_eq(c.npools, 0);
+	ck_assert_ptr_null(config_find_pool(&c, NULL));
+}
+END_TEST
+
+static const char full_config[] =
+	"# every key, none at its default\n"
+	"[daemon]\n"
+	"socket = /tmp/kvpd-test/kvpaged.sock\n"
+	"admin_socket = /tmp/kvpd-test/admin.sock ; inline comment\n"
+	"admin_group = root\n"
+	"max_sessions = 17\n"
+	"max_frame_bytes = 100MB\n"
+	"\n"
+	"[limits]\n"
+	"max_sequences = 77\n"
+	"max_blocks = 2147483648\n"
+	"max_inflight = 3\n"
+	"max_tokens_per_request = 16777216\n"
+	"max_ring_entries = 65536\n"
+	"max_ring_data_bytes = 1G\n"
+	"max_queued_bytes = 65537\n"
+	"\n"
+	"[pool llama-3.1_70b]\n"
+	"layers = 80\n"
+	"kv_heads = 8\n"
+	"head_dim = 128\n"
+	"element_bytes = 2\n"
+	"block_tokens = 16\n"
+	"capacity_blocks = 1000\n"
+	"max_sequences = 16777216\n"
+	"max_seq_tokens = 2147483648\n"
+	"vocab_size = 128256\n"
+	"namespace = gid\n"
+	"namespace_seed = 18446744073709551615\n"
+	"allow_users = root, 1000 1001,1002\n"
+	"\t1003 1004 1005 1006 1007 1008 1009\n"
+	"allow_groups = 0 5\n"
+	"\n"
+	"[pool draft]\n"
+	"layers = 1\n"
+	"kv_heads = 1\n"
+	"head_dim = 1\n"
+	"element_bytes = 1\n"
+	"block_tokens = 1\n"
+	"capacity_blocks = 1\n"
+	"namespace = shared\n";
+
+START_TEST(test_full_config_round_trips)
+{
+	static const uint32_t uids[] = { 0, 1000, 1001, 1002, 1003, 1004,
+					 1005, 1006, 1007, 1008, 1009 };
+	struct kvpd_config a, b;
+	const struct kvpd_pool_config *p;
+	char *text, *again;
+
+	load_ok(full_config, &a);
+	ck_assert_str_eq(a.socket_path, "/tmp/kvpd-test/kvpaged.sock");
+	ck_assert_str_eq(a.admin_socket_path, "/tmp/kvpd-test/admin.sock");
+	ck_assert(a.has_admin_gid);
+	ck_assert_uint_eq(a.admin_gid, 0);
+	ck_assert_uint_eq(a.max_sessions, 17);
+	ck_assert_uint_eq(a.max_frame_bytes, 100000000);
+	ck_assert_uint_eq(a.limits.max_sequences, 77);
+	ck_assert_uint_eq(a.limits.max_blocks, 2147483648u);
+	ck_assert_uint_eq(a.limits.max_inflight, 3);
+	ck_assert_uint_eq(a.limits.max_tokens_per_request, 16777216);
+	ck_assert_uint_eq(a.limits.max_ring_entries, 65536);
+	ck_assert_uint_eq(a.limits.max_ring_data_bytes, 1u << 30);
+	ck_assert_uint_eq(a.limits.max_queued_bytes, 65537);
+	ck_assert_uint_eq(a.npools, 2);
+
+	p = config_find_pool(&a, "llama-3.1_70b");
+	ck_assert_ptr_eq(p, &a.pools[0]);
+	ck_assert_uint_eq(p->layers, 80);
+	ck_assert_uint_eq(p->capacity_blocks, 1000);
+	ck_assert_uint_eq(p->max_sequences, 16777216);
+	ck_assert_uint_eq(p->max_seq_tokens, 2147483648u);
+	ck_assert_uint_eq(p->vocab_size, 128256);
+	ck_assert_int_eq(p->namespace_mode, KVPD_NS_GID);
+	ck_assert_uint_eq(p->namespace_seed, UINT64_MAX);
+	ck_assert_uint_eq(p->n_allow_uids, sizeof(uids) / sizeof(uids[0]));
+	ck_assert_mem_eq(p->allow_uids, uids, sizeof(uids));
+	ck_assert_uint_eq(p->n_allow_gids, 2);
+	ck_assert_uint_eq(p->allow_gids[0], 0);
+	ck_assert_uint_eq(p->allow_gids[1], 5);
+
+	p = config_find_pool(&a, "draft");
+	ck_assert_ptr_eq(p, &a.pools[1]);
+	ck_assert_ptr_eq(config_find_pool(&a, NULL), &a.pools[0]);
+	ck_assert_int_eq(p->namespace_mode, KVPD_NS_SHARED);
+	ck_assert_uint_eq(p->max_sequences, 4096);
+
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "\nmax_frame_bytes = 100MB\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nmax_ring_data_bytes = 1GiB\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nmax_queued_bytes = 65537\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\n[pool llama-3.1_70b]\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nnamespace = gid\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nadmin_group = 0\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nallow_users = 0, 1000, 1001, 1002, 1003, 1004, 1005, "
+					   "1006,\n\t1007, 1008, 1009\nallow_groups = 0, 5\n"));
+	load_ok(text, &b);
+	assert_config_equal(&a, &b);
+	/* Printing is stable: the reloaded configuration prints the same text. */
+	again = print_to_string(&b);
+	ck_assert_str_eq(text, again);
+	free(text);
+	free(again);
+	config_free(&a);
+	config_free(&b);
+}
+END_TEST
+
+START_TEST(test_defaults_round_trip)
+{
+	struct kvpd_config a, b;
+	char *text;
+
+	load_ok(POOL_MAIN, &a);
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "# admin_group is not set"));
+	ck_assert_ptr_nonnull(strstr(text, "\nallow_users =\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nmax_frame_bytes = 8MiB\n"));
+	load_ok(text, &b);
+	assert_config_equal(&a, &b);
+	ck_assert(!b.has_admin_gid);
+	free(text);
+	config_free(&a);
+	config_free(&b);
+}
+END_TEST
+
+/* A list too long for one line is written on continuation lines, and reads back. */
+START_TEST(test_long_list_round_trips)
+{
+	char text[4096] = POOL_MAIN "allow_groups =";
+	struct kvpd_config a, b;
+	char *printed;
+
+	for (unsigned i = 0; i < 60; i++) {
+		char id[16];
+
+		snprintf(id, sizeof(id), "%s%u", i % 10 == 0 ? "\n\t" : " ", 4000000000u + i);
+		strcat(text, id);
+	}
+	strcat(text, "\n");
+	load_ok(text, &a);
+	ck_assert_uint_eq(a.pools[0].n_allow_gids, 60);
+	ck_assert_uint_eq(a.pools[0].allow_gids[59], 4000000059u);
+	printed = print_to_string(&a);
+	load_ok(printed, &b);
+	assert_config_equal(&a, &b);
+	free(printed);
+	config_free(&a);
+	config_free(&b);
+}
+END_TEST
+
+START_TEST(test_size_parser)
+{
+	static const struct {
+		const char *s;
+		uint64_t v;
+	} good[] = {
+		{ "0", 0 },
+		{ "4096", 4096 },
+		{ "1KB", 1000 },
+		{ "1kB", 1000 },
+		{ "1KiB", 1024 },
+		{ "1K", 1024 },
+		{ "1k", 1024 },
+		{ "800MB", 800000000 },
+		{ "800MiB", 838860800 },
+		{ "800M", 838860800 },
+		{ "3GB", 3000000000 },
+		{ "3GiB", UINT64_C(3221225472) },
+		{ "2T", UINT64_C(2199023255552) },
+		{ "2TB", UINT64_C(2000000000000) },
+		{ "007", 7 },
+		{ "18446744073709551615", UINT64_MAX },
+		{ "16777215TiB", UINT64_C(16777215) << 40 },
+	};
+	static const char *const invalid[] = {
+		"", "12XB", "-1", "+1", "1.5G", " 1", "1 ", "1 K", "K", "KiB", "1KIB", "1mb", "1Ki",
+		"1B", "0x10", "1e6", "1GiBs", "1KK",
+	};
+	static const char *const too_big[] = {
+		"99999999999999999999",
+		"18446744073709551616",
+		"16777216TiB",
+		"18446744073709552KB",
+	};
+
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		uint64_t v = 12345;
+
+		ck_assert_msg(config_parse_size(good[i].s, &v) == 0, "'%s' rejected", good[i].s);
+		ck_assert_msg(v == good[i].v, "'%s' gave %llu", good[i].s, (unsigned long long)v);
+	}
+	for (size_t i = 0; i < sizeof(invalid) / sizeof(invalid[0]); i++) {
+		uint64_t v = 12345;
+
+		ck_assert_msg(config_parse_size(invalid[i], &v) == -EINVAL, "'%s' not -EINVAL",
+			      invalid[i]);
+		ck_assert_uint_eq(v, 12345);
+	}
+	for (size_t i = 0; i < sizeof(too_big) / sizeof(too_big[0]); i++) {
+		uint64_t v = 12345;
+
+		ck_assert_msg(config_parse_size(too_big[i], &v) == -ERANGE, "'%s' not -ERANGE",
+			      too_big[i]);
+		ck_assert_uint_eq(v, 12345);
+	}
+	ck_assert_int_eq(config_parse_size(NULL, NULL), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_exact_messages)
+{
+	char err[512];
+	struct kvpd_config c = { 0 };
+
+	ck_assert_int_eq(load("[daemon]\nmax_sessions = 8\nmax_sesions = 9\n" POOL_MAIN, &c, err,
+			      sizeof(err)),
+			 -EINVAL);
+	ck_assert_str_eq(err, "kvpaged.conf:3: [daemon] max_sesions: unknown key");
+
+	ck_assert_int_eq(load("[pool main]\nlayers = 32\nkv_heads = 8\nhead_dim = 128\n"
+			      "element_bytes = 2\nblock_tokens = 16\n\n# none\n"
+			      "capacity_blocks = 0\n",
+			      &c, err, sizeof(err)),
+			 -EINVAL);
+	ck_assert_str_eq(err, "kvpaged.conf:9: [pool main] capacity_blocks: 0 is out of range "
+			      "1..1073741824");
+
+	ck_assert_int_eq(config_load_string("[daemon]\n" POOL_MAIN "\n[pool x]\nlayers = 1\n",
+					    "/etc/kvpaged/kvpaged.conf", &c, err, sizeof(err)),
+			 -EINVAL);
+	ck_assert_str_eq(err, "/etc/kvpaged/kvpaged.conf:10: [pool x]: missing required key "
+			      "kv_heads");
+
+	ck_assert_int_eq(load("[daemon]\n", &c, err, sizeof(err)), -EINVAL);
+	ck_assert_str_eq(err,
+			 "kvpaged.conf: no [pool NAME] section: at least one pool is required");
+	ck_assert_ptr_null(c.pools);
+}
+END_TEST
+
+START_TEST(test_unknown_sections_and_keys)
+{
+	expect_error("[bogus]\nx = 1\n" POOL_MAIN, "kvpaged.conf:1: [bogus]: unknown section");
+	/* A section with no keys is still checked. */
+	expect_error(POOL_MAIN "\n[bogus]\n", "kvpaged.conf:9: [bogus]: unknown section");
+	expect_error(POOL_MAIN "[daemons]\nsocket = /a\n", "kvpaged.conf:8: [daemons]: unknown");
+	expect_error(POOL_MAIN "[pools x]\n", "kvpaged.conf:8: [pools x]: unknown section");
+	expect_error("socket = /a\n" POOL_MAIN,
+		     "kvpaged.conf:1: socket: key before the first [section]");
+	/* Keys belong to one section only. */
+	expect_error("[limits]\nsocket = /a\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] socket: unknown key");
+	expect_error("[daemon]\nlayers = 1\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] layers: unknown key");
+	expect_pool_error("max_sessions = 1",
+			  "kvpaged.conf:8: [pool main] max_sessions: unknown key");
+	expect_pool_error("Layers = 1", "kvpaged.conf:8: [pool main] Layers: unknown key");
+	expect_pool_error("= 1", "kvpaged.conf:8: [pool main]: missing key name");
+}
+END_TEST
+
+START_TEST(test_empty_sections_are_fine_unless_pools)
+{
+	struct kvpd_config c;
+
+	/* A packaged file with every [daemon] key commented out must load. */
+	load_ok("[daemon]\n# socket = /run/kvpaged/kvpaged.sock\n\n[limits]\n" POOL_MAIN, &c);
+	ck_assert_uint_eq(c.max_sessions, 256);
+	config_free(&c);
+	expect_error(POOL_MAIN "[pool spare]\n; nothing yet\n",
+		     "kvpaged.conf:8: [pool spare]: missing required key layers");
+}
+END_TEST
+
+START_TEST(test_duplicates)
+{
+	expect_error(POOL_MAIN "\n" POOL_MAIN,
+		     "kvpaged.conf:9: [pool main]: duplicate pool (first defined on line 1)");
+	/* Back to back, libinih alone could not tell the two sections apart. */
+	expect_error(POOL_MAIN "[pool main]\n",
+		     "kvpaged.conf:8: [pool main]: duplicate pool (first defined on line 1)");
+	expect_error("[daemon]\nmax_sessions = 1\n[daemon]\n" POOL_MAIN,
+		     "kvpaged.conf:3: [daemon]: section appears twice (first on line 1)");
+	expect_error("[limits]\n[limits]\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits]: section appears twice (first on line 1)");
+	expect_pool_error("layers = 32",
+			  "kvpaged.conf:8: [pool main] layers: set twice (first on line 2)");
+	expect_error("[daemon]\nsocket = /a\nsocket = /b\n" POOL_MAIN,
+		     "kvpaged.conf:3: [daemon] socket: set twice (first on line 2)");
+}
+END_TEST
+
+START_TEST(test_pool_names)
+{
+	char name63[64], text[512];
+	struct kvpd_config c;
+
+	expect_error("[pool ma/in]\nlayers = 1\n",
+		     "kvpaged.conf:1: [pool ma/in]: bad pool name 'ma/in'");
+	expect_error("[pool a b]\nlayers = 1\n", "kvpaged.conf:1: [pool a b]: bad pool name 'a b'");
+	expect_error("[pool]\nlayers = 1\n", "kvpaged.conf:1: [pool]: missing pool name");
+	expect_error("[pool é]\n", "bad pool name");
+
+	/* 63 characters: longer than libinih keeps of a section name. */
+	memset(name63, 'n', 63);
+	name63[63] = '\0';
+	snprintf(text, sizeof(text), "[pool %s]\n%s", name63, strchr(POOL_MAIN, '\n') + 1);
+	load_ok(text, &c);
+	ck_assert_str_eq(c.pools[0].name, name63);
+	ck_assert_uint_eq(c.pools[0].capacity_blocks, 4096);
+	config_free(&c);
+
+	snprintf(text, sizeof(text), "[pool %sn]\n%s", name63, strchr(POOL_MAIN, '\n') + 1);
+	expect_error(text, "bad pool name");
+
+	/* Spaces around the name are not part of it. */
+	load_ok("[ pool   main ]\nlayers = 32\nkv_heads = 8\nhead_dim = 128\nelement_bytes = 2\n"
+		"block_tokens = 16\ncapacity_blocks = 4096\n",
+		&c);
+	ck_assert_str_eq(c.pools[0].name, "main");
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_missing_required_keys)
+{
+	static const char *const required[] = {
+		"layers", "kv_heads", "head_dim", "element_bytes", "block_tokens",
+		"capacity_blocks",
+	};
+
+	for (size_t i = 0; i < sizeof(required) / sizeof(required[0]); i++) {
+		char text[512] = "[daemon]\n[pool main]\n", want[128];
+		const char *line = strchr(POOL_MAIN, '\n') + 1;
+
+		/* POOL_MAIN without the line that sets required[i]. */
+		while (*line) {
+			size_t len = strcspn(line, "\n") + 1;
+
+			if (strncmp(line, required[i], strlen(required[i])) != 0)
+				strncat(text, line, len);
+			line += len;
+		}
+		snprintf(want, sizeof(want), "kvpaged.conf:2: [pool main]: missing required key %s",
+			 required[i]);
+		expect_error(text, want);
+	}
+}
+END_TEST
+
+START_TEST(test_no_pools)
+{
+	expect_error("", "kvpaged.conf: no [pool NAME] section");
+	expect_error("# nothing\n[daemon]\n[limits]\n", "kvpaged.conf: no [pool NAME] section");
+}
+END_TEST
+
+START_TEST(test_out_of_range)
+{
+	static const struct {
+		const char *text;
+		const char *want;
+	} cases[] = {
+		{ "[daemon]\nmax_sessions = 0\n",
+		  ":2: [daemon] max_sessions: 0 is out of range 1..65536" },
+		{ "[daemon]\nmax_sessions = 65537\n", "65537 is out of range 1..65536" },
+		{ "[daemon]\nmax_frame_bytes = 2K\n",
+		  ":2: [daemon] max_frame_bytes: 2K is out of range 4KiB..256MiB" },
+		{ "[daemon]\nmax_frame_bytes = 4095\n", "4095 is out of range 4KiB..256MiB" },
+		{ "[daemon]\nmax_frame_bytes = 257M\n", "257M is out of range 4KiB..256MiB" },
+		{ "[limits]\nmax_sequences = 1048577\n",
+		  "[limits] max_sequences: 1048577 is out of range 1..1048576" },
+		{ "[limits]\nmax_blocks = 2147483649\n",
+		  "[limits] max_blocks: 2147483649 is out of range 0..2147483648" },
+		{ "[limits]\nmax_inflight = 0\n",
+		  "[limits] max_inflight: 0 is out of range 1..65536" },
+		{ "[limits]\nmax_tokens_per_request = 16777217\n", "1..16777216" },
+		{ "[limits]\nmax_ring_entries = 131072\n", "131072 is out of range 1..65536" },
+		{ "[limits]\nmax_ring_data_bytes = 2G\n", "2G is out of range 4KiB..1GiB" },
+		{ "[limits]\nmax_queued_bytes = 64000\n", "64000 is out of range 64KiB..1GiB" },
+		{ "[limits]\nmax_queued_bytes = 99999999999999999999\n",
+		  "99999999999999999999 is out of range 64KiB..1GiB" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char text[512];
+
+		snprintf(text, sizeof(text), "%s" POOL_MAIN, cases[i].text);
+		expect_error(text, cases[i].want);
+	}
+	expect_pool_error("max_sequences = 16777217",
+			  ":8: [pool main] max_sequences: 16777217 is out of range 1..16777216");
+	expect_pool_error("max_seq_tokens = 2147483649", "out of range 1..2147483648");
+	expect_pool_error("max_seq_tokens = 0", "0 is out of range 1..2147483648");
+	expect_pool_error("vocab_size = 4294967296", "4294967296 is out of range 0..4294967295");
+	expect_pool_error("namespace_seed = 18446744073709551616",
+			  "18446744073709551616 is out of range 0..18446744073709551615");
+	expect_error("[pool main]\nlayers = 1025\n",
+		     ":2: [pool main] layers: 1025 is out of range 1..1024");
+	expect_error("[pool main]\nkv_heads = 0\n", "kv_heads: 0 is out of range 1..1024");
+	expect_error("[pool main]\nhead_dim = 16385\n", "head_dim: 16385 is out of range 1..16384");
+	expect_error("[pool main]\nelement_bytes = 9\n", "element_bytes: 9 is out of range 1..8");
+	expect_error("[pool main]\nblock_tokens = 65537\n",
+		     "block_tokens: 65537 is out of range 1..65536");
+	expect_error("[pool main]\ncapacity_blocks = 1073741825\n", "1..1073741824");
+}
+END_TEST
+
+START_TEST(test_range_edges_accepted)
+{
+	struct kvpd_config c;
+
+	load_ok("[daemon]\nmax_sessions = 65536\nmax_frame_bytes = 256MiB\n"
+		"[limits]\nmax_sequences = 1\nmax_blocks = 0\nmax_ring_entries = 1\n"
+		"max_ring_data_bytes = 4K\nmax_queued_bytes = 1GiB\n" POOL_MAIN
+		"vocab_size = 4294967295\nmax_seq_tokens = 1\n",
+		&c);
+	ck_assert_uint_eq(c.max_sessions, 65536);
+	ck_assert_uint_eq(c.max_frame_bytes, 256u << 20);
+	ck_assert_uint_eq(c.limits.max_ring_entries, 1);
+	ck_assert_uint_eq(c.limits.max_ring_data_bytes, 4096);
+	ck_assert_uint_eq(c.limits.max_queued_bytes, 1u << 30);
+	ck_assert_uint_eq(c.pools[0].vocab_size, UINT32_MAX);
+	ck_assert_uint_eq(c.pools[0].max_seq_tokens, 1);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_bad_numbers)
+{
+	static const char *const bad[] = { "abc", "-1", "+5", "1.0", "0x10", "1 000", "", "12K" };
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char line[64], want[128];
+
+		snprintf(line, sizeof(line), "max_sequences = %s", bad[i]);
+		snprintf(want, sizeof(want),
+			 "kvpaged.conf:8: [pool main] max_sequences: '%s' is not a decimal number",
+			 bad[i]);
+		expect_pool_error(line, want);
+	}
+	expect_pool_error("namespace_seed = -0", "namespace_seed: '-0' is not a decimal number");
+}
+END_TEST
+
+START_TEST(test_bad_sizes)
+{
+	static const char *const bad[] = { "12XB", "-1", "1.5G", "", "16 MiB", "16mib" };
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		char text[512], want[128];
+
+		snprintf(text, sizeof(text), "\n[limits]\nmax_ring_data_bytes = %s\n" POOL_MAIN,
+			 bad[i]);
+		snprintf(want, sizeof(want),
+			 "kvpaged.conf:3: [limits] max_ring_data_bytes: '%s' is not a size",
+			 bad[i]);
+		expect_error(text, want);
+	}
+	expect_error("[limits]\nmax_ring_data_bytes = 99999999999999999999\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] max_ring_data_bytes: 99999999999999999999 is out of "
+		     "range 4KiB..1GiB");
+}
+END_TEST
+
+START_TEST(test_ring_entries_power_of_two)
+{
+	struct kvpd_config c;
+
+	expect_error("[limits]\nmax_ring_entries = 1000\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] max_ring_entries: 1000 is not a power of two");
+	expect_error("[limits]\nmax_ring_entries = 65535\n" POOL_MAIN, "not a power of two");
+	expect_error("[limits]\nmax_ring_entries = 0\n" POOL_MAIN, "0 is out of range 1..65536");
+	load_ok("[limits]\nmax_ring_entries = 65536\n" POOL_MAIN, &c);
+	ck_assert_uint_eq(c.limits.max_ring_entries, 65536);
+	config_free(&c);
+	load_ok("[limits]\nmax_ring_entries = 2\n" POOL_MAIN, &c);
+	ck_assert_uint_eq(c.limits.max_ring_entries, 2);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_users_and_groups)
+{
+	struct kvpd_config c;
+	const struct kvpd_pool_config *p;
+
+	load_ok("[daemon]\nadmin_group = root\n" POOL_MAIN
+		"allow_users = root, 0,1000\n"
+		"allow_groups = root\n",
+		&c);
+	ck_assert(c.has_admin_gid);
+	ck_assert_uint_eq(c.admin_gid, 0);
+	p = &c.pools[0];
+	/* root and 0 are the same user: listed once. */
+	ck_assert_uint_eq(p->n_allow_uids, 2);
+	ck_assert_uint_eq(p->allow_uids[0], 0);
+	ck_assert_uint_eq(p->allow_uids[1], 1000);
+	ck_assert_uint_eq(p->n_allow_gids, 1);
+	ck_assert_uint_eq(p->allow_gids[0], 0);
+	config_free(&c);
+
+	load_ok("[daemon]\nadmin_group = 4242\n" POOL_MAIN "allow_users =\nallow_groups = 7\n", &c);
+	ck_assert(c.has_admin_gid);
+	ck_assert_uint_eq(c.admin_gid, 4242);
+	ck_assert_uint_eq(c.pools[0].n_allow_uids, 0);
+	ck_assert_uint_eq(c.pools[0].n_allow_gids, 1);
+	ck_assert_uint_eq(c.pools[0].allow_gids[0], 7);
+	config_free(&c);
+
+	expect_pool_error("allow_users = root kvpd-no-such-user",
+			  "kvpaged.conf:8: [pool main] allow_users: unknown user "
+			  "'kvpd-no-such-user'");
+	expect_pool_error("allow_groups = kvpd-no-such-group",
+			  "kvpaged.conf:8: [pool main] allow_groups: unknown group "
+			  "'kvpd-no-such-group'");
+	expect_pool_error("allow_users = 4294967295",
+			  "[pool main] allow_users: '4294967295' is not a valid user id");
+	expect_pool_error("allow_users = 99999999999999999999", "is not a valid user id");
+	expect_error("[daemon]\nadmin_group = kvpd-no-such-group\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] admin_group: unknown group 'kvpd-no-such-group'");
+	expect_error("[daemon]\nadmin_group =\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] admin_group: empty value");
+}
+END_TEST
+
+START_TEST(test_continuation_lines)
+{
+	struct kvpd_config c;
+
+	load_ok(POOL_MAIN "allow_users = 1 2\n    3, 4\n\t5\nallow_groups = 9\n", &c);
+	ck_assert_uint_eq(c.pools[0].n_allow_uids, 5);
+	ck_assert_uint_eq(c.pools[0].allow_uids[4], 5);
+	ck_assert_uint_eq(c.pools[0].n_allow_gids, 1);
+	config_free(&c);
+
+	/* An indented key after another key is a continuation of that key to libinih. */
+	expect_error("[daemon]\nsocket = /a\n  admin_socket = /b\n" POOL_MAIN,
+		     "kvpaged.conf:3: [daemon] socket: an indented line continues this value");
+	expect_error("[daemon]\nsocket = /a\n  [limits]\n" POOL_MAIN,
+		     "kvpaged.conf:3: [daemon] socket: an indented line continues");
+	expect_pool_error("allow_users = 1\n  kvpd-no-such-user",
+			  "kvpaged.conf:9: [pool main] allow_users: unknown user");
+	/* An indented key right after a header is no continuation. */
+	load_ok("[daemon]\n  max_sessions = 3\n" POOL_MAIN, &c);
+	ck_assert_uint_eq(c.max_sessions, 3);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_namespace)
+{
+	static const struct {
+		const char *value;
+		enum kvpd_namespace_mode mode;
+	} modes[] = {
+		{ "uid", KVPD_NS_UID },
+		{ "gid", KVPD_NS_GID },
+		{ "shared", KVPD_NS_SHARED },
+	};
+
+	for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) {
+		struct kvpd_config c;
+		char text[512];
+
+		snprintf(text, sizeof(text), POOL_MAIN "namespace = %s\n", modes[i].value);
+		load_ok(text, &c);
+		ck_assert_int_eq(c.pools[0].namespace_mode, modes[i].mode);
+		config_free(&c);
+	}
+	expect_pool_error("namespace = user",
+			  "kvpaged.conf:8: [pool main] namespace: 'user' is not one of uid, gid, "
+			  "shared");
+	expect_pool_error("namespace = UID", "'UID' is not one of");
+}
+END_TEST
+
+START_TEST(test_pool_memory_limit)
+{
+	struct kvpd_config c;
+
+	/* 2 * 1 * 1 * 1 * 2 * 65536 * 2^30 = 2^48 bytes exactly. */
+	load_ok("[pool edge]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\nelement_bytes = 2\n"
+		"block_tokens = 65536\ncapacity_blocks = 1073741824\n",
+		&c);
+	ck_assert_uint_eq(c.pools[0].capacity_blocks, 1u << 30);
+	config_free(&c);
+
+	expect_error("[pool big]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\nelement_bytes = 4\n"
+		     "block_tokens = 65536\ncapacity_blocks = 1073741824\n",
+		     "kvpaged.conf:7: [pool big] capacity_blocks: the pool's memory, "
+		     "562949953421312 bytes");
+	expect_error("[pool big]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\nelement_bytes = 4\n"
+		     "block_tokens = 65536\ncapacity_blocks = 1073741824\n",
+		     "is more than 2^48 bytes");
+	/* 2^(1+10+10+14+3+16+30) = 2^84 bytes: the product itself overflows. */
+	expect_error("[pool huge]\ncapacity_blocks = 1073741824\nlayers = 1024\nkv_heads = 1024\n"
+		     "head_dim = 16384\nelement_bytes = 8\nblock_tokens = 65536\n",
+		     "kvpaged.conf:2: [pool huge] capacity_blocks: the pool's memory, 2 * layers * "
+		     "kv_heads * head_dim * element_bytes * block_tokens * capacity_blocks bytes, "
+		     "overflows 64 bits");
+}
+END_TEST
+
+START_TEST(test_paths)
+{
+	char text[512], longpath[120];
+
+	expect_error("[daemon]\nsocket = run/kvpaged.sock\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] socket: 'run/kvpaged.sock' is not an absolute path");
+	expect_error("[daemon]\nadmin_socket =\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] admin_socket: '' is not an absolute path");
+	memset(longpath, 'a', sizeof(longpath) - 1);
+	longpath[0] = '/';
+	longpath[108] = '\0'; /* 108 bytes: one more than sun_path holds with its NUL */
+	snprintf(text, sizeof(text), "[daemon]\nsocket = %s\n" POOL_MAIN, longpath);
+	expect_error(text, "is longer than 107 bytes");
+	longpath[107] = '\0';
+	snprintf(text, sizeof(text), "[daemon]\nsocket = %s\n" POOL_MAIN, longpath);
+	{
+		struct kvpd_config c;
+
+		load_ok(text, &c);
+		ck_assert_str_eq(c.socket_path, longpath);
+		config_free(&c);
+	}
+	expect_error("[daemon]\nadmin_socket = /run/kvpaged/kvpaged.sock\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] admin_socket: socket and admin_socket must differ");
+	expect_error("[daemon]\nsocket = /run/kvpaged/admin.sock\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] socket: socket and admin_socket must differ");
+}
+END_TEST
+
+START_TEST(test_syntax_errors_and_line_numbers)
+{
+	char text[1024];
+	struct kvpd_config c;
+
+	expect_error("[daemon]\nmax_sessions\n" POOL_MAIN,
+		     "kvpaged.conf:2: expected '[section]' or 'key = value'");
+	expect_error("[daemon\nmax_sessions = 3\n" POOL_MAIN, "kvpaged.conf:1: expected");
+	/* The first error wins, whichever part found it. */
+	expect_error("[daemon]\n\n; c\nnonsense\nmax_sesions = 1\n" POOL_MAIN,
+		     "kvpaged.conf:4: expected");
+	expect_error("[daemon]\nmax_sesions = 1\nnonsense\n" POOL_MAIN,
+		     "kvpaged.conf:2: [daemon] max_sesions: unknown key");
+
+	/* A line longer than libinih's buffer is refused, never cut into two. */
+	snprintf(text, sizeof(text), "[daemon]\n# x\nsocket = /%0197d\n" POOL_MAIN, 0);
+	expect_error(text, "kvpaged.conf:3: line is longer than 197 characters");
+	snprintf(text, sizeof(text), "[daemon]\n#%0196d\nmax_sesions = 1\n" POOL_MAIN, 0);
+	expect_error(text, "kvpaged.conf:3: [daemon] max_sesions: unknown key");
+
+	/* CRLF line ends, comments and a byte order mark. */
+	load_ok("\xEF\xBB\xBF[daemon]\r\n# comment\r\n; comment\r\nmax_sessions = 5 ; why\r\n"
+		"[pool main]\r\nlayers = 32\r\nkv_heads = 8\r\nhead_dim = 128\r\n"
+		"element_bytes = 2\r\nblock_tokens = 16\r\ncapacity_blocks = 4096\r\n",
+		&c);
+	ck_assert_uint_eq(c.max_sessions, 5);
+	config_free(&c);
+	expect_error("[daemon]\r\n\r\nmax_sesions = 1\r\n", "kvpaged.conf:3: [daemon] max_sesions");
+	/* libinih takes ':' for '=' as well. */
+	load_ok("[daemon]\nmax_sessions: 6\n" POOL_MAIN, &c);
+	ck_assert_uint_eq(c.max_sessions, 6);
+	config_free(&c);
+}
+END_TEST
+
+START_TEST(test_error_buffer)
+{
+	struct kvpd_config c = { 0 };
+	char err[8];
+
+	memset(err, 'x', sizeof(err));
+	ck_assert_int_eq(load("[bogus]\n", &c, err, sizeof(err)), -EINVAL);
+	ck_assert_str_eq(err, "kvpaged");
+	ck_assert_int_eq(load("[bogus]\n", &c, NULL, 0), -EINVAL);
+	ck_assert_int_eq(config_load_string(NULL, NAME, &c, NULL, 0), -EINVAL);
+	ck_assert_int_eq(config_load_string("[bogus]\n", NULL, &c, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_null(c.pools);
+}
+END_TEST
+
+static void write_file(const char *path, const char *data, size_t len)
+{
+	FILE *f = fopen(path, "we");
+
+	ck_assert_ptr_nonnull(f);
+	ck_assert_uint_eq(fwrite(data, 1, len, f), len);
+	ck_assert_int_eq(fclose(f), 0);
+}
+
+START_TEST(test_load_file)
+{
+	char dir[] = "/tmp/test-config-XXXXXX", path[64], err[512], want[128];
+	static const char with_nul[] = "[daemon]\nmax_sessions = 1\0\n" POOL_MAIN;
+	struct kvpd_config c = { 0 }, before;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/kvpaged.conf", dir);
+
+	write_file(path, full_config, strlen(full_config));
+	ck_assert_int_eq(config_load_file(path, &c, err, sizeof(err)), 0);
+	ck_assert_uint_eq(c.npools, 2);
+	ck_assert_uint_eq(c.max_sessions, 17);
+	config_free(&c);
+
+	write_file(path, "[daemon]\nmax_sesions = 1\n", 25);
+	ck_assert_int_eq(config_load_file(path, &c, err, sizeof(err)), -EINVAL);
+	snprintf(want, sizeof(want), "%s:2: [daemon] max_sesions: unknown key", path);
+	ck_assert_str_eq(err, want);
+
+	/* A NUL byte would end the text early and hide what follows it. */
+	write_file(path, with_nul, sizeof(with_nul) - 1);
+	memset(&c, 0x5a, sizeof(c));
+	memcpy(&before, &c, sizeof(c));
+	ck_assert_int_eq(config_load_file(path, &c, err, sizeof(err)), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(err, ":2: the line contains a NUL byte"));
+	ck_assert(memcmp(&c, &before, sizeof(c)) == 0);
+
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(config_load_file(path, &c, err, sizeof(err)), -ENOENT);
+	snprintf(want, sizeof(want), "%s: cannot read: ", path);
+	ck_assert_ptr_nonnull(strstr(err, want));
+	ck_assert_int_eq(config_load_file(dir, &c, err, sizeof(err)), -EISDIR);
+	ck_assert(memcmp(&c, &before, sizeof(c)) == 0);
+	ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
+START_TEST(test_free_accepts_zeroed)
+{
+	struct kvpd_config c = { 0 };
+
+	config_free(NULL);
+	config_free(&c);
+	load_ok(POOL_MAIN, &c);
+	config_free(&c);
+	ck_assert_ptr_null(c.socket_path);
+	config_free(&c); /* a second free sees a zeroed struct */
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("config");
+	TCase *tc = tcase_create("config");
+
+	tcase_add_test(tc, test_defaults);
+	tcase_add_test(tc, test_full_config_round_trips);
+	tcase_add_test(tc, test_defaults_round_trip);
+	tcase_add_test(tc, test_long_list_round_trips);
+	tcase_add_test(tc, test_size_parser);
+	tcase_add_test(tc, test_exact_messages);
+	tcase_add_test(tc, test_unknown_sections_and_keys);
+	tcase_add_test(tc, test_empty_sections_are_fine_unless_pools);
+	tcase_add_test(tc, test_duplicates);
+	tcase_add_test(tc, test_pool_names);
+	tcase_add_test(tc, test_missing_required_keys);
+	tcase_add_test(tc, test_no_pools);
+	tcase_add_test(tc, test_out_of_range);
+	tcase_add_test(tc, test_range_edges_accepted);
+	tcase_add_test(tc, test_bad_numbers);
+	tcase_add_test(tc, test_bad_sizes);
+	tcase_add_test(tc, test_ring_entries_power_of_two);
+	tcase_add_test(tc, test_users_and_groups);
+	tcase_add_test(tc, test_continuation_lines);
+	tcase_add_test(tc, test_namespace);
+	tcase_add_test(tc, test_pool_memory_limit);
+	tcase_add_test(tc, test_paths);
+	tcase_add_test(tc, test_syntax_errors_and_line_numbers);
+	tcase_add_test(tc, test_error_buffer);
+	tcase_add_test(tc, test_load_file);
+	tcase_add_test(tc, test_free_accepts_zeroed);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}

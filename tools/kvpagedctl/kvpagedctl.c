@@ -1,0 +1,511 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpagedctl: the operator's tool.  Talks to kvpaged's admin socket (same framing as the client
+ * socket, admin messages); prints human tables, or JSON with --json for scripts.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <json-c/json.h>
+
+#include "proto/frame.h"
+#include "proto/kvpaged.pb-c.h"
+
+#define DEFAULT_ADMIN_SOCKET "/run/kvpaged/admin.sock"
+
+static bool json;
+
+static void usage(FILE *f)
+{
+	fputs("usage: kvpagedctl [--socket PATH] [--pool NAME] [--json] COMMAND\n"
+	      "\n"
+	      "commands:\n"
+	      "  status       daemon version, uptime, sessions, requests\n"
+	      "  pools        each pool's geometry and block usage\n"
+	      "  sessions     connected clients\n"
+	      "  sequences    open sequences\n"
+	      "  stats        prefix-cache hit rates, per pool and per namespace\n"
+	      "  metrics      Prometheus text exposition\n"
+	      "  verify       run the full invariant check (exit 1 if anything is wrong)\n"
+	      "  drop-cache   free every cached block\n"
+	      "\n"
+	      "The admin socket is $KVPAGED_ADMIN_SOCKET or " DEFAULT_ADMIN_SOCKET ".\n",
+	      f);
+}
+
+static int connect_admin(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd;
+
+	if (strlen(path) >= sizeof(sa.sun_path)) {
+		fprintf(stderr, "kvpagedctl: socket path too long: %s\n", path);
+		return -1;
+	}
+	strcpy(sa.sun_path, path);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		fprintf(stderr, "kvpagedctl: cannot connect to %s: %s\n", path, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+/* Sends one admin request and returns the unpacked reply, or NULL after printing why. */
+static ProtobufCMessage *request(int fd, uint16_t type, const char *pool,
+				 const ProtobufCMessageDescriptor *desc)
+{
+	Kvpaged__V1__AdminRequest req = KVPAGED__V1__ADMIN_REQUEST__INIT;
+	struct kvp_frame_header h;
+	ProtobufCMessage *m = NULL;
+	uint8_t *payload;
+	unsigned nfds;
+	int r;
+
+	req.pool = (char *)(pool ? pool : "");
+	r = kvp_frame_send(fd, type, 1, &req.base, NULL, 0);
+	if (r == 0)
+		r = kvp_frame_recv(fd, 256u << 20, &h, &payload, NULL, 0, &nfds);
+	if (r < 0) {
+		fprintf(stderr, "kvpagedctl: %s\n",
+			r == -ECONNRESET ? "the daemon closed the connection" : strerror(-r));
+		return NULL;
+	}
+	if (h.type == KVPAGED__V1__MESSAGE_TYPE__ERROR) {
+		Kvpaged__V1__Error *e = kvpaged__v1__error__unpack(NULL, h.len, payload);
+
+		fprintf(stderr, "kvpagedctl: %s\n", e ? e->message : "malformed error");
+		if (e)
+			kvpaged__v1__error__free_unpacked(e, NULL);
+	} else if (h.type != type + KVP_REPLY_OFFSET ||
+		   !(m = protobuf_c_message_unpack(desc, NULL, h.len, payload))) {
+		fprintf(stderr, "kvpagedctl: unexpected reply from the daemon\n");
+	}
+	free(payload);
+	return m;
+}
+
+static void jadd_u(json_object *o, const char *k, uint64_t v)
+{
+	json_object_object_add(o, k, json_object_new_int64((int64_t)v));
+}
+
+static void jadd_s(json_object *o, const char *k, const char *v)
+{
+	json_object_object_add(o, k, json_object_new_string(v ? v : ""));
+}
+
+static void print_json(json_object *o)
+{
+	puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+					    JSON_C_TO_STRING_NOSLASHESCAPE));
+	json_object_put(o);
+}
+
+static double ratio(uint64_t num, uint64_t den)
+{
+	return den ? (double)num / (double)den : 0.0;
+}
+
+static int cmd_status(int fd, const char *pool)
+{
+	Kvpaged__V1__Status *st = (Kvpaged__V1__Status *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATUS, pool, &kvpaged__v1__status__descriptor);
+	Kvpaged__V1__Pools *ps;
+
+	if (!st)
+		return 1;
+	ps = (Kvpaged__V1__Pools *)request(fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_POOLS, pool,
+					   &kvpaged__v1__pools__descriptor);
+	if (!ps) {
+		kvpaged__v1__status__free_unpacked(st, NULL);
+		return 1;
+	}
+	if (json) {
+		json_object *o = json_object_new_object(), *arr = json_object_new_array();
+
+		jadd_s(o, "version", st->version);
+		jadd_u(o, "pid", st->pid);
+		jadd_u(o, "uptime_ms", st->uptime_ms);
+		jadd_u(o, "sessions", st->sessions);
+		jadd_u(o, "requests", st->requests);
+		for (size_t i = 0; i < ps->n_pools; i++) {
+			json_object *p = json_object_new_object();
+			Kvpaged__V1__PoolUsage *u = ps->pools[i];
+
+			jadd_s(p, "name", u->description->name);
+			jadd_u(p, "capacity_blocks", u->description->capacity_blocks);
+			jadd_u(p, "free", u->free);
+			jadd_u(p, "cached", u->cached);
+			jadd_u(p, "in_use", u->in_use);
+			jadd_u(p, "sequences", u->sequences);
+			jadd_u(p, "sessions", u->sessions);
+			json_object_array_add(arr, p);
+		}
+		json_object_object_add(o, "pools", arr);
+		print_json(o);
+	} else {
+		printf("kvpaged %s, pid %u, up %.1f s, %u sessions, %" PRIu64 " requests\n",
+		       st->version, st->pid, st->uptime_ms / 1000.0, st->sessions, st->requests);
+		printf("%-16s %10s %10s %10s %10s %8s %9s\n", "POOL", "CAPACITY", "IN_USE", "CACHED",
+		       "FREE", "SEQS", "SESSIONS");
+		for (size_t i = 0; i < ps->n_pools; i++) {
+			Kvpaged__V1__PoolUsage *u = ps->pools[i];
+
+			printf("%-16s %10u %10u %10u %10u %8u %9u\n", u->description->name,
+			       u->description->capacity_blocks, u->in_use, u->cached, u->free,
+			       u->sequences, u->sessions);
+		}
+	}
+	kvpaged__v1__status__free_unpacked(st, NULL);
+	kvpaged__v1__pools__free_unpacked(ps, NULL);
+	return 0;
+}
+
+static int cmd_pools(int fd, const char *pool)
+{
+	Kvpaged__V1__Pools *ps = (Kvpaged__V1__Pools *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_POOLS, pool, &kvpaged__v1__pools__descriptor);
+
+	if (!ps)
+		return 1;
+	if (json) {
+		json_object *arr = json_object_new_array();
+
+		for (size_t i = 0; i < ps->n_pools; i++) {
+			Kvpaged__V1__PoolUsage *u = ps->pools[i];
+			Kvpaged__V1__PoolDescription *d = u->description;
+			json_object *p = json_object_new_object();
+
+			jadd_s(p, "name", d->name);
+			jadd_s(p, "backend", d->backend);
+			jadd_u(p, "layers", d->layers);
+			jadd_u(p, "kv_heads", d->kv_heads);
+			jadd_u(p, "head_dim", d->head_dim);
+			jadd_u(p, "element_bytes", d->element_bytes);
+			jadd_u(p, "block_tokens", d->block_tokens);
+			jadd_u(p, "capacity_blocks", d->capacity_blocks);
+			jadd_u(p, "bytes_per_token", d->bytes_per_token);
+			jadd_u(p, "block_bytes", d->block_bytes);
+			jadd_u(p, "pool_bytes", d->pool_bytes);
+			jadd_u(p, "free", u->free);
+			jadd_u(p, "cached", u->cached);
+			jadd_u(p, "in_use", u->in_use);
+			jadd_u(p, "indexed", u->indexed);
+			jadd_u(p, "sequences", u->sequences);
+			jadd_u(p, "sessions", u->sessions);
+			json_object_array_add(arr, p);
+		}
+		print_json(arr);
+	} else {
+		for (size_t i = 0; i < ps->n_pools; i++) {
+			Kvpaged__V1__PoolUsage *u = ps->pools[i];
+			Kvpaged__V1__PoolDescription *d = u->description;
+
+			printf("pool %s (%s memory)\n", d->name, d->backend);
+			printf("  geometry      %u layers x %u kv heads x %u dims x %u bytes = %" PRIu64
+			       " bytes/token\n", d->layers, d->kv_heads, d->head_dim, d->element_bytes,
+			       d->bytes_per_token);
+			printf("  blocks        %u of %u tokens, %" PRIu64 " bytes each, %" PRIu64
+			       " bytes in all\n", d->capacity_blocks, d->block_tokens, d->block_bytes,
+			       d->pool_bytes);
+			printf("  usage         %u in use, %u cached, %u free (%u findable)\n", u->in_use,
+			       u->cached, u->free, u->indexed);
+			printf("  clients       %u sessions, %u sequences\n", u->sessions, u->sequences);
+		}
+	}
+	kvpaged__v1__pools__free_unpacked(ps, NULL);
+	return 0;
+}
+
+static int cmd_sessions(int fd, const char *pool)
+{
+	Kvpaged__V1__Sessions *ss = (Kvpaged__V1__Sessions *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_SESSIONS, pool, &kvpaged__v1__sessions__descriptor);
+
+	if (!ss)
+		return 1;
+	if (json) {
+		json_object *arr = json_object_new_array();
+
+		for (size_t i = 0; i < ss->n_sessions; i++) {
+			Kvpaged__V1__SessionInfo *s = ss->sessions[i];
+			json_object *o = json_object_new_object();
+
+			jadd_u(o, "id", s->id);
+			jadd_s(o, "name", s->client_name);
+			jadd_s(o, "pool", s->pool);
+			jadd_s(o, "namespace", s->namespace_);
+			jadd_u(o, "pid", s->pid);
+			jadd_u(o, "uid", s->uid);
+			jadd_u(o, "gid", s->gid);
+			jadd_u(o, "sequences", s->sequences);
+			jadd_u(o, "blocks", s->blocks);
+			jadd_u(o, "requests", s->requests);
+			json_object_object_add(o, "rings", json_object_new_boolean(s->rings));
+			json_object_array_add(arr, o);
+		}
+		print_json(arr);
+	} else {
+		printf("%6s %-20s %-12s %-20s %8s %6s %6s %8s %10s %5s\n", "ID", "NAME", "POOL",
+		       "NAMESPACE", "PID", "UID", "SEQS", "BLOCKS", "REQUESTS", "RINGS");
+		for (size_t i = 0; i < ss->n_sessions; i++) {
+			Kvpaged__V1__SessionInfo *s = ss->sessions[i];
+
+			printf("%6" PRIu64 " %-20s %-12s %-20s %8u %6u %6u %8u %10" PRIu64 " %5s\n", s->id,
+			       s->client_name, s->pool, s->namespace_, s->pid, s->uid, s->sequences,
+			       s->blocks, s->requests, s->rings ? "yes" : "no");
+		}
+	}
+	kvpaged__v1__sessions__free_unpacked(ss, NULL);
+	return 0;
+}
+
+static int cmd_sequences(int fd, const char *pool)
+{
+	Kvpaged__V1__Sequences *ss = (Kvpaged__V1__Sequences *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_SEQUENCES, pool, &kvpaged__v1__sequences__descriptor);
+
+	if (!ss)
+		return 1;
+	if (json) {
+		json_object *arr = json_object_new_array();
+
+		for (size_t i = 0; i < ss->n_sequences; i++) {
+			Kvpaged__V1__SequenceInfo *q = ss->sequences[i];
+			json_object *o = json_object_new_object();
+
+			jadd_u(o, "seq", q->seq);
+			jadd_u(o, "session", q->session);
+			jadd_s(o, "pool", q->pool);
+			jadd_u(o, "tokens", q->tokens);
+			jadd_u(o, "committed", q->committed);
+			jadd_u(o, "blocks", q->blocks);
+			json_object_array_add(arr, o);
+		}
+		print_json(arr);
+	} else {
+		printf("%20s %8s %-12s %10s %10s %8s\n", "SEQ", "SESSION", "POOL", "TOKENS",
+		       "COMMITTED", "BLOCKS");
+		for (size_t i = 0; i < ss->n_sequences; i++) {
+			Kvpaged__V1__SequenceInfo *q = ss->sequences[i];
+
+			printf("%20" PRIu64 " %8" PRIu64 " %-12s %10u %10u %8u\n", q->seq, q->session,
+			       q->pool, q->tokens, q->committed, q->blocks);
+		}
+	}
+	kvpaged__v1__sequences__free_unpacked(ss, NULL);
+	return 0;
+}
+
+static int cmd_stats(int fd, const char *pool)
+{
+	Kvpaged__V1__Stats *st = (Kvpaged__V1__Stats *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATS, pool, &kvpaged__v1__stats__descriptor);
+
+	if (!st)
+		return 1;
+	if (json) {
+		json_object *o = json_object_new_object(), *pa = json_object_new_array(),
+			    *na = json_object_new_array();
+
+		for (size_t i = 0; i < st->n_pools; i++) {
+			Kvpaged__V1__PoolStats *p = st->pools[i];
+			json_object *x = json_object_new_object();
+
+			jadd_s(x, "pool", p->pool);
+			jadd_u(x, "lookups", p->lookups);
+			jadd_u(x, "query_blocks", p->query_blocks);
+			jadd_u(x, "hit_blocks", p->hit_blocks);
+			jadd_u(x, "hit_tokens", p->hit_tokens);
+			json_object_object_add(x, "hit_rate",
+					       json_object_new_double(ratio(p->hit_blocks, p->query_blocks)));
+			jadd_u(x, "miss_blocks", p->miss_blocks);
+			jadd_u(x, "collisions", p->collisions);
+			jadd_u(x, "evictions", p->evictions);
+			jadd_u(x, "cow_copies", p->cow_copies);
+			jadd_u(x, "dedup_blocks", p->dedup_blocks);
+			jadd_u(x, "commits", p->commits);
+			json_object_array_add(pa, x);
+		}
+		for (size_t i = 0; i < st->n_namespaces; i++) {
+			Kvpaged__V1__NamespaceStats *n = st->namespaces[i];
+			json_object *x = json_object_new_object();
+
+			jadd_s(x, "pool", n->pool);
+			jadd_s(x, "namespace", n->namespace_);
+			jadd_u(x, "lookups", n->lookups);
+			jadd_u(x, "query_blocks", n->query_blocks);
+			jadd_u(x, "hit_blocks", n->hit_blocks);
+			jadd_u(x, "hit_tokens", n->hit_tokens);
+			json_object_object_add(x, "hit_rate",
+					       json_object_new_double(ratio(n->hit_blocks, n->query_blocks)));
+			json_object_array_add(na, x);
+		}
+		json_object_object_add(o, "pools", pa);
+		json_object_object_add(o, "namespaces", na);
+		print_json(o);
+	} else {
+		printf("%-16s %-24s %9s %24s %12s %10s %10s %8s\n", "POOL", "NAMESPACE", "LOOKUPS",
+		       "HIT RATE (hits/blocks)", "HIT_TOKENS", "EVICTIONS", "COLLISIONS", "COW");
+		for (size_t i = 0; i < st->n_pools; i++) {
+			Kvpaged__V1__PoolStats *p = st->pools[i];
+			char hr[64];
+
+			snprintf(hr, sizeof(hr), "%.4f (%" PRIu64 "/%" PRIu64 ")",
+				 ratio(p->hit_blocks, p->query_blocks), p->hit_blocks, p->query_blocks);
+			printf("%-16s %-24s %9" PRIu64 " %24s %12" PRIu64 " %10" PRIu64 " %10" PRIu64
+			       " %8" PRIu64 "\n", p->pool, "(all)", p->lookups, hr, p->hit_tokens,
+			       p->evictions, p->collisions, p->cow_copies);
+			for (size_t j = 0; j < st->n_namespaces; j++) {
+				Kvpaged__V1__NamespaceStats *n = st->namespaces[j];
+
+				if (strcmp(n->pool, p->pool))
+					continue;
+				snprintf(hr, sizeof(hr), "%.4f (%" PRIu64 "/%" PRIu64 ")",
+					 ratio(n->hit_blocks, n->query_blocks), n->hit_blocks,
+					 n->query_blocks);
+				printf("%-16s %-24s %9" PRIu64 " %24s %12" PRIu64 "\n", "", n->namespace_,
+				       n->lookups, hr, n->hit_tokens);
+			}
+		}
+	}
+	kvpaged__v1__stats__free_unpacked(st, NULL);
+	return 0;
+}
+
+static int cmd_metrics(int fd, const char *pool)
+{
+	Kvpaged__V1__Metrics *m = (Kvpaged__V1__Metrics *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_METRICS, pool, &kvpaged__v1__metrics__descriptor);
+
+	if (!m)
+		return 1;
+	if (json) {
+		json_object *o = json_object_new_object();
+
+		jadd_s(o, "text", m->text);
+		print_json(o);
+	} else {
+		fputs(m->text, stdout);
+	}
+	kvpaged__v1__metrics__free_unpacked(m, NULL);
+	return 0;
+}
+
+static int cmd_verify(int fd, const char *pool)
+{
+	Kvpaged__V1__VerifyReply *v = (Kvpaged__V1__VerifyReply *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_VERIFY, pool, &kvpaged__v1__verify_reply__descriptor);
+	int r;
+
+	if (!v)
+		return 1;
+	r = v->n_problems ? 1 : 0;
+	if (json) {
+		json_object *o = json_object_new_object(), *arr = json_object_new_array();
+
+		for (size_t i = 0; i < v->n_problems; i++)
+			json_object_array_add(arr, json_object_new_string(v->problems[i]));
+		json_object_object_add(o, "ok", json_object_new_boolean(!r));
+		json_object_object_add(o, "problems", arr);
+		print_json(o);
+	} else if (r) {
+		for (size_t i = 0; i < v->n_problems; i++)
+			printf("FAILED: %s\n", v->problems[i]);
+	} else {
+		puts("ok: every invariant holds");
+	}
+	kvpaged__v1__verify_reply__free_unpacked(v, NULL);
+	return r;
+}
+
+static int cmd_drop_cache(int fd, const char *pool)
+{
+	Kvpaged__V1__DropCacheReply *d = (Kvpaged__V1__DropCacheReply *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_DROP_CACHE, pool,
+		&kvpaged__v1__drop_cache_reply__descriptor);
+
+	if (!d)
+		return 1;
+	if (json) {
+		json_object *o = json_object_new_object();
+
+		jadd_u(o, "freed_blocks", d->freed_blocks);
+		print_json(o);
+	} else {
+		printf("freed %u cached blocks\n", d->freed_blocks);
+	}
+	kvpaged__v1__drop_cache_reply__free_unpacked(d, NULL);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "socket", required_argument, NULL, 's' },
+		{ "pool", required_argument, NULL, 'p' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{}
+	};
+	static const struct {
+		const char *name;
+		int (*fn)(int fd, const char *pool);
+	} cmds[] = {
+		{ "status", cmd_status },	  { "pools", cmd_pools },     { "sessions", cmd_sessions },
+		{ "sequences", cmd_sequences }, { "stats", cmd_stats },     { "metrics", cmd_metrics },
+		{ "verify", cmd_verify },	  { "drop-cache", cmd_drop_cache },
+	};
+	const char *path = getenv("KVPAGED_ADMIN_SOCKET"), *pool = NULL;
+	int opt, fd, r;
+
+	if (!path || !*path)
+		path = DEFAULT_ADMIN_SOCKET;
+	while ((opt = getopt_long(argc, argv, "s:p:jh", opts, NULL)) != -1) {
+		switch (opt) {
+		case 's':
+			path = optarg;
+			break;
+		case 'p':
+			pool = optarg;
+			break;
+		case 'j':
+			json = true;
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind + 1 != argc) {
+		usage(stderr);
+		return 2;
+	}
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		if (strcmp(argv[optind], cmds[i].name))
+			continue;
+		fd = connect_admin(path);
+		if (fd < 0)
+			return 1;
+		r = cmds[i].fn(fd, pool);
+		close(fd);
+		return r;
+	}
+	fprintf(stderr, "kvpagedctl: unknown command '%s'\n", argv[optind]);
+	usage(stderr);
+	return 2;
+}
