@@ -7,6 +7,9 @@
 
 #include "proto/frame.h"
 
+_Static_assert(KVP_FRAME_CMSG_BYTES >= sizeof(struct cmsghdr) + KVP_FRAME_MAX_FDS * sizeof(int) + 8,
+	       "control buffer too small for KVP_FRAME_MAX_FDS descriptors");
+
 static void put32(uint8_t *p, uint32_t v)
 {
 	p[0] = (uint8_t)v;
@@ -55,8 +58,8 @@ int kvp_frame_send(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *
 {
 	size_t len = msg ? protobuf_c_message_get_packed_size(msg) : 0;
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * KVP_FRAME_MAX_FDS)];
-		struct cmsghdr align;
+		char buf[KVP_FRAME_CMSG_BYTES];
+		size_t align; /* cmsghdr alignment */
 	} control;
 	struct kvp_frame_header h = { .len = (uint32_t)len, .seq = seq, .type = type,
 				      .nfds = (uint8_t)nfds };
@@ -158,8 +161,8 @@ int kvp_frame_recv(int fd, uint32_t max_len, struct kvp_frame_header *ret_header
 		   uint8_t **ret_payload, int *fds, unsigned max_fds, unsigned *ret_nfds)
 {
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * KVP_FRAME_MAX_FDS)];
-		struct cmsghdr align;
+		char buf[KVP_FRAME_CMSG_BYTES];
+		size_t align; /* cmsghdr alignment */
 	} control;
 	uint8_t hdr[KVP_FRAME_HEADER_BYTES];
 	struct iovec iov = { .iov_base = hdr, .iov_len = sizeof(hdr) };

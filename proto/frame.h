@@ -23,6 +23,9 @@
 #define KVP_FRAME_MAGIC UINT32_C(0x3150564b) /* "KVP1" */
 #define KVP_FRAME_HEADER_BYTES 16
 #define KVP_FRAME_MAX_FDS 4
+/* Control-message buffer for KVP_FRAME_MAX_FDS fds: a constant (CMSG_SPACE() is not one for
+ * every compiler); frame.c checks it is large enough. */
+#define KVP_FRAME_CMSG_BYTES 64
 #define KVP_FRAME_DEFAULT_MAX_BYTES (4u << 20)
 
 /* Replies carry the request's type + 0x100; ERROR answers any request. */

@@ -40,6 +40,27 @@ scripts/build.sh build-asan --enable-werror --enable-sanitizers || exit 1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	run_suite "tests under sanitizers" build-asan || status=1
 
+echo "== fuzzers (libFuzzer, ${KVPAGED_FUZZ_SECONDS:=30} s each)"
+if scripts/build.sh build-fuzz CC=clang --enable-fuzzers --enable-werror; then
+	for target in fuzz-frame fuzz-ring; do
+		corpus=build-fuzz/corpus-$target
+		mkdir -p "$corpus"
+		if (cd build-fuzz && ./tests/fuzz/$target -max_total_time="$KVPAGED_FUZZ_SECONDS" \
+			-print_final_stats=1 "../$corpus" >"$target.log" 2>&1); then
+			echo "PASS: $target ($(sed -n 's/^stat::number_of_executed_units: *//p' build-fuzz/$target.log) inputs)"
+			passed=$((passed + 1))
+		else
+			tail -40 "build-fuzz/$target.log"
+			echo "FAIL: $target"
+			failed=$((failed + 1))
+			status=1
+		fi
+	done
+else
+	failed=$((failed + 1))
+	status=1
+fi
+
 echo "== distcheck"
 if ! make -C build -s distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >build/distcheck.log 2>&1; then
 	tail -60 build/distcheck.log

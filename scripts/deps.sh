@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-	autoconf automake libtool pkg-config make gcc python3
+	autoconf automake libtool pkg-config make gcc clang python3
 	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
 	libprotobuf-c-dev protobuf-c-compiler
 )

@@ -259,7 +259,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 }
 
 /* Consumes what the client submitted.  Returns false when the session must be closed. */
-static bool drain(struct session *s, const char **why)
+bool ring_process(struct session *s, const char **why)
 {
 	static uint32_t *scratch;
 	static size_t scratch_cap;
@@ -328,7 +328,7 @@ void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 	/* Awake: submitters need not ring while we drain. */
 	store_release(&r->sq->flags, 0);
 	for (;;) {
-		if (!drain(s, &why)) {
+		if (!ring_process(s, &why)) {
 			session_reply_error(s, 0, EPROTO, "ring: %s", why);
 			log_notice("session %llu (%s): ring: %s", (unsigned long long)s->id, s->name,
 				   why);

@@ -114,8 +114,8 @@ struct session {
 	struct msghdr rmsg;
 	struct iovec riov;
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * KVP_FRAME_MAX_FDS)];
-		struct cmsghdr align;
+		char buf[KVP_FRAME_CMSG_BYTES];
+		size_t align; /* cmsghdr alignment */
 	} rcontrol;
 
 	/* sending */
@@ -127,8 +127,8 @@ struct session {
 	struct msghdr smsg;
 	struct iovec siov;
 	union {
-		char buf[CMSG_SPACE(sizeof(int) * KVP_FRAME_MAX_FDS)];
-		struct cmsghdr align;
+		char buf[KVP_FRAME_CMSG_BYTES];
+		size_t align; /* cmsghdr alignment */
 	} scontrol;
 
 	/* sequences this session owns, for quotas and for closing them on disconnect */
@@ -213,3 +213,5 @@ int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes);
 void ring_destroy(struct session *s);
 void ring_arm_doorbell(struct session *s);
 void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe);
+/* Executes every pending submission; false (with why) when the session must be closed. */
+bool ring_process(struct session *s, const char **why);

@@ -196,7 +196,7 @@ START_TEST(test_unexpected_fds)
 	/* A well-formed Hello, but an fd rides along (and the header says none). */
 	union {
 		char buf[CMSG_SPACE(sizeof(int))];
-		struct cmsghdr align;
+		size_t align; /* cmsghdr alignment */
 	} control = { 0 };
 	uint8_t frame[256];
 	size_t len = protobuf_c_message_get_packed_size(&h.base);

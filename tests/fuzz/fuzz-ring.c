@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libFuzzer target: a hostile client's ring.  The input becomes the submission entries, the
+ * data area and the indices of a real session's ring; the daemon's ring_process() runs them
+ * against a real block manager.  Afterwards every invariant must hold, whatever happened.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/server/server.h"
+
+#define ENTRIES 16
+#define DATA_BYTES 4096
+
+static struct server srv;
+static struct kvpd_config cfg;
+static struct kvpd_pool_config pool_cfg;
+static struct dpool pool;
+static struct session_ring ring;
+static uint8_t mem[sizeof(struct kvp_ring_indices) * 2 + ENTRIES * (sizeof(struct kvp_sqe) +
+								  sizeof(struct kvp_cqe)) + DATA_BYTES];
+
+static void setup(void)
+{
+	pool_cfg = (struct kvpd_pool_config){ .name = "fuzz", .layers = 1, .kv_heads = 1,
+					      .head_dim = 2, .element_bytes = 4, .block_tokens = 4,
+					      .capacity_blocks = 64, .max_sequences = 32,
+					      .max_seq_tokens = 1024 };
+	cfg.limits = (struct kvpd_limits){ .max_sequences = 16, .max_blocks = 48,
+					   .max_inflight = 64, .max_tokens_per_request = 512,
+					   .max_ring_entries = ENTRIES };
+	cfg.pools = &pool_cfg;
+	cfg.npools = 1;
+	srv.cfg = &cfg;
+	if (dpool_init(&pool, &pool_cfg) < 0)
+		abort();
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	struct session s = { .srv = &srv, .pool = &pool, .refs = 1, .name = "fuzz" };
+	struct ns_stats stats = { 0 };
+	const char *why = NULL;
+	char detail[256];
+	uint32_t tail;
+
+	if (!srv.cfg)
+		setup();
+	if (size < sizeof(tail))
+		return 0;
+	memcpy(&tail, data, sizeof(tail));
+	data += sizeof(tail);
+	size -= sizeof(tail);
+	memset(mem, 0, sizeof(mem));
+	ring = (struct session_ring){ .entries = ENTRIES, .mask = ENTRIES - 1,
+				      .data_bytes = DATA_BYTES };
+	ring.sq = (struct kvp_ring_indices *)mem;
+	ring.cq = ring.sq + 1;
+	ring.sqes = (struct kvp_sqe *)(ring.cq + 1);
+	ring.cqes = (struct kvp_cqe *)(ring.sqes + ENTRIES);
+	ring.data = (uint8_t *)(ring.cqes + ENTRIES);
+	/* The entries and the data area are the input; the tail is whatever it says. */
+	memcpy(ring.sqes, data, size < ENTRIES * sizeof(struct kvp_sqe) ? size : ENTRIES * sizeof(struct kvp_sqe));
+	if (size > ENTRIES * sizeof(struct kvp_sqe))
+		memcpy(ring.data, data + ENTRIES * sizeof(struct kvp_sqe),
+		       size - ENTRIES * sizeof(struct kvp_sqe) < DATA_BYTES
+			       ? size - ENTRIES * sizeof(struct kvp_sqe) : DATA_BYTES);
+	ring.sq->tail = tail;
+	ring.cq->head = 0;
+	ring.cq_event_fd = -1;
+	s.ring = &ring;
+	s.stats = &stats;
+
+	(void)ring_process(&s, &why);
+	ops_close_all(&s);
+	if (dpool_verify(&pool, detail, sizeof(detail)) < 0) {
+		fprintf(stderr, "invariant broken: %s\n", detail);
+		abort();
+	}
+	free(s.seqs);
+	return 0;
+}
