@@ -98,6 +98,7 @@ static const struct config_key schema[] = {
 	  .aux_offset = offsetof(struct kvpd_config, has_admin_gid) },
 	DAEMON_NUMBER(TYPE_U32, max_sessions, 256, 1, 65536),
 	DAEMON_NUMBER(TYPE_SIZE, max_frame_bytes, 8 * MiB, 4 * KiB, 256 * MiB),
+	DAEMON_NUMBER(TYPE_U32, ring_poll_us, 0, 0, 1000000),
 
 	LIMIT(TYPE_U32, max_sequences, 1024, 1, 1048576, 0),
 	LIMIT(TYPE_U32, max_blocks, 0, 0, UINT64_C(1) << 31, 0),

@@ -55,6 +55,7 @@ struct kvpd_config {
 	bool has_admin_gid; /* false: only root may use the admin socket */
 	uint32_t admin_gid;
 	uint32_t max_sessions;
+	uint32_t ring_poll_us; /* busy-poll active rings this long before sleeping; 0: never */
 	uint64_t max_frame_bytes;
 	struct kvpd_limits limits;
 	struct kvpd_pool_config *pools; /* in file order; at least one */

@@ -313,10 +313,37 @@ bool ring_process(struct session *s, const char **why)
 	return true;
 }
 
+/* Runs a ring until it is empty; closes the session on a protocol violation. */
+static bool serve(struct session *s)
+{
+	const char *why = NULL;
+
+	if (ring_process(s, &why))
+		return true;
+	session_reply_error(s, 0, EPROTO, "ring: %s", why);
+	log_notice("session %llu (%s): ring: %s", (unsigned long long)s->id, s->name, why);
+	session_close(s, "ring protocol violation");
+	return false;
+}
+
+/*
+ * Going to sleep on a ring: raise the flag, then look once more so that no submission made
+ * before the client could see the flag is missed.  Returns false if there was one.
+ */
+static bool try_sleep(struct session_ring *r)
+{
+	store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
+	atomic_thread_fence(memory_order_seq_cst);
+	if (load_acquire(&r->sq->tail) == r->sq_head)
+		return true;
+	store_release(&r->sq->flags, 0);
+	return false;
+}
+
 void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 {
 	struct session_ring *r = s->ring;
-	const char *why = NULL;
+	struct server *srv = s->srv;
 
 	r->doorbell_armed = false;
 	if (s->closing || cqe->res < 0) {
@@ -327,22 +354,38 @@ void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 	}
 	/* Awake: submitters need not ring while we drain. */
 	store_release(&r->sq->flags, 0);
-	for (;;) {
-		if (!ring_process(s, &why)) {
-			session_reply_error(s, 0, EPROTO, "ring: %s", why);
-			log_notice("session %llu (%s): ring: %s", (unsigned long long)s->id, s->name,
-				   why);
-			session_close(s, "ring protocol violation");
+	do {
+		if (!serve(s))
 			goto out;
-		}
-		/* Going to sleep: set the flag, then look once more so no submission is missed. */
-		store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
-		atomic_thread_fence(memory_order_seq_cst);
-		if (load_acquire(&r->sq->tail) == r->sq_head)
-			break;
-		store_release(&r->sq->flags, 0);
+	} while (!srv->cfg->ring_poll_us && !try_sleep(r));
+	if (srv->cfg->ring_poll_us) {
+		/* Keep the flag down and poll this ring from the loop for a while. */
+		r->polled = true;
+		srv->poll_until_ns = server_now_ns() + srv->cfg->ring_poll_us * 1000ull;
 	}
 	ring_arm_doorbell(s);
 out:
 	session_unref(s);
+}
+
+bool ring_poll_all(struct server *srv, bool expire)
+{
+	bool busy = false;
+
+	for (struct session *s = srv->sessions, *next; s; s = next) {
+		struct session_ring *r = s->ring;
+
+		next = s->next;
+		if (!r || !r->polled || s->closing)
+			continue;
+		if (load_acquire(&r->sq->tail) != r->sq_head) {
+			busy = true;
+			s->refs++; /* serve() may close it; keep it alive for the loop */
+			serve(s);
+			session_unref(s);
+		} else if (expire && try_sleep(r)) {
+			r->polled = false;
+		}
+	}
+	return busy;
 }

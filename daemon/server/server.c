@@ -258,9 +258,25 @@ int server_run(struct server *srv)
 		unsigned head, n = 0;
 		int r;
 
-		r = io_uring_submit_and_wait(&srv->ring, 1);
-		if (r < 0 && r != -EINTR)
-			return log_error_errno(r, "io_uring: %m");
+		if (srv->poll_until_ns) {
+			/*
+			 * Busy-polling rings (ring_poll_us): submit without waiting, serve rings
+			 * and completions as they come, and sleep only once nothing has happened
+			 * for ring_poll_us.
+			 */
+			uint64_t now = server_now_ns();
+			bool expired = now >= srv->poll_until_ns;
+
+			io_uring_submit(&srv->ring);
+			if (ring_poll_all(srv, expired))
+				srv->poll_until_ns = now + srv->cfg->ring_poll_us * 1000ull;
+			else if (expired)
+				srv->poll_until_ns = 0;
+		} else {
+			r = io_uring_submit_and_wait(&srv->ring, 1);
+			if (r < 0 && r != -EINTR)
+				return log_error_errno(r, "io_uring: %m");
+		}
 		io_uring_for_each_cqe(&srv->ring, head, cqe) {
 			handle(srv, cqe);
 			n++;

@@ -88,6 +88,7 @@ struct session_ring {
 	uint64_t doorbell_value; /* eventfd read target */
 	struct op doorbell_op;
 	bool doorbell_armed;
+	bool polled; /* the daemon polls this ring (ring_poll_us) instead of sleeping on it */
 };
 
 struct session {
@@ -153,6 +154,7 @@ struct server {
 	uint64_t next_session_id;
 	uint64_t requests;
 	uint64_t started_ns;
+	uint64_t poll_until_ns; /* busy-poll the polled rings until then */
 	bool stopping;
 	int exit_status;
 };
@@ -215,3 +217,6 @@ void ring_arm_doorbell(struct session *s);
 void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe);
 /* Executes every pending submission; false (with why) when the session must be closed. */
 bool ring_process(struct session *s, const char **why);
+/* One pass over the polled rings; returns whether any had work.  With expire, rings with
+ * nothing to do go back to sleeping on their doorbell. */
+bool ring_poll_all(struct server *srv, bool expire);

@@ -414,7 +414,8 @@ START_TEST(test_admin_refuses_strangers)
 }
 END_TEST
 
-START_TEST(test_rings)
+/* Ring operations end to end, with the daemon either sleeping on the doorbell or polling. */
+static void ring_scenario(const char *daemon_extra)
 {
 	uint32_t t[40], table[8], x = 3;
 	struct kvp_completion comp[8];
@@ -422,7 +423,7 @@ START_TEST(test_rings)
 	struct kvp_op op;
 	uint64_t seq, child;
 
-	daemon_start(&d, NULL);
+	daemon_start_with(&d, daemon_extra, NULL);
 	r = connect_ns(NULL, 64);
 	prompt(t, 40, 11);
 
@@ -463,9 +464,40 @@ START_TEST(test_rings)
 	ck_assert_int_eq(kvp_seq_info(r, child, &ntok, &ncommit, NULL), 0);
 	ck_assert_uint_eq(ntok, 41);
 	ck_assert_uint_eq(ncommit, 40);
+
+	/* A burst larger than one submission: the client keeps at most a ring's worth in flight. */
+	unsigned done = 0, sent = 0;
+	struct kvp_op burst[100];
+	for (unsigned i = 0; i < 100; i++)
+		burst[i] = (struct kvp_op){ .opcode = KVP_LOOKUP, .user_data = 1000 + i,
+					    .tokens = t, .ntokens = 40 };
+	while (done < 100) {
+		int n = kvp_submit(r, burst + sent, 100 - sent);
+
+		ck_assert_int_ge(n, 0);
+		sent += (unsigned)n;
+		n = kvp_complete(r, comp, 8, 1, 5000);
+		ck_assert_int_ge(n, 1);
+		for (int i = 0; i < n; i++) {
+			ck_assert_uint_eq(comp[i].user_data, 1000 + done + (unsigned)i);
+			ck_assert_uint_eq(comp[i].aux, 32); /* two committed full blocks */
+		}
+		done += (unsigned)n;
+	}
 	assert_verified(&d);
 	kvp_disconnect(r);
 	daemon_stop(&d);
+}
+
+START_TEST(test_rings)
+{
+	ring_scenario(NULL);
+}
+END_TEST
+
+START_TEST(test_rings_polled)
+{
+	ring_scenario("ring_poll_us = 200\n");
 }
 END_TEST
 
@@ -484,6 +516,7 @@ int main(void)
 	tcase_add_test(tc, test_acl_and_uid_namespaces);
 	tcase_add_test(tc, test_admin_refuses_strangers);
 	tcase_add_test(tc, test_rings);
+	tcase_add_test(tc, test_rings_polled);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

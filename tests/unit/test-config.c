@@ -93,6 +93,7 @@ static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_c
 	ck_assert_int_eq(a->has_admin_gid, b->has_admin_gid);
 	ck_assert_uint_eq(a->admin_gid, b->admin_gid);
 	ck_assert_uint_eq(a->max_sessions, b->max_sessions);
+	ck_assert_uint_eq(a->ring_poll_us, b->ring_poll_us);
 	ck_assert_uint_eq(a->max_frame_bytes, b->max_frame_bytes);
 	ck_assert_uint_eq(a->limits.max_sequences, b->limits.max_sequences);
 	ck_assert_uint_eq(a->limits.max_blocks, b->limits.max_blocks);
@@ -173,6 +174,7 @@ static const char full_config[] =
 	"admin_socket = /tmp/kvpd-test/admin.sock ; inline comment\n"
 	"admin_group = root\n"
 	"max_sessions = 17\n"
+	"ring_poll_us = 50\n"
 	"max_frame_bytes = 100MB\n"
 	"\n"
 	"[limits]\n"
@@ -223,6 +225,7 @@ START_TEST(test_full_config_round_trips)
 	ck_assert(a.has_admin_gid);
 	ck_assert_uint_eq(a.admin_gid, 0);
 	ck_assert_uint_eq(a.max_sessions, 17);
+	ck_assert_uint_eq(a.ring_poll_us, 50);
 	ck_assert_uint_eq(a.max_frame_bytes, 100000000);
 	ck_assert_uint_eq(a.limits.max_sequences, 77);
 	ck_assert_uint_eq(a.limits.max_blocks, 2147483648u);
