@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "libclient/include/kvpaged.h"
+#include "tests/check-runner.h"
 
 struct daemon {
 	pid_t pid;
@@ -198,15 +199,4 @@ static inline void prompt(uint32_t *t, uint32_t n, uint32_t base)
 {
 	for (uint32_t i = 0; i < n; i++)
 		t[i] = base + i * 7;
-}
-
-static inline int run_suite(Suite *s)
-{
-	SRunner *sr = srunner_create(s);
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }

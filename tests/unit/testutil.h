@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "daemon/core/core.h"
+#include "tests/check-runner.h"
 
 struct fake_mem {
 	uint64_t *slots; /* one 64-bit "K/V" word per token slot */
@@ -79,15 +80,4 @@ static inline void fill_tokens(uint32_t *t, uint32_t n, uint32_t base)
 {
 	for (uint32_t i = 0; i < n; i++)
 		t[i] = base + i;
-}
-
-static inline int run_suite(Suite *s)
-{
-	SRunner *sr = srunner_create(s);
-	int failed;
-
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
 }
