@@ -86,10 +86,18 @@ void client_ring_done(struct kvp_client *c)
 /* Reserves len bytes (a multiple of 4) of the data FIFO; returns the offset or -1 if full. */
 static int64_t data_alloc(struct kvp_client *c, uint64_t len, uint32_t *ret_held)
 {
-	uint64_t pos = c->data_tail % c->data_bytes, waste = 0;
+	uint64_t pos, waste = 0;
 
 	if (len > c->data_bytes)
 		return -1;
+	/* Empty: start over at the beginning, so any operation that fits the area fits now. */
+	if (c->data_head == c->data_tail)
+		c->data_head = c->data_tail = 0;
+	if (len == 0) {
+		*ret_held = 0;
+		return 0;
+	}
+	pos = c->data_tail % c->data_bytes;
 	if (pos + len > c->data_bytes) {
 		waste = c->data_bytes - pos; /* never split an operation's bytes across the end */
 		pos = 0;
@@ -186,7 +194,9 @@ static unsigned reap(struct kvp_client *c, struct kvp_completion *out, unsigned 
 		slot->done = true;
 		c->cq_head++;
 	}
-	store_release(&c->cq->head, c->cq_head);
+	/* Only when something was reaped: a spinning client must not bounce the daemon's line. */
+	if (n)
+		store_release(&c->cq->head, c->cq_head);
 	/* Free data in submission order, as far as everything is reaped. */
 	while (c->slot_head != c->sq_tail && c->slots[c->slot_head & c->mask].done) {
 		struct ring_slot *slot = &c->slots[c->slot_head & c->mask];

@@ -19,6 +19,8 @@
 
 #define NAMESPACE_MAX 64
 #define CLIENT_NAME_MAX 63
+/* A ring's data area holds at least one page of token ids and tables. */
+#define RING_MIN_DATA_BYTES 4096u
 
 static bool printable(const char *s, size_t max)
 {
@@ -137,10 +139,11 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	}
 	if (hello->ring_entries > cfg->limits.max_ring_entries ||
 	    hello->ring_data_bytes > cfg->limits.max_ring_data_bytes ||
-	    (hello->ring_entries & (hello->ring_entries - 1))) {
+	    (hello->ring_entries & (hello->ring_entries - 1)) ||
+	    (hello->ring_entries && hello->ring_data_bytes < RING_MIN_DATA_BYTES)) {
 		session_reply_error(s, h->seq, EINVAL,
-				    "ring entries must be a power of two <= %u and data <= %llu bytes",
-				    cfg->limits.max_ring_entries,
+				    "ring entries must be a power of two <= %u and data %u..%llu bytes",
+				    cfg->limits.max_ring_entries, RING_MIN_DATA_BYTES,
 				    (unsigned long long)cfg->limits.max_ring_data_bytes);
 		session_close(s, "bad ring size");
 		goto out;

@@ -43,7 +43,7 @@ struct kvp_connect_options {
 	const char *ns;          /* NULL or "": narrow nothing; else narrows the namespace */
 	const char *client_name; /* shown by `kvpagedctl sessions` */
 	uint32_t ring_entries;   /* 0: no rings (socket only); else a power of two */
-	uint32_t ring_data_bytes;
+	uint32_t ring_data_bytes; /* with rings: at least 4096 */
 	uint32_t spin_us;        /* kvp_complete spins this long before it sleeps */
 };
 

@@ -501,6 +501,35 @@ START_TEST(test_rings_polled)
 }
 END_TEST
 
+/* Regressions: a ring without a data area is refused; an emptied data area is reused whole. */
+START_TEST(test_ring_data_area)
+{
+	struct kvp_connect_options o = { .size = sizeof(o), .ring_entries = 8 };
+	struct kvp_completion comp[2];
+	struct kvp_client *c = NULL;
+	static uint32_t t[1000];
+	struct kvp_op op;
+
+	daemon_start(&d, NULL);
+	ck_assert_int_eq(kvp_connect(&o, &c), -EINVAL);
+	o.ring_data_bytes = 4096;
+	ck_assert_int_eq(kvp_connect(&o, &c), 0);
+	prompt(t, 1000, 1);
+	op = (struct kvp_op){ .opcode = KVP_LOOKUP, .tokens = t, .ntokens = 100 };
+	ck_assert_int_eq(kvp_submit(c, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(c, comp, 2, 1, 5000), 1);
+	/* 4,000 bytes: more than what is left after the first operation, less than the area. */
+	op.ntokens = 1000;
+	ck_assert_int_eq(kvp_submit(c, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(c, comp, 2, 1, 5000), 1);
+	ck_assert_int_eq(comp[0].res, 0);
+	op.ntokens = 1025; /* 4,100 bytes never fit */
+	ck_assert_int_eq(kvp_submit(c, &op, 1), -E2BIG);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("daemon");
@@ -517,6 +546,7 @@ int main(void)
 	tcase_add_test(tc, test_admin_refuses_strangers);
 	tcase_add_test(tc, test_rings);
 	tcase_add_test(tc, test_rings_polled);
+	tcase_add_test(tc, test_ring_data_area);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

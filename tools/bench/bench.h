@@ -46,3 +46,5 @@ void json_print(json_object *o);
 int cmd_replay(int argc, char **argv);
 int cmd_gsp(int argc, char **argv);
 int cmd_micro(int argc, char **argv);
+int cmd_latency(int argc, char **argv);
+int cmd_throughput(int argc, char **argv);

@@ -65,9 +65,11 @@ static void usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench COMMAND [OPTIONS]\n"
 	      "\n"
-	      "  replay  replay a Mooncake-format trace through the block manager\n"
-	      "  gsp     generated shared-prefix workload against its ideal hit fraction\n"
-	      "  micro   ns per operation of the core, beside raw XXH3-128\n"
+	      "  replay      replay a Mooncake-format trace through the block manager or a daemon\n"
+	      "  gsp         generated shared-prefix workload against its ideal hit fraction\n"
+	      "  micro       ns per operation of the core, beside raw XXH3-128\n"
+	      "  latency     one-token append round trips through a daemon, beside bare limits\n"
+	      "  throughput  batched ring appends per second from several client processes\n"
 	      "\n"
 	      "Run 'kvpaged-bench COMMAND --help' for a command's options.\n",
 	      f);
@@ -89,6 +91,10 @@ int main(int argc, char **argv)
 		return cmd_gsp(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "micro"))
 		return cmd_micro(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "latency"))
+		return cmd_latency(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "throughput"))
+		return cmd_throughput(argc - 1, argv + 1);
 	fprintf(stderr, "kvpaged-bench: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 2;

@@ -17,6 +17,7 @@
 #define TRACE_ID_TOKENS 512 /* Mooncake: one hash id per 512 prompt tokens */
 #define MAX_CAPACITIES 32
 #define TRACE_MAX_LINE_IDS 1000000
+#define MAX_CLIENTS 1024
 
 static int get_uint(json_object *obj, const char *key, uint32_t *out)
 {
@@ -108,10 +109,20 @@ static void replay_usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench replay --trace FILE --block-tokens N --capacity-blocks N[,N...]\n"
 	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
+	      "       kvpaged-bench replay --trace FILE --block-tokens N --daemon SOCKET\n"
+	      "                            [--clients N] [--ring [--spin-us US]] [--ordered]\n"
+	      "                            [--admin SOCKET]\n"
+	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
 	      "\n"
 	      "Replays the trace in file order through the block manager: each request opens a\n"
 	      "sequence with its prompt, commits it, appends output_length tokens one at a time\n"
-	      "(unless --prompt-only) and closes.  One line (or JSON object) per capacity.\n",
+	      "(unless --prompt-only) and closes.  One line (or JSON object) per capacity.\n"
+	      "\n"
+	      "With --daemon, N client processes replay it through a running kvpaged (request i\n"
+	      "goes to client i % N), over the socket or the rings; the capacity is the pool's,\n"
+	      "and the in-process replay at that capacity is printed beside it.  --ordered opens\n"
+	      "the requests in trace order across the clients.  --admin reads the pool's\n"
+	      "evictions from the admin socket.\n",
 	      f);
 }
 
@@ -125,10 +136,18 @@ int cmd_replay(int argc, char **argv)
 		{ "reference", required_argument, NULL, 'r' },
 		{ "requests", required_argument, NULL, 'n' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "daemon", required_argument, NULL, 'd' },
+		{ "clients", required_argument, NULL, 'C' },
+		{ "ring", no_argument, NULL, 'R' },
+		{ "spin-us", required_argument, NULL, 'S' },
+		{ "admin", required_argument, NULL, 'a' },
+		{ "ordered", no_argument, NULL, 'o' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
 	uint32_t caps[MAX_CAPACITIES], B = 0, max_requests = 0;
+	struct replay_daemon_options remote = { .clients = 1 };
+	bool clients_given = false, spin_given = false;
 	const char *trace = NULL;
 	bool prompt_only = false, json = false, belady = false;
 	int ncaps = 0, opt, r;
@@ -172,6 +191,34 @@ int cmd_replay(int argc, char **argv)
 		case 'j':
 			json = true;
 			break;
+		case 'd':
+			remote.socket = optarg;
+			break;
+		case 'C':
+			if (parse_u32(optarg, &remote.clients) < 0 || remote.clients == 0 ||
+			    remote.clients > MAX_CLIENTS) {
+				fprintf(stderr, "kvpaged-bench: --clients: 1..%u\n", MAX_CLIENTS);
+				return 2;
+			}
+			clients_given = true;
+			break;
+		case 'R':
+			remote.ring = true;
+			break;
+		case 'S':
+			if (parse_u32(optarg, &remote.spin_us) < 0) {
+				fprintf(stderr, "kvpaged-bench: --spin-us: not an integer: %s\n",
+					optarg);
+				return 2;
+			}
+			spin_given = true;
+			break;
+		case 'a':
+			remote.admin = optarg;
+			break;
+		case 'o':
+			remote.ordered = true;
+			break;
 		case 'h':
 			replay_usage(stdout);
 			return 0;
@@ -180,8 +227,21 @@ int cmd_replay(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (!trace || !B || ncaps <= 0 || optind != argc) {
+	if (!trace || !B || optind != argc || (remote.socket ? ncaps != 0 : ncaps <= 0)) {
+		if (remote.socket && ncaps)
+			fprintf(stderr, "kvpaged-bench: --capacity-blocks: with --daemon the "
+				"capacity is the pool's\n");
 		replay_usage(stderr);
+		return 2;
+	}
+	if (!remote.socket &&
+	    (clients_given || remote.ring || remote.admin || spin_given || remote.ordered)) {
+		fprintf(stderr, "kvpaged-bench: --clients, --ring, --spin-us, --ordered and "
+			"--admin need --daemon\n");
+		return 2;
+	}
+	if (spin_given && !remote.ring) {
+		fprintf(stderr, "kvpaged-bench: --spin-us needs --ring\n");
 		return 2;
 	}
 	if (workload_init(&w) < 0)
@@ -190,6 +250,17 @@ int cmd_replay(int argc, char **argv)
 	if (r < 0) {
 		workload_free(&w);
 		return 1;
+	}
+	if (remote.socket) {
+		remote.prompt_only = prompt_only;
+		remote.belady = belady;
+		remote.json = json;
+		if (!json)
+			printf("trace %s: %u requests, block %u tokens%s\n", trace, w.nreqs, B,
+			       prompt_only ? ", prompts only" : "");
+		r = replay_daemon(&w, B, &remote);
+		workload_free(&w);
+		return r < 0 ? 1 : 0;
 	}
 	if (!json) {
 		printf("trace %s: %u requests, block %u tokens%s\n", trace, w.nreqs, B,

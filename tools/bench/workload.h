@@ -74,5 +74,25 @@ int replay_core(const struct workload *w, uint32_t block_tokens, uint32_t capaci
 int replay_belady(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
 		  bool prompt_only, double *ret);
 
+struct replay_daemon_options {
+	const char *socket; /* the daemon's client socket */
+	const char *admin;  /* its admin socket, for evictions (NULL: not reported) */
+	uint32_t clients;   /* client processes; request i goes to client i % clients */
+	uint32_t spin_us;   /* with ring: kvp_complete spins this long before sleeping */
+	bool ring;          /* the async ring API instead of the socket calls */
+	bool ordered;       /* requests open in trace order across the clients */
+	bool prompt_only;
+	bool belady;
+	bool json;
+};
+
+/*
+ * Replays w through a running daemon from o->clients processes, after replaying it in-process
+ * at the pool's capacity for comparison; prints both.  block_tokens must be the pool's.
+ * Returns 0 or -errno (after printing why).
+ */
+int replay_daemon(const struct workload *w, uint32_t block_tokens,
+		  const struct replay_daemon_options *o);
+
 void replay_print_header(bool with_belady);
 void replay_print(const struct replay_result *res, bool json);
