@@ -44,6 +44,10 @@ static int table_set(struct kvp_table *t, uint32_t from, const uint32_t *v, size
 		return 0;
 	if (from > t->len || from + n > UINT32_MAX)
 		return -EPROTO;
+	if (n == 0) {
+		t->len = from; /* an empty reply carries no array at all */
+		return 0;
+	}
 	if (from + n > t->cap) {
 		uint32_t cap = (uint32_t)(from + n) + 16;
 		uint32_t *b = realloc(t->blocks, (size_t)cap * sizeof(*b));
@@ -171,7 +175,7 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 		path = KVP_DEFAULT_SOCKET;
 	c->fd = unix_connect(path);
 	if (c->fd < 0) {
-		r = c->fd;
+		r = client_fail(c, c->fd, "cannot connect to %s: %s", path, strerror(-c->fd));
 		goto fail;
 	}
 	hello.protocol_version = KVP_PROTOCOL_VERSION;
@@ -237,6 +241,9 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 fail:
 	if (w)
 		kvpaged__v1__welcome__free_unpacked(w, NULL);
+	/* The client goes away with its kvp_last_error(): hand the reason to the caller. */
+	if (o.error_buf && o.error_len)
+		snprintf(o.error_buf, o.error_len, "%s", c->err[0] ? c->err : strerror(-r));
 	kvp_disconnect(c);
 	return r;
 }

@@ -110,7 +110,15 @@ int server_init(struct server *srv, struct kvpd_config *cfg)
 		srv->npools++;
 	}
 
-	r = io_uring_queue_init(RING_DEPTH, &srv->ring, 0);
+	/*
+	 * One thread submits and reaps (SINGLE_ISSUER), and completion work runs only when we
+	 * wait (DEFER_TASKRUN) instead of interrupting us: fewer context switches per wake-up.
+	 * Kernels before 6.1 lack these; fall back to a plain ring.
+	 */
+	r = io_uring_queue_init(RING_DEPTH, &srv->ring,
+				IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+	if (r == -EINVAL)
+		r = io_uring_queue_init(RING_DEPTH, &srv->ring, 0);
 	if (r < 0)
 		return log_error_errno(r, "io_uring_queue_init: %m");
 
@@ -267,7 +275,8 @@ int server_run(struct server *srv)
 			uint64_t now = server_now_ns();
 			bool expired = now >= srv->poll_until_ns;
 
-			io_uring_submit(&srv->ring);
+			/* Deferred completion work runs only when asked for: ask without waiting. */
+			io_uring_submit_and_get_events(&srv->ring);
 			if (ring_poll_all(srv, expired))
 				srv->poll_until_ns = now + srv->cfg->ring_poll_us * 1000ull;
 			else if (expired)

@@ -45,6 +45,8 @@ struct kvp_connect_options {
 	uint32_t ring_entries;   /* 0: no rings (socket only); else a power of two */
 	uint32_t ring_data_bytes; /* with rings: at least 4096 */
 	uint32_t spin_us;        /* kvp_complete spins this long before it sleeps */
+	char *error_buf;         /* if kvp_connect fails, why (the daemon's words when it refused) */
+	uint32_t error_len;      /* bytes at error_buf */
 };
 
 /* The pool's geometry and in-block layout.  Byte offset of (block b, layer l, kv k (0 K,
@@ -68,8 +70,10 @@ struct kvp_table {
 
 /*
  * Connects, says Hello, maps the pool (and the rings when asked for).  Returns 0, or -errno:
- * -ENOENT no such socket or pool, -EACCES refused by the pool's ACL, -EPROTO the daemon spoke
- * something else.  The client owns its fds and mappings until kvp_disconnect().
+ * -ENOENT no such socket or pool, -EACCES refused by the pool's ACL, -EUSERS too many sessions,
+ * -EPROTO the daemon spoke something else; the reason goes to opts->error_buf if given (there
+ * is no client to ask kvp_last_error()).  The client owns its fds and mappings until
+ * kvp_disconnect().
  */
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret);
 

@@ -340,12 +340,14 @@ static int as_nobody(int (*fn)(void))
 
 static int nobody_connects(void)
 {
-	struct kvp_connect_options o = { .size = sizeof(o), .pool = "private" };
+	char why[256] = "";
+	struct kvp_connect_options o = { .size = sizeof(o), .pool = "private", .error_buf = why,
+					 .error_len = sizeof(why) };
 	struct kvp_client *c = NULL;
 	int r = kvp_connect(&o, &c);
 
-	if (r != -EACCES) {
-		fprintf(stderr, "nobody connecting to pool private: %d\n", r);
+	if (r != -EACCES || !strstr(why, "may not use pool private")) {
+		fprintf(stderr, "nobody connecting to pool private: %d (%s)\n", r, why);
 		return 1;
 	}
 	o.pool = "public";
