@@ -1,0 +1,762 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged-llama: the sequence operations over both caches, generation and perplexity.
+ *
+ * With the pool, a prompt is opened with KVP_OPEN_RECOMPUTE_LAST: the daemon says how many
+ * leading tokens already have their K/V in the pool, and those are not run at all.  The rest
+ * are run one by one, writing into the slots the block table gives, and committed together.
+ * Every generated token is then appended, run and committed: the commit of one token goes to
+ * the daemon with the append of the next (one submission on the rings), and the last one on
+ * its own, so another process can reuse a block as soon as it is full.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tools/llama/engine.h"
+
+#define STORY_SEPARATOR "<|endoftext|>"
+
+static int paged_fail(struct engine *e, int r, const char *what)
+{
+	fprintf(stderr, "kvpaged-llama: %s: %s\n", what,
+		*kvp_last_error(e->client) ? kvp_last_error(e->client) : strerror(-r));
+	return r;
+}
+
+static int table_fail(void)
+{
+	fprintf(stderr, "kvpaged-llama: the daemon returned a block table that does not fit the "
+			"sequence or the pool\n");
+	return -EPROTO;
+}
+
+int seq_open(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n, uint32_t flags,
+	     uint32_t *ret_cached)
+{
+	uint32_t cached = 0;
+	int r;
+
+	if (!e->client) {
+		r = kv_contig_init(&s->contig, &e->model.cfg);
+		if (r < 0)
+			return r;
+		s->kv = &s->contig.base;
+		s->open = true;
+		*ret_cached = 0;
+		return 0;
+	}
+	kv_paged_init(&s->paged, e->client, &e->model.cfg);
+	s->kv = &s->paged.base;
+	r = kvp_open(e->client, tokens, n, e->model_key, flags, &s->id, &cached, &s->paged.table);
+	if (r < 0)
+		return paged_fail(e, r, "open");
+	s->open = true;
+	if (kv_paged_check_table(&s->paged, n) < 0 || cached > n)
+		return table_fail();
+	/* Cached blocks are someone else's too, and immutable. */
+	s->paged.readonly_below = cached;
+	*ret_cached = cached;
+	return 0;
+}
+
+#define RING_TIMEOUT_MS 30000
+
+static int ring_reap(struct engine *e, struct kvp_completion *done, unsigned n)
+{
+	unsigned got = 0;
+	int r;
+
+	while (got < n) {
+		r = kvp_complete(e->client, done + got, n - got, n - got, RING_TIMEOUT_MS);
+		if (r < 0)
+			return paged_fail(e, r, "ring completion");
+		got += (unsigned)r;
+	}
+	return 0;
+}
+
+static int completion_fail(const struct kvp_completion *c)
+{
+	fprintf(stderr, "kvpaged-llama: %s: %s\n", c->user_data == KVP_COMMIT ? "commit" : "append",
+		strerror(-c->res));
+	return c->res;
+}
+
+/*
+ * Reaps a deferred step.  Its append needed no block and its commit completed none, so the
+ * daemon cannot have changed the table; anything else breaks what the deferral relied on.
+ */
+static int ring_settle(struct engine *e, struct seq *s)
+{
+	struct kvp_completion done[2];
+	unsigned n = s->inflight;
+	int r;
+
+	if (!n)
+		return 0;
+	s->inflight = 0;
+	r = ring_reap(e, done, n);
+	if (r < 0)
+		return r;
+	for (unsigned i = 0; i < n; i++) {
+		const struct kvp_completion *c = &done[i];
+
+		if (c->res < 0)
+			return completion_fail(c);
+		if (c->user_data == KVP_COMMIT ? c->aux != 0
+					       : c->aux != s->inflight_len || c->table_len != 0) {
+			fprintf(stderr, "kvpaged-llama: the daemon changed the block table "
+					"in a step that needed no block\n");
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+/* Both operations in one submission, reaped together: one wake-up of the daemon per token. */
+static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
+		     bool wait)
+{
+	struct kvp_op ops[2];
+	struct kvp_completion done[2];
+	unsigned n = 0, sent = 0;
+	int r;
+
+	r = ring_settle(e, s);
+	if (r < 0)
+		return r;
+	if (commit_ntokens)
+		ops[n++] = (struct kvp_op){ .opcode = KVP_COMMIT, .arg = commit_ntokens,
+					    .user_data = KVP_COMMIT, .seq = s->id,
+					    .table_cap = e->ring_table_cap,
+					    .table_out = e->ring_tables[0] };
+	ops[n++] = (struct kvp_op){ .opcode = KVP_APPEND, .user_data = KVP_APPEND, .seq = s->id,
+				    .tokens = &token, .ntokens = 1, .table_cap = e->ring_table_cap,
+				    .table_out = e->ring_tables[1] };
+	while (sent < n) {
+		r = kvp_submit(e->client, ops + sent, n - sent);
+		if (r < 0)
+			return paged_fail(e, r, "ring submit");
+		if (r == 0) /* at most two of ours are ever in flight: the ring cannot be full */
+			return paged_fail(e, -EAGAIN, "ring submit");
+		sent += (unsigned)r;
+	}
+	if (!wait) {
+		s->inflight = n;
+		s->inflight_len = s->paged.table.len;
+		return 0;
+	}
+	r = ring_reap(e, done, n);
+	if (r < 0)
+		return r;
+	/* Completions come in submission order: the commit's table first, then the append's. */
+	for (unsigned i = 0; i < n; i++) {
+		const struct kvp_completion *c = &done[i];
+		const bool commit = c->user_data == KVP_COMMIT;
+
+		if (c->res < 0)
+			return completion_fail(c);
+		if (c->flags & KVP_COMPLETION_TRUNCATED)
+			return table_fail();
+		if (commit && c->aux == 0)
+			continue;
+		r = kv_paged_table_set(&s->paged, commit ? 0 : c->aux,
+				       e->ring_tables[commit ? 0 : 1], c->table_len);
+		if (r < 0)
+			return r == -ENOMEM ? r : table_fail();
+		if (commit)
+			e->replaced += c->aux;
+	}
+	return 0;
+}
+
+int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
+	     uint32_t ntokens)
+{
+	const uint32_t B = s->paged.block_tokens;
+	int r;
+
+	if (!e->client)
+		return 0;
+	if (e->rings) {
+		/*
+		 * Waiting is needed when the token starts a block (the append allocates it, and
+		 * the commit that goes with it completes the previous block, which the daemon
+		 * may switch to an equal one and free).  Otherwise the slot is in our own last
+		 * block, and the forward pass may write it while the daemon catches up.
+		 */
+		bool wait = !e->defer || ntokens % B == 0 ||
+			    (uint64_t)s->paged.table.len * B <= ntokens;
+
+		r = ring_step(e, s, commit_ntokens, token, wait);
+		if (r < 0)
+			return r;
+	} else {
+		if (commit_ntokens) {
+			r = seq_commit(e, s, commit_ntokens);
+			if (r < 0)
+				return r;
+		}
+		r = kvp_append(e->client, s->id, &token, 1, &s->paged.table);
+		if (r < 0)
+			return paged_fail(e, r, "append");
+	}
+	return kv_paged_check_table(&s->paged, ntokens + 1) < 0 ? table_fail() : 0;
+}
+
+int seq_commit(struct engine *e, struct seq *s, uint32_t ntokens)
+{
+	int r;
+
+	if (!e->client)
+		return 0;
+	r = ring_settle(e, s);
+	if (r < 0)
+		return r;
+	r = kvp_commit(e->client, s->id, ntokens, &s->paged.table);
+	if (r < 0)
+		return paged_fail(e, r, "commit");
+	e->replaced += (uint32_t)r;
+	return kv_paged_check_table(&s->paged, ntokens) < 0 ? table_fail() : 0;
+}
+
+int seq_fork(struct engine *e, struct seq *parent, uint32_t ntokens, struct seq *child)
+{
+	int r;
+
+	if (!e->client) {
+		r = kv_contig_init(&child->contig, &e->model.cfg);
+		if (r < 0)
+			return r;
+		kv_contig_copy(&child->contig, &parent->contig, ntokens);
+		child->kv = &child->contig.base;
+		child->open = true;
+		return 0;
+	}
+	r = ring_settle(e, parent);
+	if (r < 0)
+		return r;
+	kv_paged_init(&child->paged, e->client, &e->model.cfg);
+	child->kv = &child->paged.base;
+	r = kvp_fork(e->client, parent->id, &child->id, &child->paged.table);
+	if (r < 0)
+		return paged_fail(e, r, "fork");
+	child->open = true;
+	child->paged.readonly_below = parent->paged.readonly_below;
+	return kv_paged_check_table(&child->paged, ntokens) < 0 ? table_fail() : 0;
+}
+
+void seq_close(struct engine *e, struct seq *s)
+{
+	if (e->client) {
+		if (s->open)
+			ring_settle(e, s);
+		if (s->open && kvp_close(e->client, s->id) < 0)
+			paged_fail(e, -EIO, "close");
+		kv_paged_free(&s->paged);
+	} else {
+		kv_contig_free(&s->contig);
+	}
+	s->open = false;
+}
+
+void json_string(FILE *f, const char *s, size_t len)
+{
+	fputc('"', f);
+	for (size_t i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)s[i];
+
+		if (ch == '"' || ch == '\\')
+			fprintf(f, "\\%c", ch);
+		else if (ch == '\n')
+			fputs("\\n", f);
+		else if (ch < 0x20 || ch == 0x7f)
+			fprintf(f, "\\u%04x", ch);
+		else
+			fputc(ch, f);
+	}
+	fputc('"', f);
+}
+
+/* ------------------------------------------------------------------------------ generation */
+
+/* Text that grows; allocation failure aborts (the engine cannot go on without its output). */
+struct text {
+	char *s;
+	size_t len, cap;
+};
+
+static void text_add(struct text *t, const char *s, size_t n)
+{
+	if (t->len + n + 1 > t->cap) {
+		t->cap = (t->len + n + 1) * 2;
+		t->s = realloc(t->s, t->cap);
+		if (!t->s)
+			abort();
+	}
+	memcpy(t->s + t->len, s, n);
+	t->len += n;
+	t->s[t->len] = '\0';
+}
+
+/* Appends a token's text, dropping lone bytes that are neither printable nor space. */
+static void text_add_token(struct text *t, const struct tokenizer *tok, uint32_t prev,
+			   uint32_t token)
+{
+	size_t n;
+	const char *piece = tokenizer_decode(tok, prev, token, &n);
+
+	if (n == 1 && !isprint((unsigned char)piece[0]) && !isspace((unsigned char)piece[0]))
+		return;
+	text_add(t, piece, n);
+}
+
+/* xorshift64*: a small generator whose stream depends only on the seed. */
+static uint32_t rng_u32(uint64_t *state)
+{
+	*state ^= *state >> 12;
+	*state ^= *state << 25;
+	*state ^= *state >> 27;
+	return (uint32_t)((*state * 0x2545F4914F6CDD1Dull) >> 32);
+}
+
+static uint64_t rng_seed(uint64_t seed)
+{
+	/* splitmix64 of the seed: any seed, 0 included, gives a non-zero state. */
+	uint64_t z = seed + 0x9e3779b97f4a7c15ull;
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	z ^= z >> 31;
+	return z ? z : 1;
+}
+
+static uint32_t sample(const float *logits, float *probs, uint32_t n, float temperature,
+		       uint64_t *rng)
+{
+	uint32_t best = 0;
+	float coin, cdf = 0.0f, max_val, sum = 0.0f;
+
+	if (temperature == 0.0f) {
+		for (uint32_t i = 1; i < n; i++)
+			if (logits[i] > logits[best])
+				best = i;
+		return best;
+	}
+	max_val = logits[0] / temperature;
+	for (uint32_t i = 0; i < n; i++) {
+		probs[i] = logits[i] / temperature;
+		if (probs[i] > max_val)
+			max_val = probs[i];
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		probs[i] = expf(probs[i] - max_val);
+		sum += probs[i];
+	}
+	coin = (float)(rng_u32(rng) >> 8) / 16777216.0f;
+	for (uint32_t i = 0; i < n; i++) {
+		cdf += probs[i] / sum;
+		if (coin < cdf)
+			return i;
+	}
+	return n - 1;
+}
+
+struct continuation {
+	struct seq seq;
+	float *logits;
+	uint64_t rng;
+	struct text text;
+	uint32_t ntokens; /* tokens in the sequence; K/V is written for every one */
+	uint32_t uncommitted; /* the count to commit with the next step (0: none) */
+	uint32_t prev;
+	uint32_t generated;
+	bool done;
+	FILE *dump;
+};
+
+static int dump_open(const char *path, uint32_t i, uint32_t n, FILE **ret)
+{
+	char name[4096];
+
+	if (!path)
+		return 0;
+	if (n == 1)
+		snprintf(name, sizeof(name), "%s", path);
+	else
+		snprintf(name, sizeof(name), "%s.%u", path, i);
+	*ret = fopen(name, "wbe");
+	if (!*ret) {
+		int r = -errno;
+
+		fprintf(stderr, "kvpaged-llama: %s: %s\n", name, strerror(errno));
+		return r;
+	}
+	return 0;
+}
+
+static int dump_logits(FILE *f, const float *logits, uint32_t n)
+{
+	if (f && fwrite(logits, sizeof(float), n, f) != n) {
+		fprintf(stderr, "kvpaged-llama: writing logits: %s\n", strerror(errno));
+		return -EIO;
+	}
+	return 0;
+}
+
+static double rate(uint64_t n, uint64_t ns)
+{
+	return ns ? (double)n * 1e9 / (double)ns : 0.0;
+}
+
+int engine_generate(struct engine *e, const struct generate_options *o,
+		    struct generate_result *ret)
+{
+	const struct llama_config *cfg = &e->model.cfg;
+	struct continuation *conts = NULL;
+	uint32_t *tokens = NULL, n, cached = 0, steps = o->steps, forwards = 0;
+	uint64_t t_start, t_prefilled, t_first = 0, t_end;
+	const float *logits = NULL;
+	float *probs = NULL;
+	int r;
+
+	tokens = malloc((strlen(o->prompt) + 2) * sizeof(*tokens));
+	conts = calloc(o->forks, sizeof(*conts));
+	probs = malloc(cfg->vocab_size * sizeof(*probs));
+	if (!tokens || !conts || !probs) {
+		r = -ENOMEM;
+		goto out;
+	}
+	n = (uint32_t)tokenizer_encode(&e->tok, o->prompt, 1, tokens);
+	if (n > cfg->seq_len) {
+		fprintf(stderr, "kvpaged-llama: the prompt is %u tokens; the model takes %u\n", n,
+			cfg->seq_len);
+		r = -E2BIG;
+		goto out;
+	}
+	/* Generated token i sits at position n + i and is run only if another one follows. */
+	if (steps > cfg->seq_len - n + 1)
+		steps = cfg->seq_len - n + 1;
+
+	/* Forks share their last block until copy-on-write: their steps always wait. */
+	e->defer = e->rings && !e->no_defer && o->forks == 1;
+	t_start = now_ns();
+	r = seq_open(e, &conts[0].seq, tokens, n, KVP_OPEN_RECOMPUTE_LAST, &cached);
+	if (r < 0)
+		goto out;
+	if (cached >= n) {
+		fprintf(stderr, "kvpaged-llama: the daemon says all %u prompt tokens are cached, "
+				"though the last one was to be left to recompute\n", n);
+		r = -EPROTO;
+		goto out;
+	}
+	/* The cached prefix's K/V is in the pool already: start right after it. */
+	for (uint32_t pos = cached; pos < n; pos++)
+		logits = llama_forward(&e->model, &e->st, conts[0].seq.kv, tokens[pos], pos);
+	r = seq_commit(e, &conts[0].seq, n);
+	if (r < 0)
+		goto out;
+	t_prefilled = now_ns();
+
+	for (uint32_t i = 0; i < o->forks; i++) {
+		struct continuation *c = &conts[i];
+
+		if (i > 0) {
+			r = seq_fork(e, &conts[0].seq, n, &c->seq);
+			if (r < 0)
+				goto out;
+		}
+		c->logits = malloc(cfg->vocab_size * sizeof(float));
+		if (!c->logits) {
+			r = -ENOMEM;
+			goto out;
+		}
+		memcpy(c->logits, logits, cfg->vocab_size * sizeof(float));
+		c->rng = rng_seed(o->seed + i);
+		c->ntokens = n;
+		c->prev = tokens[n - 1];
+		text_add(&c->text, "", 0);
+		for (uint32_t p = 1; p < n; p++)
+			text_add_token(&c->text, &e->tok, tokens[p - 1], tokens[p]);
+		r = dump_open(o->dump_logits, i, o->forks, &c->dump);
+		if (r < 0)
+			goto out;
+	}
+
+	/* Round robin, so that the forks' first writes into the shared last block interleave. */
+	for (uint32_t step = 0; step < steps; step++) {
+		for (uint32_t i = 0; i < o->forks; i++) {
+			struct continuation *c = &conts[i];
+			uint32_t next;
+
+			if (c->done)
+				continue;
+			r = dump_logits(c->dump, c->logits, cfg->vocab_size);
+			if (r < 0)
+				goto out;
+			next = sample(c->logits, probs, cfg->vocab_size, o->temperature, &c->rng);
+			if (!t_first)
+				t_first = now_ns();
+			/* BOS starts the next story: this one is over (as in llama2.c). */
+			if (next == TOKEN_BOS) {
+				c->done = true;
+				continue;
+			}
+			text_add_token(&c->text, &e->tok, c->prev, next);
+			c->prev = next;
+			c->generated++;
+			if (step + 1 == steps)
+				continue;
+			/* The last token's K/V is written: commit it as this one gets a slot. */
+			r = seq_step(e, &c->seq, c->uncommitted, next, c->ntokens);
+			if (r < 0)
+				goto out;
+			logits = llama_forward(&e->model, &e->st, c->seq.kv, next, c->ntokens);
+			c->ntokens++;
+			c->uncommitted = c->ntokens;
+			forwards++;
+			memcpy(c->logits, logits, cfg->vocab_size * sizeof(float));
+		}
+	}
+	for (uint32_t i = 0; i < o->forks; i++) {
+		if (conts[i].uncommitted) {
+			r = seq_commit(e, &conts[i].seq, conts[i].uncommitted);
+			if (r < 0)
+				goto out;
+		}
+	}
+	t_end = now_ns();
+
+	uint64_t generated = 0;
+	for (uint32_t i = 0; i < o->forks; i++)
+		generated += conts[i].generated;
+	const double prefill_rate = rate(n - cached, t_prefilled - t_start);
+	const double decode_rate = rate(forwards, t_end - t_prefilled);
+	const double ttft_ms = (double)((t_first ? t_first : t_end) - t_start) / 1e6;
+	const char *mode = e->client ? "paged" : "contiguous";
+
+	if (ret)
+		*ret = (struct generate_result){
+			.prompt_tokens = n,
+			.cached = cached,
+			.forwards = forwards,
+			.prefill_tok_s = prefill_rate,
+			.decode_tok_s = decode_rate,
+			.ttft_ms = ttft_ms,
+		};
+	for (uint32_t i = 0; i < o->forks && !o->quiet; i++) {
+		if (o->forks > 1)
+			printf("--- continuation %u/%u ---\n", i + 1, o->forks);
+		printf("%s\n", conts[i].text.s);
+	}
+	if (o->json && !o->quiet) {
+		printf("{\"mode\":\"%s\",\"prompt_tokens\":%u,\"prefilled\":%u,\"reused\":%u,"
+		       "\"generated\":%llu,\"continuations\":%u,\"decode_forwards\":%u,"
+		       "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"ttft_ms\":%.3f,"
+		       "\"replaced_blocks\":%llu,\"texts\":[",
+		       mode, n, n - cached, cached, (unsigned long long)generated, o->forks,
+		       forwards, prefill_rate, decode_rate, ttft_ms,
+		       (unsigned long long)e->replaced);
+		for (uint32_t i = 0; i < o->forks; i++) {
+			if (i)
+				putchar(',');
+			json_string(stdout, conts[i].text.s, conts[i].text.len);
+		}
+		printf("]}\n");
+	} else if (!o->quiet) {
+		printf("[%s] prefilled %u tokens, reused %u (cached); prefill %.1f tok/s, "
+		       "decode %.1f tok/s (%llu tokens), first token %.3f ms\n",
+		       mode, n - cached, cached, prefill_rate, decode_rate,
+		       (unsigned long long)generated, ttft_ms);
+	}
+	r = 0;
+out:
+	if (conts) {
+		for (uint32_t i = 0; i < o->forks; i++) {
+			if (conts[i].dump && fclose(conts[i].dump) != 0 && r == 0) {
+				fprintf(stderr, "kvpaged-llama: writing logits: %s\n",
+					strerror(errno));
+				r = -EIO;
+			}
+			if (conts[i].seq.kv)
+				seq_close(e, &conts[i].seq);
+			free(conts[i].logits);
+			free(conts[i].text.s);
+		}
+	}
+	free(conts);
+	free(probs);
+	free(tokens);
+	return r;
+}
+
+/* ------------------------------------------------------------------------------ perplexity */
+
+static char *read_file(const char *path)
+{
+	FILE *f = fopen(path, "rbe");
+	char *buf = NULL;
+	size_t len = 0, cap = 0, got;
+
+	if (!f) {
+		fprintf(stderr, "kvpaged-llama: %s: %s\n", path, strerror(errno));
+		return NULL;
+	}
+	do {
+		if (len + 4096 + 1 > cap) {
+			cap = (len + 4096 + 1) * 2;
+			buf = realloc(buf, cap);
+			if (!buf)
+				abort();
+		}
+		got = fread(buf + len, 1, 4096, f);
+		len += got;
+	} while (got > 0);
+	if (ferror(f)) {
+		fprintf(stderr, "kvpaged-llama: %s: read error\n", path);
+		free(buf);
+		buf = NULL;
+	} else {
+		buf[len] = '\0';
+	}
+	fclose(f);
+	return buf;
+}
+
+/* -log softmax(logits)[target], in double so that 1,804 terms add up without drift. */
+static double nll(const float *logits, uint32_t n, uint32_t target)
+{
+	double max_val = logits[0], sum = 0.0;
+
+	for (uint32_t i = 1; i < n; i++)
+		if (logits[i] > max_val)
+			max_val = logits[i];
+	for (uint32_t i = 0; i < n; i++)
+		sum += exp((double)logits[i] - max_val);
+	return log(sum) + max_val - (double)logits[target];
+}
+
+/*
+ * The README's procedure: the file is split into stories on <|endoftext|>, each stripped of
+ * the white space around it (empty ones skipped) and encoded as BOS plus the text with the
+ * leading-space prefix; every token after BOS is predicted from those before it.
+ *
+ * With the pool, a story's cached prefix is recomputed all the same (its logits are needed),
+ * but its K/V is compared bitwise with the pool's instead of written: a second run proves that
+ * the blocks the first one committed hold exactly what this process computes.
+ */
+int engine_perplexity(struct engine *e, const struct perplexity_options *o)
+{
+	const struct llama_config *cfg = &e->model.cfg;
+	uint64_t predicted = 0, reused = 0, checked = 0, t_start, t_end;
+	uint32_t *tokens = NULL, stories = 0;
+	double total = 0.0;
+	FILE *dump = NULL;
+	char *text, *p;
+	int r = 0;
+
+	text = read_file(o->path);
+	if (!text)
+		return -EIO;
+	tokens = malloc((strlen(text) + 2) * sizeof(*tokens));
+	if (!tokens) {
+		free(text);
+		return -ENOMEM;
+	}
+	r = dump_open(o->dump_logits, 0, 1, &dump);
+	if (r < 0)
+		goto out;
+
+	t_start = now_ns();
+	for (p = text; p;) {
+		char *sep = strstr(p, STORY_SEPARATOR), *end = sep ? sep : p + strlen(p);
+		struct seq s = { 0 };
+		uint32_t n, cached;
+
+		while (p < end && isspace((unsigned char)*p))
+			p++;
+		while (end > p && isspace((unsigned char)end[-1]))
+			end--;
+		if (end > p) {
+			*end = '\0';
+			n = (uint32_t)tokenizer_encode(&e->tok, p, 1, tokens);
+			if (n > cfg->seq_len) {
+				fprintf(stderr, "kvpaged-llama: story %u is %u tokens; the model "
+						"takes %u\n", stories + 1, n, cfg->seq_len);
+				r = -E2BIG;
+				goto out;
+			}
+			/* Flags 0: every cached block counts, since all of it is recomputed. */
+			r = seq_open(e, &s, tokens, n, 0, &cached);
+			if (r < 0) {
+				if (s.kv)
+					seq_close(e, &s);
+				goto out;
+			}
+			for (uint32_t pos = 0; pos + 1 < n; pos++) {
+				const float *logits =
+					llama_forward(&e->model, &e->st, s.kv, tokens[pos], pos);
+
+				total += nll(logits, cfg->vocab_size, tokens[pos + 1]);
+				r = dump_logits(dump, logits, cfg->vocab_size);
+				if (r < 0)
+					break;
+			}
+			/* The last token was never run: only the ones before it hold K/V. */
+			if (r == 0)
+				r = seq_commit(e, &s, n - 1);
+			if (e->client) {
+				if (s.paged.mismatched) {
+					fprintf(stderr, "kvpaged-llama: story %u: %llu of %llu "
+							"cached K/V rows differ from ours\n",
+						stories + 1,
+						(unsigned long long)s.paged.mismatched,
+						(unsigned long long)s.paged.compared);
+					r = -EBADMSG;
+				}
+				reused += cached;
+				checked += s.paged.compared;
+			}
+			seq_close(e, &s);
+			if (r < 0)
+				goto out;
+			predicted += n - 1;
+			stories++;
+		}
+		p = sep ? sep + strlen(STORY_SEPARATOR) : NULL;
+	}
+	t_end = now_ns();
+	if (predicted == 0) {
+		fprintf(stderr, "kvpaged-llama: %s: no text to score\n", o->path);
+		r = -EINVAL;
+		goto out;
+	}
+
+	const double per_token = total / (double)predicted;
+	const char *mode = e->client ? "paged" : "contiguous";
+
+	if (o->json)
+		printf("{\"mode\":\"%s\",\"nats_per_token\":%.6f,\"perplexity\":%.6f,"
+		       "\"tokens\":%llu,\"stories\":%u,\"reused\":%llu,\"checked_rows\":%llu,"
+		       "\"tok_s\":%.1f}\n",
+		       mode, per_token, exp(per_token), (unsigned long long)predicted, stories,
+		       (unsigned long long)reused, (unsigned long long)checked,
+		       rate(predicted, t_end - t_start));
+	else
+		printf("[%s] %.6f nats/token (perplexity %.4f) over %llu tokens in %u stories; "
+		       "reused %llu (cached; %llu K/V rows equal to the pool's); %.1f tok/s\n",
+		       mode, per_token, exp(per_token), (unsigned long long)predicted, stories,
+		       (unsigned long long)reused, (unsigned long long)checked,
+		       rate(predicted, t_end - t_start));
+out:
+	if (dump && fclose(dump) != 0 && r == 0) {
+		fprintf(stderr, "kvpaged-llama: writing logits: %s\n", strerror(errno));
+		r = -EIO;
+	}
+	free(tokens);
+	free(text);
+	return r;
+}

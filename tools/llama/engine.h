@@ -1,0 +1,95 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged-llama: sequences over either K/V cache, and the two things the engine does with them
+ * (generate text, measure perplexity).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include "libclient/include/kvpaged.h"
+#include "tools/llama/kv.h"
+#include "tools/llama/model.h"
+#include "tools/llama/tokenizer.h"
+
+struct engine {
+	struct llama_model model;
+	struct tokenizer tok;
+	struct llama_state st;
+	struct kvp_client *client; /* NULL: the private contiguous cache (--contiguous) */
+	uint64_t model_key;        /* the extra key of every prefix: llama_model_fingerprint() */
+	bool rings;                /* decode steps go over the shared-memory rings */
+	bool defer;                /* and need not wait when the table cannot change */
+	bool no_defer;             /* --no-defer: every step waits */
+	uint32_t ring_table_cap;   /* entries each of ring_tables holds */
+	uint32_t *ring_tables[2];  /* where a step's commit and append completions put tables */
+	uint64_t replaced;         /* table entries kvp_commit switched to an equal block */
+};
+
+/* One sequence: its cache and, when paged, its id in the daemon. */
+struct seq {
+	struct kv_contig contig;
+	struct kv_paged paged;
+	struct kv_cache *kv;
+	uint64_t id;
+	bool open;
+	unsigned inflight;     /* ring operations of a deferred step, not reaped yet */
+	uint32_t inflight_len; /* the table's length when they were submitted */
+};
+
+struct generate_options {
+	const char *prompt;
+	uint32_t steps;
+	float temperature;
+	uint64_t seed;
+	uint32_t forks;
+	const char *dump_logits;
+	bool json;
+	bool quiet; /* print nothing (--bench) */
+};
+
+/* What a generation measured. */
+struct generate_result {
+	uint32_t prompt_tokens, cached, forwards;
+	double prefill_tok_s, decode_tok_s, ttft_ms;
+};
+
+struct perplexity_options {
+	const char *path;
+	const char *dump_logits;
+	bool json;
+};
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Each returns 0 or -errno, having said why on stderr. */
+int seq_open(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n, uint32_t flags,
+	     uint32_t *ret_cached);
+/*
+ * One decode step's calls: commits the first commit_ntokens tokens (none if 0), then appends
+ * token after the ntokens the sequence holds.  Over the rings both go in one submission, and
+ * with e->defer the step does not wait for them when token's slot is in a block the sequence
+ * already holds alone: they are reaped, and checked to have changed nothing, at the next call.
+ */
+int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
+	     uint32_t ntokens);
+int seq_commit(struct engine *e, struct seq *s, uint32_t ntokens);
+int seq_fork(struct engine *e, struct seq *parent, uint32_t ntokens, struct seq *child);
+void seq_close(struct engine *e, struct seq *s);
+
+/* ret (may be NULL) gets the timings. */
+int engine_generate(struct engine *e, const struct generate_options *o,
+		    struct generate_result *ret);
+int engine_perplexity(struct engine *e, const struct perplexity_options *o);
+
+/* Writes s as a JSON string literal. */
+void json_string(FILE *f, const char *s, size_t len);

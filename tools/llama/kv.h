@@ -1,0 +1,52 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged-llama: the two K/V caches behind struct kv_cache.
+ *
+ * kv_contig is a private array, K and V each [layer][pos][kv_dim], as in llama2.c.
+ *
+ * kv_paged is one sequence's view of a kvpaged pool: the K/V of position pos in layer l lives
+ * at table[pos / block_tokens] * block_stride + l * layer_stride + kv * kv_stride +
+ * (pos % block_tokens) * slot_stride, kv_dim floats (every kv head, head_stride apart).
+ * Positions below readonly_below are in blocks that others may share and that are committed,
+ * so they are never written: storing one compares it with what the pool holds instead.
+ */
+#pragma once
+
+#include <stdint.h>
+
+#include "libclient/include/kvpaged.h"
+#include "tools/llama/model.h"
+
+struct kv_contig {
+	struct kv_cache base;
+	float *k, *v;
+	uint32_t n_layers, seq_len, kv_dim;
+};
+
+int kv_contig_init(struct kv_contig *kv, const struct llama_config *cfg);
+/* Copies the first ntokens positions of src into dst (a fork); both initialized. */
+void kv_contig_copy(struct kv_contig *dst, const struct kv_contig *src, uint32_t ntokens);
+void kv_contig_free(struct kv_contig *kv);
+
+struct kv_paged {
+	struct kv_cache base;
+	struct kvp_table table;
+	unsigned char *pool;
+	uint64_t block_stride, layer_stride, kv_stride, slot_stride;
+	uint32_t block_tokens, capacity_blocks, kv_dim;
+	uint32_t readonly_below;
+	uint64_t compared, mismatched; /* rows checked against the pool, and how many differed */
+};
+
+/*
+ * Checks that the pool's geometry and layout fit the model (layers, kv heads, head size, float
+ * elements, heads side by side in a slot).  Returns 0, or -EINVAL with why in msg.
+ */
+int kv_paged_check_pool(const struct kvp_pool_info *p, const struct llama_config *cfg,
+			char *msg, size_t msg_len);
+void kv_paged_init(struct kv_paged *kv, struct kvp_client *c, const struct llama_config *cfg);
+/* Replaces the table's entries from from on with n entries (0 or -ENOMEM/-EPROTO). */
+int kv_paged_table_set(struct kv_paged *kv, uint32_t from, const uint32_t *entries, uint32_t n);
+/* Checks that the table covers ntokens and names only blocks of the pool (0 or -EPROTO). */
+int kv_paged_check_table(const struct kv_paged *kv, uint32_t ntokens);
+void kv_paged_free(struct kv_paged *kv);

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged-llama: a Llama model in the llama2.c checkpoint format, and its forward pass for one
+ * token.  The forward pass reaches the K/V cache only through struct kv_cache, so that every
+ * cache (a private array, the kvpaged pool) shares the same arithmetic: the logits of two
+ * caches holding the same K/V are bitwise identical.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct llama_config {
+	uint32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
+	uint32_t head_size, kv_dim, kv_mul;
+	bool shared_classifier;
+};
+
+/* Pointers into the mapped checkpoint; matrices are row-major [out][in]. */
+struct llama_weights {
+	const float *token_embedding; /* [vocab][dim] */
+	const float *rms_att;         /* [layer][dim] */
+	const float *wq;              /* [layer][dim][dim] */
+	const float *wk, *wv;         /* [layer][kv_dim][dim] */
+	const float *wo;              /* [layer][dim][dim] */
+	const float *rms_ffn;         /* [layer][dim] */
+	const float *w1, *w3;         /* [layer][hidden][dim] */
+	const float *w2;              /* [layer][dim][hidden] */
+	const float *rms_final;       /* [dim] */
+	const float *wcls;            /* [vocab][dim] */
+};
+
+struct llama_model {
+	struct llama_config cfg;
+	struct llama_weights w;
+	void *map;
+	size_t map_bytes;
+};
+
+/*
+ * Maps a llama2.c legacy checkpoint read-only and checks that its size matches its header.
+ * Returns 0 or -errno (-EINVAL for a malformed file, with a message on stderr).
+ */
+int llama_model_load(const char *path, struct llama_model *ret);
+void llama_model_unload(struct llama_model *m);
+
+/*
+ * A 64-bit fingerprint of the whole checkpoint.  K/V depends on the weights as much as on the
+ * tokens, so the engine gives it to the daemon as the prefix key's extra part: two models of
+ * the same shape sharing a pool never see each other's blocks.
+ */
+uint64_t llama_model_fingerprint(const struct llama_model *m);
+
+/*
+ * The K/V cache of one sequence, as the forward pass sees it.  A row is the K (or V) of one
+ * position in one layer: kv_dim floats, every kv head's head_size floats one after another.
+ */
+struct kv_cache;
+
+struct kv_cache_ops {
+	/* Keeps the K and V rows of position pos in layer. */
+	void (*store)(struct kv_cache *kv, uint32_t layer, uint32_t pos, const float *k,
+		      const float *v);
+	/*
+	 * The rows of K (which 0) or V (1) of layer from position pos on, as far as they lie at
+	 * a fixed distance from each other and stay below end.  Returns how many (>= 1 when
+	 * pos < end), the first row in *ret_row and the distance in floats in *ret_stride.
+	 */
+	uint32_t (*rows)(const struct kv_cache *kv, uint32_t layer, unsigned which, uint32_t pos,
+			 uint32_t end, const float **ret_row, size_t *ret_stride);
+};
+
+struct kv_cache {
+	const struct kv_cache_ops *ops;
+};
+
+/* Scratch buffers of the forward pass; one set serves any number of sequences in turn. */
+struct llama_state {
+	float *x, *xb, *xb2, *hb, *hb2, *q, *k, *v, *att, *logits;
+};
+
+int llama_state_init(struct llama_state *s, const struct llama_config *cfg);
+void llama_state_free(struct llama_state *s);
+
+/*
+ * Runs token at position pos: stores its K/V in kv and attends over positions [0, pos], which
+ * kv must hold.  Returns the logits (vocab_size floats in s, valid until the next call).
+ */
+const float *llama_forward(const struct llama_model *m, struct llama_state *s,
+			   struct kv_cache *kv, uint32_t token, uint32_t pos);
