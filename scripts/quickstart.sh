@@ -42,10 +42,20 @@ element_bytes = 2
 block_tokens = 512
 capacity_blocks = 10000
 max_sequences = 65536
+
+# The pool the stories260K engines use: its geometry is the model's (5 layers, 4 kv heads of
+# 8 dims, float32), 16-token blocks.
+[pool stories]
+layers = 5
+kv_heads = 4
+head_dim = 8
+element_bytes = 4
+block_tokens = 16
+capacity_blocks = 4096
 CONF
 
 echo "== kvpaged --check-config"
-"$bin/kvpaged" --check-config --config "$run/kvpaged.conf" | sed -n '/^\[pool/,$p'
+"$bin/kvpaged" --check-config --config "$run/kvpaged.conf" | sed -n '/^\[pool main/,/^$/p'
 echo
 echo "== starting kvpaged (log: $run/kvpaged.log)"
 "$bin/kvpaged" --config "$run/kvpaged.conf" --foreground 2>"$run/kvpaged.log" &
@@ -68,6 +78,29 @@ else
 	"$bin/kvpaged-bench" gsp --block-tokens 512 --system-tokens 4096 --question-tokens 512
 fi
 echo
+opening="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she went to the park with her mom and her dog Max. The sun was shining and the birds were singing."
+endings=(" Lily saw a big red ball" " Max found a stick" " Her mom gave her a kite" " They met a little boy")
+echo
+echo "== a real model on the pool: stories260K, 4 engine processes sharing one opening"
+echo "   The first run computes the opening and commits its blocks; the 4 engines then start"
+echo "   at once and skip the cached part of their prompts."
+"$bin/kvpaged-llama" --socket "$run/kvpaged.sock" --pool stories --prompt "$opening" --steps 40 |
+	tail -1 | sed 's/^/   cold: /'
+engines=()
+for i in 0 1 2 3; do
+	"$bin/kvpaged-llama" --socket "$run/kvpaged.sock" --pool stories \
+		--prompt "$opening${endings[$i]}" --steps 60 >"$run/story$i.txt" 2>&1 &
+	engines+=($!)
+done
+for i in 0 1 2 3; do
+	status=0
+	wait "${engines[$i]}" || status=$?
+	echo "-- engine $i"
+	cat "$run/story$i.txt"
+	[ "$status" -eq 0 ] || { echo "engine $i failed ($status)"; exit 1; }
+done
+echo
+
 echo "== kvpagedctl status"
 "$bin/kvpagedctl" --socket "$run/admin.sock" status
 echo
