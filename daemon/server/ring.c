@@ -7,6 +7,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,11 @@ fail:
 	return e ? e : -ENOMEM;
 }
 
+/*
+ * The doorbell is a multishot poll on the submission eventfd: every write by the client
+ * completes it once more, and nothing needs re-arming or reading (the counter just grows;
+ * it would take 2^64 doorbells to overflow).
+ */
 void ring_arm_doorbell(struct session *s)
 {
 	struct session_ring *r = s->ring;
@@ -123,7 +129,7 @@ void ring_arm_doorbell(struct session *s)
 	if (!r || r->doorbell_armed || s->closing)
 		return;
 	sqe = server_sqe(s->srv);
-	io_uring_prep_read(sqe, r->sq_event_fd, &r->doorbell_value, sizeof(r->doorbell_value), 0);
+	io_uring_prep_poll_multishot(sqe, r->sq_event_fd, POLLIN);
 	io_uring_sqe_set_data(sqe, &r->doorbell_op);
 	r->doorbell_armed = true;
 	s->refs++;
@@ -360,12 +366,15 @@ void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 {
 	struct session_ring *r = s->ring;
 	struct server *srv = s->srv;
+	bool more = cqe->flags & IORING_CQE_F_MORE; /* the poll stays armed */
 
-	r->doorbell_armed = false;
+	if (!more)
+		r->doorbell_armed = false;
 	if (s->closing || cqe->res < 0) {
 		if (!s->closing)
-			session_close(s, "doorbell read failed");
-		ring_destroy(s);
+			session_close(s, "doorbell poll failed");
+		if (!more)
+			ring_destroy(s);
 		goto out;
 	}
 	/* Awake: submitters need not ring while we drain. */
@@ -379,9 +388,11 @@ void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 		r->polled = true;
 		srv->poll_until_ns = server_now_ns() + srv->cfg->ring_poll_us * 1000ull;
 	}
-	ring_arm_doorbell(s);
+	if (!more)
+		ring_arm_doorbell(s); /* the kernel ended the multishot poll: start a new one */
 out:
-	session_unref(s);
+	if (!more)
+		session_unref(s);
 }
 
 bool ring_poll_all(struct server *srv, bool expire)

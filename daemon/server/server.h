@@ -85,7 +85,6 @@ struct session_ring {
 	uint64_t data_bytes;
 	uint32_t sq_head; /* the daemon's own copies: shared memory is never trusted */
 	uint32_t cq_tail;
-	uint64_t doorbell_value; /* eventfd read target */
 	struct op doorbell_op;
 	bool doorbell_armed;
 	bool polled; /* the daemon polls this ring (ring_poll_us) instead of sleeping on it */
