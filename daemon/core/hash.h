@@ -2,16 +2,17 @@
 /*
  * Block hashes.  One block's hash names its whole prefix:
  *
- *   ns   = XXH3_64bits(salt, extra)                                once per chain, 16 bytes
- *   t    = XXH3_128bits(token ids)                                 4 bytes a token
- *   seed = parent.lo ^ rotl64(parent.hi, 29) ^ ns
- *   hash = XXH3_128bits_withSeed(t.lo, t.hi, seed)                 16 bytes
+ *   ns   = XXH3_64bits(salt, extra)                       once per chain, 16 bytes
+ *   t    = XXH3_128bits(token ids)                        4 bytes a token
+ *   hash = (t.lo ^ (parent.lo ^ ns) * K1,  t.hi ^ (parent.hi + ns) * K2)     mod 2^64
  *
- * All integers little-endian; the root's parent hash is zero.  The token hash t does not
- * depend on the chain, so the CPU overlaps the blocks of a prompt as it does for raw XXH3 over
- * the same bytes; only the 16-byte step is serial.  The chain passes through a 64-bit seed;
- * that is fine because a hash only finds candidates and every hit is verified (parent, salt,
- * extra key, tokens).  This definition is stable: persisted tier indexes depend on it.
+ * with K1 = 0x9e3779b97f4a7c15 and K2 = 0xc2b2ae3d27d4eb4f (odd, so the multiplies are
+ * bijections), all integers little-endian, and a zero parent hash for the first block.  The
+ * token hash does not depend on the chain, so the CPU overlaps the blocks of a prompt as it
+ * does for raw XXH3 over the same bytes; the serial link is two multiplies.  For a given token
+ * hash the link maps distinct parents to distinct hashes, so chaining adds no collisions; and
+ * a hash only finds candidates anyway: every hit is verified (parent, salt, extra key,
+ * tokens).  This definition is stable: persisted tier indexes depend on it.
  */
 #pragma once
 
