@@ -113,10 +113,13 @@ int server_init(struct server *srv, struct kvpd_config *cfg)
 	/*
 	 * One thread submits and reaps (SINGLE_ISSUER), and completion work runs only when we
 	 * wait (DEFER_TASKRUN) instead of interrupting us: fewer context switches per wake-up.
-	 * Kernels before 6.1 lack these; fall back to a plain ring.
+	 * TASKRUN_FLAG makes the kernel say in the ring when such work waits, which the
+	 * busy-poll loop checks so it enters the kernel only then.  Kernels before 6.1 lack
+	 * these; fall back to a plain ring, whose completions need no entering.
 	 */
 	r = io_uring_queue_init(RING_DEPTH, &srv->ring,
-				IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN);
+				IORING_SETUP_SINGLE_ISSUER | IORING_SETUP_DEFER_TASKRUN |
+					IORING_SETUP_TASKRUN_FLAG);
 	if (r == -EINVAL)
 		r = io_uring_queue_init(RING_DEPTH, &srv->ring, 0);
 	if (r < 0)
@@ -275,8 +278,14 @@ int server_run(struct server *srv)
 			uint64_t now = server_now_ns();
 			bool expired = now >= srv->poll_until_ns;
 
-			/* Deferred completion work runs only when asked for: ask without waiting. */
-			io_uring_submit_and_get_events(&srv->ring);
+			/*
+			 * Deferred completion work runs only when asked for.  Ask (a syscall) only
+			 * when the kernel flags some as pending or there is something to submit,
+			 * so an idle pass over the rings stays in user space.
+			 */
+			if (io_uring_sq_ready(&srv->ring) ||
+			    (IO_URING_READ_ONCE(*srv->ring.sq.kflags) & IORING_SQ_TASKRUN))
+				io_uring_submit_and_get_events(&srv->ring);
 			if (ring_poll_all(srv, expired))
 				srv->poll_until_ns = now + srv->cfg->ring_poll_us * 1000ull;
 			else if (expired)

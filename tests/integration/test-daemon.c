@@ -491,6 +491,56 @@ static void ring_scenario(const char *daemon_extra)
 	daemon_stop(&d);
 }
 
+/*
+ * Liveness: while one client keeps the daemon busy-polling its ring, another client's socket
+ * requests are still served (a starved socket would hang this test until Check kills it).
+ */
+START_TEST(test_socket_served_while_polling)
+{
+	uint32_t t[16], cached;
+	struct kvp_client *c;
+	int stop[2];
+	uint64_t seq;
+	pid_t pid;
+	char b;
+
+	daemon_start_with(&d, "ring_poll_us = 100000\n", NULL);
+	ck_assert_int_eq(pipe(stop), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		/* Spinning, it never needs a wake-up, so the daemon never has to write to it. */
+		struct kvp_connect_options o = { .size = sizeof(o), .ring_entries = 16,
+						 .ring_data_bytes = 4096, .spin_us = 1000000 };
+		struct kvp_op nop = { .opcode = KVP_NOP };
+		struct kvp_client *r;
+
+		if (kvp_connect(&o, &r) < 0)
+			_exit(2);
+		struct kvp_completion comp;
+
+		close(stop[1]);
+		fcntl(stop[0], F_SETFL, O_NONBLOCK);
+		alarm(30);
+		while (read(stop[0], &b, 1) < 0)
+			if (kvp_submit(r, &nop, 1) != 1 || kvp_complete(r, &comp, 1, 1, 5000) != 1)
+				_exit(1);
+		_exit(0);
+	}
+	close(stop[0]);
+	c = connect_ns(NULL, 0);
+	prompt(t, 16, 3);
+	for (int i = 0; i < 50; i++) {
+		ck_assert_int_eq(kvp_open(c, t, 16, 0, 0, &seq, &cached, NULL), 0);
+		ck_assert_int_eq(kvp_close(c, seq), 0);
+	}
+	ck_assert_int_eq(write(stop[1], "x", 1), 1);
+	ck_assert_int_eq(wait_child(pid), 0);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_rings)
 {
 	ring_scenario(NULL);
@@ -548,6 +598,7 @@ int main(void)
 	tcase_add_test(tc, test_admin_refuses_strangers);
 	tcase_add_test(tc, test_rings);
 	tcase_add_test(tc, test_rings_polled);
+	tcase_add_test(tc, test_socket_served_while_polling);
 	tcase_add_test(tc, test_ring_data_area);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
