@@ -133,26 +133,6 @@ static void copy_str(char *dst, size_t n, const char *src)
 	snprintf(dst, n, "%s", src ? src : "");
 }
 
-static int unix_connect(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		int r = -errno;
-
-		close(fd);
-		return r;
-	}
-	return fd;
-}
-
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret)
 {
 	struct kvp_connect_options o = { 0 };
@@ -173,7 +153,7 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 	path = o.socket_path ? o.socket_path : getenv("KVPAGED_SOCKET");
 	if (!path || !*path)
 		path = KVP_DEFAULT_SOCKET;
-	c->fd = unix_connect(path);
+	c->fd = kvp_unix_connect(path);
 	if (c->fd < 0) {
 		r = client_fail(c, c->fd, "cannot connect to %s: %s", path, strerror(-c->fd));
 		goto fail;

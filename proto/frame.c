@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "proto/frame.h"
@@ -104,6 +105,25 @@ int kvp_frame_send(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *
 	}
 	free(buf);
 	return r;
+}
+
+int kvp_unix_connect(const char *path)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, r;
+
+	if (strlen(path) >= sizeof(sa.sun_path))
+		return -ENAMETOOLONG;
+	memcpy(sa.sun_path, path, strlen(path) + 1);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
 }
 
 int kvp_frame_send_nonblocking(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *msg)

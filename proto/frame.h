@@ -55,6 +55,9 @@ int kvp_frame_header_decode(const uint8_t in[KVP_FRAME_HEADER_BYTES], uint32_t m
 int kvp_frame_send(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
 		   const int *fds, unsigned nfds);
 
+/* Connects a close-on-exec stream socket to the Unix socket at path.  Returns the fd or -errno. */
+int kvp_unix_connect(const char *path);
+
 /* One non-blocking attempt to send a small frame (no fds); for refusals.  0 or -errno. */
 int kvp_frame_send_nonblocking(int fd, uint16_t type, uint32_t seq, const ProtobufCMessage *msg);
 

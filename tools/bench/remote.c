@@ -154,25 +154,6 @@ int remote_close(struct remote *k, uint64_t seq)
 
 /* ------------------------------------------------------------------ admin socket */
 
-static int admin_connect(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd, r;
-
-	if (strlen(path) >= sizeof(sa.sun_path))
-		return -ENAMETOOLONG;
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0)
-		return -errno;
-	if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		r = -errno;
-		close(fd);
-		return r;
-	}
-	return fd;
-}
-
 /* One admin request and its unpacked reply (as kvpagedctl does); -errno after printing why. */
 static int admin_request(int fd, uint16_t type, const char *pool,
 			 const ProtobufCMessageDescriptor *desc, ProtobufCMessage **ret)
@@ -215,7 +196,7 @@ int admin_pool_query(const char *path, const char *pool, struct admin_pool *ret)
 	struct admin_pool a = { 0 };
 	int fd, r, found = 0;
 
-	fd = admin_connect(path);
+	fd = kvp_unix_connect(path);
 	if (fd < 0) {
 		fprintf(stderr, "kvpaged-bench: cannot connect to %s: %s\n", path, strerror(-fd));
 		return fd;

@@ -43,19 +43,10 @@ static void usage(FILE *f)
 
 static int connect_admin(const char *path)
 {
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd;
+	int fd = kvp_unix_connect(path);
 
-	if (strlen(path) >= sizeof(sa.sun_path)) {
-		fprintf(stderr, "kvpagedctl: socket path too long: %s\n", path);
-		return -1;
-	}
-	strcpy(sa.sun_path, path);
-	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-		fprintf(stderr, "kvpagedctl: cannot connect to %s: %s\n", path, strerror(errno));
-		if (fd >= 0)
-			close(fd);
+	if (fd < 0) {
+		fprintf(stderr, "kvpagedctl: cannot connect to %s: %s\n", path, strerror(-fd));
 		return -1;
 	}
 	return fd;
