@@ -18,6 +18,7 @@
 
 #include "proto/frame.h"
 #include "proto/kvpaged.pb-c.h"
+#include "tools/kvpagedctl/plan.h"
 
 #define DEFAULT_ADMIN_SOCKET "/run/kvpaged/admin.sock"
 
@@ -36,6 +37,7 @@ static void usage(FILE *f)
 	      "  metrics      Prometheus text exposition\n"
 	      "  verify       run the full invariant check (exit 1 if anything is wrong)\n"
 	      "  drop-cache   free every cached block\n"
+	      "  plan ...     the cost model's arithmetic (prefix, swa, swap); needs no daemon\n"
 	      "\n"
 	      "The admin socket is $KVPAGED_ADMIN_SOCKET or " DEFAULT_ADMIN_SOCKET ".\n",
 	      f);
@@ -463,7 +465,8 @@ int main(int argc, char **argv)
 
 	if (!path || !*path)
 		path = DEFAULT_ADMIN_SOCKET;
-	while ((opt = getopt_long(argc, argv, "s:p:jh", opts, NULL)) != -1) {
+	/* "+": stop at the command, whose own options follow it. */
+	while ((opt = getopt_long(argc, argv, "+s:p:jh", opts, NULL)) != -1) {
 		switch (opt) {
 		case 's':
 			path = optarg;
@@ -482,6 +485,8 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	if (optind < argc && !strcmp(argv[optind], "plan"))
+		return cmd_plan(argc - optind, argv + optind);
 	if (optind + 1 != argc) {
 		usage(stderr);
 		return 2;
