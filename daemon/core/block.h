@@ -25,6 +25,7 @@ enum core_block_state {
 enum {
 	CORE_BLOCK_INDEXED = 1u << 0, /* findable through the prefix index */
 	CORE_BLOCK_ON_LRU = 1u << 1,  /* refcount 0 and indexed: cached, on the LRU list */
+	CORE_BLOCK_PINNED = 1u << 2,  /* transient, inside one call: a hit the caller will take */
 };
 
 /*

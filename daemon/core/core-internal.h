@@ -11,7 +11,11 @@
 struct core_seq {
 	uint64_t salt;
 	uint64_t extra;
-	uint32_t *table; /* NULL: slot not in use */
+	uint64_t last_use; /* core tick of the last operation on it */
+	uint32_t *table;   /* NULL when dropped */
+	uint32_t *history; /* parked and dropped: the token ids */
+	uint8_t state;     /* 0: slot not in use; enum core_seq_state */
+	uint32_t priority;
 	uint32_t ntokens;
 	uint32_t ncommitted;
 	uint32_t nblocks;
@@ -29,6 +33,16 @@ struct core {
 	uint32_t *free_slots;   /* stack of unused slots */
 	uint32_t nfree_slots;
 	struct core_stats stats;
+	uint64_t tick;
+	struct victim *victims; /* max_sequences of them: preemption candidates */
+};
+
+struct victim {
+	uint32_t slot;
+	uint32_t freeable; /* blocks dropping it would make available */
+	uint64_t last_use;
+	uint32_t priority;
+	uint32_t tokens;
 };
 
 static inline const uint32_t *core_slot_tokens(const struct core *c, uint32_t b)

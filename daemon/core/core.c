@@ -25,6 +25,8 @@ static void on_evict(void *ctx, uint32_t b)
 
 static int config_check(const struct core_config *cfg)
 {
+	if (cfg->policy > CORE_POLICY_COST)
+		return -EINVAL;
 	if (cfg->capacity_blocks == 0 || cfg->block_tokens == 0 ||
 	    cfg->block_tokens > CORE_MAX_BLOCK_TOKENS || cfg->max_sequences == 0 ||
 	    cfg->max_sequences > CORE_MAX_SEQUENCES || cfg->max_seq_tokens == 0 ||
@@ -61,8 +63,9 @@ int core_new(const struct core_config *cfg, struct core **ret)
 					   ? cfg->max_seq_tokens / cfg->block_tokens
 					   : cfg->capacity_blocks) + 1) * sizeof(*c->walk));
 	c->seqs = calloc(cfg->max_sequences, sizeof(*c->seqs));
+	c->victims = malloc((size_t)cfg->max_sequences * sizeof(*c->victims));
 	c->free_slots = malloc((size_t)cfg->max_sequences * sizeof(*c->free_slots));
-	if (!c->tokens || !c->walk || !c->seqs || !c->free_slots)
+	if (!c->tokens || !c->walk || !c->seqs || !c->victims || !c->free_slots)
 		goto fail;
 	/* Hand out low slots first: ids stay small and the slot array stays warm. */
 	for (uint32_t i = 0; i < cfg->max_sequences; i++)
@@ -80,13 +83,16 @@ struct core *core_free(struct core *c)
 	if (!c)
 		return NULL;
 	if (c->seqs)
-		for (uint32_t i = 0; i < c->cfg.max_sequences; i++)
+		for (uint32_t i = 0; i < c->cfg.max_sequences; i++) {
 			free(c->seqs[i].table);
+			free(c->seqs[i].history);
+		}
 	pool_done(&c->pool);
 	index_done(&c->index);
 	free(c->tokens);
 	free(c->walk);
 	free(c->seqs);
+	free(c->victims);
 	free(c->free_slots);
 	free(c);
 	return NULL;
@@ -117,9 +123,22 @@ static struct core_seq *seq_get(const struct core *c, uint64_t id)
 	if (slot >= c->cfg.max_sequences)
 		return NULL;
 	s = &c->seqs[slot];
-	if (!s->table || s->gen != (uint32_t)(id >> 32))
+	if (!s->state || s->gen != (uint32_t)(id >> 32))
 		return NULL;
 	return s;
+}
+
+/* An open sequence that may be written: -ENOENT if unknown, -EBUSY if parked or dropped. */
+static int seq_get_active(const struct core *c, uint64_t id, struct core_seq **ret)
+{
+	struct core_seq *s = seq_get(c, id);
+
+	if (!s)
+		return -ENOENT;
+	if (s->state != CORE_SEQ_ACTIVE)
+		return -EBUSY;
+	*ret = s;
+	return 0;
 }
 
 static int tokens_check(const struct core *c, const uint32_t *tokens, uint32_t n)
@@ -213,6 +232,90 @@ static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from
 	}
 }
 
+/* Releases a parked sequence's blocks, keeping its token history: it becomes DROPPED. */
+static void drop(struct core *c, struct core_seq *s)
+{
+	for (uint32_t i = s->nblocks; i-- > 0;)
+		pool_unref(&c->pool, s->table[i]);
+	free(s->table);
+	s->table = NULL;
+	s->cap_blocks = s->nblocks = 0;
+	s->ncommitted = 0;
+	s->state = CORE_SEQ_DROPPED;
+	c->stats.preemptions++;
+	c->stats.dropped_tokens += s->ntokens;
+}
+
+static int policy_cmp(const void *a, const void *b, void *ctx)
+{
+	const struct victim *x = a, *y = b;
+	const enum core_policy *policy = ctx;
+
+	switch (*policy) {
+	case CORE_POLICY_PRIORITY:
+		if (x->priority != y->priority)
+			return x->priority < y->priority ? -1 : 1;
+		break;
+	case CORE_POLICY_COST: {
+		/* tokens / freeable, compared without division */
+		uint64_t l = (uint64_t)x->tokens * y->freeable, r = (uint64_t)y->tokens * x->freeable;
+
+		if (l != r)
+			return l < r ? -1 : 1;
+		break;
+	}
+	case CORE_POLICY_LRU:
+		break;
+	}
+	if (x->last_use != y->last_use)
+		return x->last_use < y->last_use ? -1 : 1;
+	return x->slot < y->slot ? -1 : x->slot > y->slot;
+}
+
+/*
+ * Makes room for need more blocks when free and cached ones (less the reserved cached hits
+ * the caller is about to take) do not suffice: drops parked sequences in policy order.  It
+ * counts only the blocks a victim alone holds (and that are not pinned hits), so its estimate
+ * never overshoots, and it drops nothing unless the estimate covers the need: a failed call
+ * changes nothing.  Returns 0 or -ENOSPC.
+ */
+static int make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t priority)
+{
+	uint64_t avail = pool_available(&c->pool) - reserved, gain = 0;
+	uint32_t n = 0, k = 0;
+
+	if (need <= avail)
+		return 0;
+	for (uint32_t slot = 0; slot < c->cfg.max_sequences; slot++) {
+		struct core_seq *s = &c->seqs[slot];
+		uint32_t freeable = 0;
+
+		if (s->state != CORE_SEQ_PARKED)
+			continue;
+		/* Never a more important sequence for a less important request. */
+		if (c->cfg.policy == CORE_POLICY_PRIORITY && s->priority > priority)
+			continue;
+		for (uint32_t i = 0; i < s->nblocks; i++) {
+			const struct core_block *blk = &c->pool.blocks[s->table[i]];
+
+			freeable += blk->refcount == 1 && !(blk->flags & CORE_BLOCK_PINNED);
+		}
+		if (freeable == 0)
+			continue;
+		c->victims[n++] = (struct victim){ .slot = slot, .freeable = freeable,
+						   .last_use = s->last_use, .priority = s->priority,
+						   .tokens = s->ntokens };
+	}
+	qsort_r(c->victims, n, sizeof(*c->victims), policy_cmp, &c->cfg.policy);
+	while (k < n && avail + gain < need)
+		gain += c->victims[k++].freeable;
+	if (avail + gain < need)
+		return -ENOSPC;
+	for (uint32_t i = 0; i < k; i++)
+		drop(c, &c->seqs[c->victims[i].slot]);
+	return 0;
+}
+
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		  uint32_t *ret_cached)
 {
@@ -236,17 +339,25 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	if (!table)
 		return -ENOMEM;
 	nhit = prefix_walk(c, o, table, &collisions);
-	for (uint32_t i = 0; i < nhit; i++)
+	for (uint32_t i = 0; i < nhit; i++) {
 		cached_hits += c->pool.blocks[table[i]].refcount == 0;
-	if (nblocks - nhit > pool_available(&c->pool) - cached_hits) {
+		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
+	}
+	r = make_room(c, nblocks - nhit, cached_hits, o->priority);
+	for (uint32_t i = 0; i < nhit; i++)
+		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
+	if (r < 0) {
 		free(table);
-		return -ENOSPC;
+		return r;
 	}
 
 	/* Nothing can fail from here on. */
 	slot = c->free_slots[--c->nfree_slots];
 	s = &c->seqs[slot];
 	s->gen++;
+	s->state = CORE_SEQ_ACTIVE;
+	s->priority = o->priority;
+	s->last_use = ++c->tick;
 	s->salt = o->salt;
 	s->extra = o->extra;
 	s->table = table;
@@ -287,13 +398,14 @@ uint32_t core_lookup(const struct core *c, const struct core_open *o)
 int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_t n)
 {
 	const uint32_t B = c->cfg.block_tokens;
-	struct core_seq *s = seq_get(c, id);
 	uint32_t nblocks, need, last, first_changed;
+	struct core_seq *s;
 	bool cow;
 	int r;
 
-	if (!s)
-		return -ENOENT;
+	r = seq_get_active(c, id, &s);
+	if (r < 0)
+		return r;
 	r = tokens_check(c, tokens, n);
 	if (r < 0)
 		return r;
@@ -305,11 +417,14 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 	cow = s->ntokens % B != 0 && c->pool.blocks[s->table[last]].refcount > 1;
 	nblocks = blocks_for(c, s->ntokens + n);
 	need = nblocks - s->nblocks + cow;
-	if (need > pool_available(&c->pool))
-		return -ENOSPC;
+	/* Memory first (table growth cannot be undone after drops), then room in the pool. */
 	r = table_reserve(s, nblocks);
 	if (r < 0)
 		return r;
+	r = make_room(c, need, 0, s->priority);
+	if (r < 0)
+		return r;
+	s->last_use = ++c->tick;
 
 	first_changed = s->nblocks;
 	if (cow) {
@@ -388,11 +503,12 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 {
 	const uint32_t B = c->cfg.block_tokens;
-	struct core_seq *s = seq_get(c, id);
-	int replaced = 0;
+	struct core_seq *s;
+	int replaced = 0, r;
 
-	if (!s)
-		return -ENOENT;
+	r = seq_get_active(c, id, &s);
+	if (r < 0)
+		return r;
 	if (ntokens > s->ntokens)
 		return -EINVAL;
 	if (ntokens <= s->ncommitted)
@@ -400,16 +516,19 @@ int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 	for (uint32_t i = s->ncommitted / B; i < ntokens / B; i++)
 		replaced += commit_block(c, s, i);
 	s->ncommitted = ntokens;
+	s->last_use = ++c->tick;
 	return replaced;
 }
 
 int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 {
-	struct core_seq *s = seq_get(c, id), *child;
+	struct core_seq *s, *child;
 	uint32_t *table, slot;
+	int r;
 
-	if (!s)
-		return -ENOENT;
+	r = seq_get_active(c, id, &s);
+	if (r < 0)
+		return r;
 	if (c->nfree_slots == 0)
 		return -EMFILE;
 	table = malloc((size_t)s->nblocks * sizeof(*table));
@@ -422,6 +541,9 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	slot = c->free_slots[--c->nfree_slots];
 	child = &c->seqs[slot];
 	child->gen++;
+	child->state = CORE_SEQ_ACTIVE;
+	child->priority = s->priority;
+	child->last_use = s->last_use = ++c->tick;
 	child->salt = s->salt;
 	child->extra = s->extra;
 	child->table = table;
@@ -430,6 +552,91 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->ntokens = s->ntokens;
 	child->ncommitted = s->ncommitted;
 	*ret_child = seq_id(c, slot);
+	return 0;
+}
+
+int core_seq_park(struct core *c, uint64_t id)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	struct core_seq *s;
+	uint32_t *history;
+	int r;
+
+	r = seq_get_active(c, id, &s);
+	if (r < 0)
+		return r;
+	/* Keep the token ids now: once dropped, its blocks may be reused by anyone. */
+	history = malloc((size_t)s->ntokens * sizeof(*history));
+	if (!history)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < s->nblocks; i++) {
+		uint32_t n = i + 1 < s->nblocks ? B : s->ntokens - i * B;
+
+		memcpy(history + (size_t)i * B, core_slot_tokens(c, s->table[i]),
+		       (size_t)n * sizeof(*history));
+	}
+	s->history = history;
+	s->state = CORE_SEQ_PARKED;
+	s->last_use = ++c->tick;
+	return 0;
+}
+
+int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
+{
+	struct core_seq *s = seq_get(c, id);
+	struct core_open o;
+	uint32_t nblocks, nhit, collisions, cached_hits = 0;
+	uint32_t *table;
+	int r;
+
+	if (!s)
+		return -ENOENT;
+	if (s->state == CORE_SEQ_ACTIVE)
+		return -EINVAL;
+	if (s->state == CORE_SEQ_PARKED) {
+		free(s->history);
+		s->history = NULL;
+		s->state = CORE_SEQ_ACTIVE;
+		s->last_use = ++c->tick;
+		if (ret_recompute)
+			*ret_recompute = 0;
+		return 0;
+	}
+
+	/* Dropped: reopen from the history, taking whatever of it is still cached. */
+	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
+				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
+	nblocks = blocks_for(c, s->ntokens);
+	table = malloc((size_t)nblocks * sizeof(*table));
+	if (!table)
+		return -ENOMEM;
+	nhit = prefix_walk(c, &o, table, &collisions);
+	for (uint32_t i = 0; i < nhit; i++) {
+		cached_hits += c->pool.blocks[table[i]].refcount == 0;
+		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
+	}
+	r = make_room(c, nblocks - nhit, cached_hits, s->priority);
+	for (uint32_t i = 0; i < nhit; i++)
+		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
+	if (r < 0) {
+		free(table);
+		return r;
+	}
+	for (uint32_t i = 0; i < nhit; i++)
+		pool_ref(&c->pool, table[i]);
+	for (uint32_t i = nhit; i < nblocks; i++)
+		table[i] = pool_alloc(&c->pool);
+	s->table = table;
+	s->cap_blocks = s->nblocks = nblocks;
+	s->ncommitted = nhit * c->cfg.block_tokens;
+	write_tokens(c, s, s->ncommitted, s->history + s->ncommitted, s->ntokens - s->ncommitted);
+	free(s->history);
+	s->history = NULL;
+	s->state = CORE_SEQ_ACTIVE;
+	s->last_use = ++c->tick;
+	c->stats.collisions += collisions;
+	if (ret_recompute)
+		*ret_recompute = s->ntokens - s->ncommitted;
 	return 0;
 }
 
@@ -446,8 +653,10 @@ int core_seq_close(struct core *c, uint64_t id)
 	for (uint32_t i = s->nblocks; i-- > 0;)
 		pool_unref(&c->pool, s->table[i]);
 	free(s->table);
-	s->table = NULL;
+	free(s->history);
+	s->table = s->history = NULL;
 	s->cap_blocks = s->nblocks = s->ntokens = s->ncommitted = 0;
+	s->state = 0;
 	c->free_slots[c->nfree_slots++] = (uint32_t)id;
 	return 0;
 }
@@ -459,6 +668,8 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 	if (!s)
 		return -ENOENT;
 	*ret = (struct core_seq_info){
+		.state = s->state,
+		.priority = s->priority,
 		.salt = s->salt,
 		.extra = s->extra,
 		.ntokens = s->ntokens,

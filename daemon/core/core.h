@@ -13,6 +13,7 @@
  *   -ENOSPC  not enough free or cached blocks left to reuse
  *   -E2BIG   the sequence would exceed max_seq_tokens
  *   -EMFILE  max_sequences sequences are open
+ *   -EBUSY   the sequence is parked (resume it first)
  *   -ENOMEM  the host is out of memory
  *
  * See docs/core.md for the design.
@@ -26,6 +27,14 @@
 #include "daemon/core/hash.h"
 
 struct core;
+
+/* Which parked sequences are dropped first when memory runs out. */
+enum core_policy {
+	CORE_POLICY_LRU = 0,  /* the least recently used */
+	CORE_POLICY_PRIORITY, /* the lowest priority, least recently used first among equals;
+				 never one of higher priority than the request */
+	CORE_POLICY_COST,     /* the fewest tokens to recompute per block freed */
+};
 
 /* Copies the whole content of block src into block dst (copy-on-write).  0 or -errno. */
 typedef int (*core_copy_block_fn)(void *ctx, uint32_t dst, uint32_t src);
@@ -41,6 +50,7 @@ struct core_config {
 	core_copy_block_fn copy_block; /* required: the backend's block copy */
 	void *copy_ctx;
 	core_hash_fn hash_fn; /* NULL: XXH3-128.  Tests set a weak one to force collisions. */
+	enum core_policy policy;
 };
 
 struct core_stats {
@@ -54,6 +64,8 @@ struct core_stats {
 	uint64_t cow_copies;   /* blocks copied because a shared block was written */
 	uint64_t dedup_blocks; /* committed blocks replaced by an equal block already cached */
 	uint64_t commits;      /* blocks that became READY */
+	uint64_t preemptions;  /* parked sequences dropped to make room */
+	uint64_t dropped_tokens; /* their tokens, to be recomputed on resume (less what stays cached) */
 };
 
 struct core_usage {
@@ -71,6 +83,7 @@ struct core_open {
 	const uint32_t *tokens;
 	uint32_t ntokens; /* >= 1 */
 	uint32_t flags;   /* CORE_OPEN_* */
+	uint32_t priority; /* higher is more important (CORE_POLICY_PRIORITY) */
 };
 
 /*
@@ -79,7 +92,15 @@ struct core_open {
  */
 #define CORE_OPEN_RECOMPUTE_LAST (1u << 0)
 
+enum core_seq_state {
+	CORE_SEQ_ACTIVE = 1, /* in use by a client: never moved */
+	CORE_SEQ_PARKED,     /* idle: may be dropped when memory runs out */
+	CORE_SEQ_DROPPED,    /* its blocks were released; resume recomputes what is not cached */
+};
+
 struct core_seq_info {
+	uint32_t state;      /* enum core_seq_state */
+	uint32_t priority;
 	uint64_t salt;
 	uint64_t extra;
 	uint32_t ntokens;    /* tokens with a slot */
@@ -120,6 +141,22 @@ int core_seq_commit(struct core *c, uint64_t seq, uint32_t ntokens);
 
 /* A new sequence sharing every block of seq (parallel sampling, beam search). */
 int core_seq_fork(struct core *c, uint64_t seq, uint64_t *ret_child);
+
+/*
+ * Parks an idle sequence: its blocks stay, but when an allocation cannot be met from free and
+ * cached blocks, parked sequences are dropped (by the configured policy) to make room.  The
+ * token history is kept, so nothing is lost but the K/V.  Only resume, info and close apply
+ * to a parked sequence.
+ */
+int core_seq_park(struct core *c, uint64_t seq);
+
+/*
+ * Makes a parked or dropped sequence active again.  A dropped one is reopened through the
+ * prefix index from its token history (its committed blocks may still be cached);
+ * *ret_recompute gets how many tokens' K/V must be computed again (at least the last one, so
+ * its logits can be had).  A parked one that kept its blocks needs nothing: 0.
+ */
+int core_seq_resume(struct core *c, uint64_t seq, uint32_t *ret_recompute);
 
 /* Releases every block reference of seq; committed full blocks stay cached. */
 int core_seq_close(struct core *c, uint64_t seq);

@@ -86,9 +86,18 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 	for (uint32_t slot = 0; slot < c->cfg.max_sequences; slot++) {
 		const struct core_seq *s = &c->seqs[slot];
 
-		if (!s->table)
+		if (!s->state)
 			continue;
 		(*nseqs)++;
+		if (s->state > CORE_SEQ_DROPPED || (s->state == CORE_SEQ_ACTIVE) != !s->history)
+			return fail(v, "sequence slot %u: state %u with%s a token history", slot,
+				    s->state, s->history ? "" : "out");
+		if (s->state == CORE_SEQ_DROPPED) {
+			if (s->table || s->nblocks || s->ncommitted || !s->ntokens)
+				return fail(v, "dropped sequence slot %u still holds %u blocks", slot,
+					    s->nblocks);
+			continue;
+		}
 		if (s->ntokens == 0 || s->nblocks != (s->ntokens + B - 1) / B ||
 		    s->nblocks > s->cap_blocks || s->ncommitted > s->ntokens)
 			return fail(v, "sequence slot %u: %u tokens, %u committed, %u blocks", slot,

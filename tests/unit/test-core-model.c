@@ -30,6 +30,7 @@
 
 struct model_seq {
 	bool open;
+	bool parked; /* parked or dropped: only resume and close apply */
 	uint64_t id;
 	uint64_t salt;
 	uint32_t ntokens, ncommitted;
@@ -47,7 +48,7 @@ struct run {
 	uint32_t docs[NDOCS][MAX_TOKENS];
 	uint64_t *prefixes; /* set of committed full-block prefix signatures (open addressing) */
 	uint32_t prefix_mask, nprefixes;
-	uint32_t ops_done, opens, hits_total, enospc;
+	uint32_t ops_done, opens, hits_total, enospc, resumes;
 };
 
 static uint64_t rnd(struct run *r)
@@ -126,6 +127,12 @@ static void check_content(struct run *r, struct model_seq *m)
 	struct core_seq_info si;
 
 	model_assert(r, core_seq_info(r->c, m->id, &si) == 0, "sequence vanished");
+	model_assert(r, (si.state != CORE_SEQ_ACTIVE) == m->parked, "state %u, model parked %d",
+		     si.state, m->parked);
+	if (si.state == CORE_SEQ_DROPPED) {
+		model_assert(r, si.ntokens == m->ntokens && si.nblocks == 0, "dropped but holds blocks");
+		return;
+	}
 	model_assert(r, si.ntokens == m->ntokens && si.ncommitted == m->ncommitted,
 		     "sequence has %u/%u tokens, model %u/%u", si.ncommitted, si.ntokens,
 		     m->ncommitted, m->ntokens);
@@ -202,6 +209,7 @@ static void op_open(struct run *r)
 
 	if (!m)
 		return;
+	m->parked = false;
 	m->salt = rnd_below(r, 4) == 0 ? 7 : 0;
 	m->ntokens = make_prompt(r, m->tokens);
 	compute_sigs(m, 0);
@@ -237,6 +245,11 @@ static void op_append(struct run *r)
 
 	if (!m || m->ntokens == MAX_TOKENS)
 		return;
+	if (m->parked) {
+		model_assert(r, core_seq_append(r->c, m->id, r->docs[0], 1) == -EBUSY,
+			     "append to a parked sequence");
+		return;
+	}
 	n = 1 + rnd_below(r, 8);
 	if (n > MAX_TOKENS - m->ntokens)
 		n = MAX_TOKENS - m->ntokens;
@@ -265,6 +278,11 @@ static void op_commit(struct run *r)
 
 	if (!m || m->ncommitted == m->ntokens)
 		return;
+	if (m->parked) {
+		model_assert(r, core_seq_commit(r->c, m->id, m->ntokens) == -EBUSY,
+			     "commit to a parked sequence");
+		return;
+	}
 	upto = m->ncommitted + 1 + rnd_below(r, m->ntokens - m->ncommitted);
 	/* The engine's work: write K/V of the new tokens into the slots its table gives. */
 	core_seq_info(r->c, m->id, &si);
@@ -283,7 +301,7 @@ static void op_fork(struct run *r)
 	struct model_seq *m = pick_open(r), *child = pick_free(r);
 	int rc;
 
-	if (!m || !child)
+	if (!m || !child || m->parked)
 		return;
 	/*
 	 * A fork with uncommitted full blocks, committed after someone else committed the same
@@ -310,6 +328,50 @@ static void op_close(struct run *r)
 	model_assert(r, core_seq_close(r->c, m->id) == 0, "close failed");
 	model_assert(r, core_seq_close(r->c, m->id) == -ENOENT, "double close accepted");
 	m->open = false;
+	m->parked = false;
+}
+
+static void op_park(struct run *r)
+{
+	struct model_seq *m = pick_open(r);
+
+	if (!m || m->parked)
+		return;
+	model_assert(r, core_seq_park(r->c, m->id) == 0, "park failed");
+	m->parked = true;
+	check_content(r, m);
+}
+
+static void op_resume(struct run *r)
+{
+	struct model_seq *m = pick_open(r);
+	struct core_usage u0;
+	struct core_stats s0;
+	struct core_seq_info si;
+	uint32_t rec = 0;
+	int rc;
+
+	if (!m || !m->parked)
+		return;
+	snapshot(r, &u0, &s0);
+	rc = core_seq_resume(r->c, m->id, &rec);
+	if (rc == -ENOSPC) {
+		model_assert(r, !r->exact, "ENOSPC in a pool that never fills");
+		expect_unchanged(r, &u0, &s0);
+		return;
+	}
+	model_assert(r, rc == 0, "resume failed: %d", rc);
+	core_seq_info(r->c, m->id, &si);
+	if (r->exact)
+		model_assert(r, rec == 0, "a sequence was dropped in a pool that never fills");
+	/* Whatever was not kept must be recomputed; what is committed must read right. */
+	model_assert(r, rec == 0 ? si.ncommitted == m->ncommitted : si.ntokens - si.ncommitted == rec,
+		     "resume reported %u to recompute, %u of %u committed", rec, si.ncommitted,
+		     si.ntokens);
+	m->ncommitted = si.ncommitted;
+	m->parked = false;
+	r->resumes++;
+	check_content(r, m);
 }
 
 static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
@@ -334,12 +396,16 @@ static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
 
 		if (op < 22)
 			op_open(r);
-		else if (op < 50)
+		else if (op < 46)
 			op_append(r);
-		else if (op < 75)
+		else if (op < 68)
 			op_commit(r);
-		else if (op < 82)
+		else if (op < 74)
 			op_fork(r);
+		else if (op < 80)
+			op_park(r);
+		else if (op < 86)
+			op_resume(r);
 		else if (op < 99)
 			op_close(r);
 		else if (!exact)
@@ -359,10 +425,17 @@ static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
 	/* The workload must exercise what it claims to. */
 	model_assert(r, r->opens > 1000 && r->hits_total > 0, "workload too weak: %u opens, %u hits",
 		     r->opens, r->hits_total);
+	struct core_stats st;
+	core_get_stats(r->c, &st);
+	model_assert(r, r->resumes > 0, "nothing was ever resumed");
+	/* Under pressure requests fail or parked sequences are dropped (B=1 runs see both). */
 	if (!exact)
-		model_assert(r, r->enospc > 0, "the small pool never filled");
-	printf("model seed %" PRIu64 " B=%u capacity=%u: %u opens, %u cached tokens, %u ENOSPC\n",
-	       seed, B, capacity, r->opens, r->hits_total, r->enospc);
+		model_assert(r, st.preemptions > 0 && (r->enospc > 0 || B > 1),
+			     "no pressure: %u ENOSPC, %llu dropped", r->enospc,
+			     (unsigned long long)st.preemptions);
+	printf("model seed %" PRIu64 " B=%u capacity=%u: %u opens, %u cached tokens, %u ENOSPC, "
+	       "%llu dropped, %u resumed\n", seed, B, capacity, r->opens, r->hits_total, r->enospc,
+	       (unsigned long long)st.preemptions, r->resumes);
 	free(r->mem.slots);
 	free(r->prefixes);
 	core_free(r->c);

@@ -616,6 +616,193 @@ START_TEST(test_verify_detects_corruption)
 }
 END_TEST
 
+
+/* A core with a given policy, 8 blocks of 4 tokens. */
+static struct core *policy_core(enum core_policy policy)
+{
+	struct core_config cfg = { .capacity_blocks = 8, .block_tokens = B, .max_sequences = 8,
+				   .max_seq_tokens = 64, .copy_block = fake_copy, .copy_ctx = &mem,
+				   .policy = policy };
+	struct core *c;
+
+	fake_mem_init(&mem, 8, B);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	return c;
+}
+
+static uint64_t open_prio(struct core *c, uint32_t n, uint32_t base, uint32_t prio)
+{
+	uint32_t t[64], cached;
+	struct core_open o = { .tokens = t, .ntokens = n, .priority = prio };
+	uint64_t id;
+
+	fill_tokens(t, n, base);
+	ck_assert_int_eq(core_seq_open(c, &o, &id, &cached), 0);
+	return id;
+}
+
+START_TEST(test_park_and_resume_keeps_blocks)
+{
+	struct core *c = policy_core(CORE_POLICY_LRU);
+	uint64_t a = open_prio(c, 10, 1, 0), b;
+	uint32_t x = 5, rec = 99, before[3];
+
+	memcpy(before, info(c, a).table, sizeof(before));
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_PARKED);
+	/* Only info, resume and close apply to a parked sequence. */
+	ck_assert_int_eq(core_seq_append(c, a, &x, 1), -EBUSY);
+	ck_assert_int_eq(core_seq_commit(c, a, 1), -EBUSY);
+	ck_assert_int_eq(core_seq_fork(c, a, &b), -EBUSY);
+	ck_assert_int_eq(core_seq_park(c, a), -EBUSY);
+	assert_verified(c);
+	ck_assert_int_eq(core_seq_resume(c, a, &rec), 0);
+	ck_assert_uint_eq(rec, 0);
+	ck_assert_mem_eq(info(c, a).table, before, sizeof(before));
+	ck_assert_int_eq(core_seq_resume(c, a, &rec), -EINVAL); /* already active */
+	ck_assert_int_ge(core_seq_append(c, a, &x, 1), 0);
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	ck_assert_int_eq(core_seq_close(c, a), 0); /* a parked sequence can be closed */
+	assert_verified(c);
+	core_free(c);
+}
+END_TEST
+
+START_TEST(test_lru_drops_the_oldest_parked)
+{
+	struct core *c = policy_core(CORE_POLICY_LRU);
+	uint64_t a = open_prio(c, 12, 100, 0), b = open_prio(c, 12, 200, 0), d;
+	struct core_stats st;
+
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	ck_assert_int_eq(core_seq_park(c, b), 0);
+	/* 6 blocks held, 2 free: a 3-block request drops a (the older), which frees 3. */
+	d = open_prio(c, 12, 300, 0);
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_DROPPED);
+	ck_assert_uint_eq(info(c, b).state, CORE_SEQ_PARKED);
+	core_get_stats(c, &st);
+	ck_assert_uint_eq(st.preemptions, 1);
+	ck_assert_uint_eq(st.dropped_tokens, 12);
+	assert_verified(c);
+	(void)d;
+	core_free(c);
+}
+END_TEST
+
+START_TEST(test_priority_never_preempts_a_more_important_sequence)
+{
+	struct core *c = policy_core(CORE_POLICY_PRIORITY);
+	uint64_t lo = open_prio(c, 12, 100, 1), hi = open_prio(c, 12, 200, 5), d;
+	uint32_t t[12], cached;
+	struct core_open o = { .tokens = t, .ntokens = 12, .priority = 0 };
+	struct core_usage u0, u1;
+
+	/* hi parked first (older): LRU would pick it, priority picks lo. */
+	ck_assert_int_eq(core_seq_park(c, hi), 0);
+	ck_assert_int_eq(core_seq_park(c, lo), 0);
+	d = open_prio(c, 12, 300, 3);
+	ck_assert_uint_eq(info(c, lo).state, CORE_SEQ_DROPPED);
+	ck_assert_uint_eq(info(c, hi).state, CORE_SEQ_PARKED);
+	ck_assert_int_eq(core_seq_close(c, d), 0);
+	/* Leave one free block; then a priority-0 request may not take priority 5's blocks. */
+	open_prio(c, 16, 600, 5);
+	fill_tokens(t, 12, 500);
+	core_get_usage(c, &u0);
+	ck_assert_int_eq(core_seq_open(c, &o, &d, &cached), -ENOSPC);
+	core_get_usage(c, &u1);
+	ck_assert_mem_eq(&u0, &u1, sizeof(u0));
+	ck_assert_uint_eq(info(c, hi).state, CORE_SEQ_PARKED);
+	/* The same request at priority 5 may. */
+	o.priority = 5;
+	ck_assert_int_eq(core_seq_open(c, &o, &d, &cached), 0);
+	ck_assert_uint_eq(info(c, hi).state, CORE_SEQ_DROPPED);
+	assert_verified(c);
+	core_free(c);
+}
+END_TEST
+
+START_TEST(test_cost_drops_the_cheapest_to_recompute_per_block)
+{
+	struct core *c = policy_core(CORE_POLICY_COST);
+	/* a: 12 tokens in 3 blocks (4 a block); b: 9 tokens in 3 blocks (3 a block). */
+	uint64_t b = open_prio(c, 9, 100, 0), a = open_prio(c, 12, 200, 0);
+
+	ck_assert_int_eq(core_seq_park(c, b), 0);
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	open_prio(c, 12, 300, 0);
+	ck_assert_uint_eq(info(c, b).state, CORE_SEQ_DROPPED); /* 3 tokens a block < 4 */
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_PARKED);
+	assert_verified(c);
+	core_free(c);
+}
+END_TEST
+
+START_TEST(test_cost_prefers_cheap_over_old)
+{
+	struct core *c = policy_core(CORE_POLICY_COST);
+	/* The expensive one is the older: LRU would drop it, cost drops the cheap, newer one. */
+	uint64_t a = open_prio(c, 12, 200, 0), b = open_prio(c, 9, 100, 0);
+
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	ck_assert_int_eq(core_seq_park(c, b), 0);
+	open_prio(c, 12, 300, 0);
+	ck_assert_uint_eq(info(c, b).state, CORE_SEQ_DROPPED);
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_PARKED);
+	core_free(c);
+}
+END_TEST
+
+START_TEST(test_failed_request_drops_nothing)
+{
+	struct core *c = policy_core(CORE_POLICY_LRU);
+	uint64_t a = open_prio(c, 8, 100, 0), d;
+	uint32_t t[40], cached;
+	struct core_open o = { .tokens = t, .ntokens = 40 };
+	struct core_stats s0, s1;
+
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	core_get_stats(c, &s0);
+	/* 10 blocks needed; 6 free + 2 from dropping a = 8: refused, a stays parked. */
+	fill_tokens(t, 40, 7);
+	ck_assert_int_eq(core_seq_open(c, &o, &d, &cached), -ENOSPC);
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_PARKED);
+	core_get_stats(c, &s1);
+	ck_assert_mem_eq(&s0, &s1, sizeof(s0));
+	assert_verified(c);
+	core_free(c);
+}
+END_TEST
+
+START_TEST(test_dropped_resume_recomputes_what_is_not_cached)
+{
+	struct core *c = policy_core(CORE_POLICY_LRU);
+	uint32_t t[10], rec = 0;
+	uint64_t a, d;
+
+	fill_tokens(t, 10, 40);
+	a = open_prio(c, 10, 40, 0);
+	ck_assert_int_eq(core_seq_commit(c, a, 10), 0); /* 2 full blocks findable + 2 tokens */
+	ck_assert_int_eq(core_seq_park(c, a), 0);
+	/* 5 free blocks; a 6-block request drops a: its 3 blocks become available (2 cached). */
+	d = open_prio(c, 24, 900, 0);
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_DROPPED);
+	ck_assert_int_eq(core_seq_resume(c, a, &rec), -ENOSPC); /* no room yet: stays dropped */
+	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_DROPPED);
+	ck_assert_int_eq(core_seq_close(c, d), 0);
+	/* d took free blocks before cached ones, so a's two committed blocks are still cached. */
+	ck_assert_int_eq(core_seq_resume(c, a, &rec), 0);
+	struct core_seq_info si = info(c, a);
+	ck_assert_uint_eq(si.state, CORE_SEQ_ACTIVE);
+	ck_assert_uint_eq(si.ntokens, 10);
+	ck_assert_uint_eq(rec, si.ntokens - si.ncommitted);
+	ck_assert_uint_eq(rec, 2); /* only the partial block's 2 tokens */
+	for (uint32_t i = 0; i < 10; i++)
+		ck_assert_uint_eq(core_block_tokens(c, si.table[i / B])[i % B], t[i]);
+	assert_verified(c);
+	core_free(c);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("core");
@@ -638,6 +825,13 @@ int main(void)
 	tcase_add_test(tc, test_vocabulary_limit);
 	tcase_add_test(tc, test_drop_cache);
 	tcase_add_test(tc, test_verify_detects_corruption);
+	tcase_add_test(tc, test_park_and_resume_keeps_blocks);
+	tcase_add_test(tc, test_lru_drops_the_oldest_parked);
+	tcase_add_test(tc, test_priority_never_preempts_a_more_important_sequence);
+	tcase_add_test(tc, test_cost_drops_the_cheapest_to_recompute_per_block);
+	tcase_add_test(tc, test_cost_prefers_cheap_over_old);
+	tcase_add_test(tc, test_failed_request_drops_nothing);
+	tcase_add_test(tc, test_dropped_resume_recomputes_what_is_not_cached);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
