@@ -56,6 +56,7 @@ enum config_type {
 	TYPE_PATH,      /* an absolute path that fits in a Unix socket address */
 	TYPE_GROUP,     /* a group name or gid; aux_offset is the bool saying it is set */
 	TYPE_NAMESPACE, /* enum kvpd_namespace_mode */
+	TYPE_POLICY,    /* enum kvpd_policy */
 	TYPE_UIDS,      /* user names or uids; aux_offset is the size_t count */
 	TYPE_GIDS,      /* group names or gids; aux_offset is the size_t count */
 };
@@ -119,6 +120,8 @@ static const struct config_key schema[] = {
 	POOL_NUMBER(TYPE_U32, vocab_size, 0, 0, UINT32_MAX, 0),
 	{ .name = "namespace", .section = SECTION_POOL, .type = TYPE_NAMESPACE, .def = KVPD_NS_UID,
 	  .offset = offsetof(struct kvpd_pool_config, namespace_mode) },
+	{ .name = "policy", .section = SECTION_POOL, .type = TYPE_POLICY, .def = KVPD_POLICY_LRU,
+	  .offset = offsetof(struct kvpd_pool_config, policy) },
 	POOL_NUMBER(TYPE_U64, namespace_seed, 0, 0, UINT64_MAX, 0),
 	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
 	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
@@ -134,6 +137,12 @@ static const char *const namespace_names[] = {
 	[KVPD_NS_UID] = "uid",
 	[KVPD_NS_GID] = "gid",
 	[KVPD_NS_SHARED] = "shared",
+};
+
+static const char *const policy_names[] = {
+	[KVPD_POLICY_LRU] = "lru",
+	[KVPD_POLICY_PRIORITY] = "priority",
+	[KVPD_POLICY_COST] = "cost",
 };
 
 static const struct {
@@ -410,6 +419,9 @@ static int apply_defaults(enum config_section section, void *base)
 			break;
 		case TYPE_NAMESPACE:
 			*(enum kvpd_namespace_mode *)field = (enum kvpd_namespace_mode)key->def;
+			break;
+		case TYPE_POLICY:
+			*(enum kvpd_policy *)field = (enum kvpd_policy)key->def;
 			break;
 		case TYPE_PATH:
 			*(char **)field = strdup(key->def_path);
@@ -721,6 +733,13 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 				return 0;
 			}
 		return fail_key(p, key->name, "'%s' is not one of uid, gid, shared", value);
+	case TYPE_POLICY:
+		for (size_t i = 0; i < sizeof(policy_names) / sizeof(policy_names[0]); i++)
+			if (!strcmp(value, policy_names[i])) {
+				*(enum kvpd_policy *)field = (enum kvpd_policy)i;
+				return 0;
+			}
+		return fail_key(p, key->name, "'%s' is not one of lru, priority, cost", value);
 	case TYPE_UIDS:
 	case TYPE_GIDS:
 		return add_ids(p, key, base, value);
@@ -1058,6 +1077,10 @@ static void print_section(FILE *f, enum config_section section, const void *base
 		case TYPE_NAMESPACE:
 			fprintf(f, "%s = %s\n", key->name,
 				namespace_names[*(const enum kvpd_namespace_mode *)field]);
+			break;
+		case TYPE_POLICY:
+			fprintf(f, "%s = %s\n", key->name,
+				policy_names[*(const enum kvpd_policy *)field]);
 			break;
 		case TYPE_UIDS:
 		case TYPE_GIDS:

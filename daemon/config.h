@@ -16,6 +16,9 @@
 #define KVPD_CONFIG_PATH "/etc/kvpaged/kvpaged.conf"
 
 /* How a client's namespace (the salt of its prefix cache) follows from its credentials. */
+/* The same order as daemon/core's enum core_policy. */
+enum kvpd_policy { KVPD_POLICY_LRU, KVPD_POLICY_PRIORITY, KVPD_POLICY_COST };
+
 enum kvpd_namespace_mode {
 	KVPD_NS_UID,    /* one namespace per peer uid */
 	KVPD_NS_GID,    /* one namespace per peer primary gid */
@@ -30,6 +33,7 @@ struct kvpd_pool_config {
 	uint32_t max_seq_tokens; /* tokens in one sequence */
 	uint32_t vocab_size;     /* token ids must be below this; 0 accepts any id */
 	enum kvpd_namespace_mode namespace_mode;
+	enum kvpd_policy policy; /* which parked sequences are dropped first */
 	uint64_t namespace_seed;
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;

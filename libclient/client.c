@@ -269,7 +269,8 @@ KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n
 	req.tokens = (uint32_t *)tokens;
 	req.n_tokens = n;
 	req.extra_key = extra_key;
-	req.flags = flags;
+	req.flags = flags & 0xff;
+	req.priority = flags >> 8;
 	r = CALL(c, OPEN, req, open_reply, rep);
 	if (r < 0)
 		return r;
@@ -397,5 +398,39 @@ KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_to
 			*ret_committed = rep->committed;
 	}
 	kvpaged__v1__seq_info_reply__free_unpacked(rep, NULL);
+	return r;
+}
+
+KVP_EXPORT int kvp_park(struct kvp_client *c, uint64_t seq)
+{
+	Kvpaged__V1__Park req = KVPAGED__V1__PARK__INIT;
+	Kvpaged__V1__ParkReply *rep;
+	int r;
+
+	req.seq = seq;
+	r = CALL(c, PARK, req, park_reply, rep);
+	if (r < 0)
+		return r;
+	kvpaged__v1__park_reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
+KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_recompute,
+			  struct kvp_table *table)
+{
+	Kvpaged__V1__Resume req = KVPAGED__V1__RESUME__INIT;
+	Kvpaged__V1__ResumeReply *rep;
+	int r;
+
+	req.seq = seq;
+	r = CALL(c, RESUME, req, resume_reply, rep);
+	if (r < 0)
+		return r;
+	if (table)
+		table->len = 0;
+	r = table_set(table, 0, rep->table, rep->n_table);
+	if (r == 0 && ret_recompute)
+		*ret_recompute = rep->recompute_tokens;
+	kvpaged__v1__resume_reply__free_unpacked(rep, NULL);
 	return r;
 }

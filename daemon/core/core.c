@@ -235,6 +235,8 @@ static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from
 /* Releases a parked sequence's blocks, keeping its token history: it becomes DROPPED. */
 static void drop(struct core *c, struct core_seq *s)
 {
+	uint32_t nblocks = s->nblocks;
+
 	for (uint32_t i = s->nblocks; i-- > 0;)
 		pool_unref(&c->pool, s->table[i]);
 	free(s->table);
@@ -244,6 +246,8 @@ static void drop(struct core *c, struct core_seq *s)
 	s->state = CORE_SEQ_DROPPED;
 	c->stats.preemptions++;
 	c->stats.dropped_tokens += s->ntokens;
+	if (c->cfg.on_drop)
+		c->cfg.on_drop(c->cfg.drop_ctx, seq_id(c, (uint32_t)(s - c->seqs)), nblocks);
 }
 
 static int policy_cmp(const void *a, const void *b, void *ctx)

@@ -51,6 +51,9 @@ struct core_config {
 	void *copy_ctx;
 	core_hash_fn hash_fn; /* NULL: XXH3-128.  Tests set a weak one to force collisions. */
 	enum core_policy policy;
+	/* Told about every sequence dropped to make room (may be NULL). */
+	void (*on_drop)(void *ctx, uint64_t seq, uint32_t nblocks);
+	void *drop_ctx;
 };
 
 struct core_stats {

@@ -134,6 +134,8 @@ static void metrics_text(struct server *srv, struct text *t)
 		{ "cow_copies", "Blocks copied on write.", offsetof(struct core_stats, cow_copies) },
 		{ "dedup_blocks", "Committed blocks replaced by an equal cached block.",
 		  offsetof(struct core_stats, dedup_blocks) },
+		{ "preemptions", "Parked sequences dropped to make room.",
+		  offsetof(struct core_stats, preemptions) },
 	};
 	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
 		text_printf(t, "# HELP kvpaged_%s_total %s\n# TYPE kvpaged_%s_total counter\n",
@@ -373,6 +375,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->cow_copies = st.cow_copies;
 				x->dedup_blocks = st.dedup_blocks;
 				x->commits = st.commits;
+				x->preemptions = st.preemptions;
+				x->dropped_tokens = st.dropped_tokens;
 				pp[rep.n_pools++] = x;
 				for (uint32_t j = 0; j < p->nns; j++) {
 					Kvpaged__V1__NamespaceStats *y = &ns[rep.n_namespaces];

@@ -217,7 +217,8 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 	if (m->n_tokens > UINT32_MAX)
 		r = -E2BIG;
 	else
-		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, &res, &why);
+		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
+			     &res, &why);
 	if (r < 0) {
 		reply_refused(s, h->seq, r, why, "open");
 	} else {
@@ -350,11 +351,49 @@ static void on_seq_info(struct session *s, const struct kvp_frame_header *h, con
 	} else {
 		rep.tokens = info.ntokens;
 		rep.committed = info.ncommitted;
+		rep.state = info.state;
 		rep.n_table = info.nblocks;
 		rep.table = (uint32_t *)info.table;
 		REPLY(SEQ_INFO_REPLY, rep);
 	}
 	kvpaged__v1__seq_info__free_unpacked(m, NULL);
+}
+
+static void on_park(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__ParkReply rep = KVPAGED__V1__PARK_REPLY__INIT;
+	const char *why = NULL;
+	Kvpaged__V1__Park *m;
+	int r;
+
+	UNPACK(park, m);
+	r = ops_park(s, m->seq, &why);
+	if (r < 0)
+		reply_refused(s, h->seq, r, why, "park");
+	else
+		REPLY(PARK_REPLY, rep);
+	kvpaged__v1__park__free_unpacked(m, NULL);
+}
+
+static void on_resume(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__ResumeReply rep = KVPAGED__V1__RESUME_REPLY__INIT;
+	struct seq_result res;
+	const char *why = NULL;
+	Kvpaged__V1__Resume *m;
+	int r;
+
+	UNPACK(resume, m);
+	r = ops_resume(s, m->seq, &res, &why);
+	if (r < 0) {
+		reply_refused(s, h->seq, r, why, "resume");
+	} else {
+		rep.recompute_tokens = res.cached;
+		rep.n_table = res.table_len;
+		rep.table = (uint32_t *)res.table;
+		REPLY(RESUME_REPLY, rep);
+	}
+	kvpaged__v1__resume__free_unpacked(m, NULL);
 }
 
 void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
@@ -389,6 +428,12 @@ void client_dispatch(struct session *s, const struct kvp_frame_header *h, const 
 		break;
 	case KVPAGED__V1__MESSAGE_TYPE__SEQ_INFO:
 		on_seq_info(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__PARK:
+		on_park(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__RESUME:
+		on_resume(s, h, payload);
 		break;
 	default:
 		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);

@@ -89,10 +89,10 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 }
 
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, struct seq_result *res, const char **why)
+	     uint32_t flags, uint32_t priority, struct seq_result *res, const char **why)
 {
 	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
-			       .flags = flags };
+			       .flags = flags, .priority = priority };
 	uint32_t nblocks = blocks_for(s, n);
 	int r;
 
@@ -217,7 +217,49 @@ int ops_close(struct session *s, uint64_t seq, const char **why)
 	if (r < 0)
 		return r;
 	disown(s, seq);
-	s->blocks -= info.nblocks;
+	s->blocks -= info.nblocks; /* 0 for a dropped sequence */
+	return 0;
+}
+
+int ops_park(struct session *s, uint64_t seq, const char **why)
+{
+	struct core_seq_info info;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	r = core_seq_park(s->pool->core, seq);
+	if (r == -EBUSY)
+		*why = "the sequence is already parked";
+	return r;
+}
+
+int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const char **why)
+{
+	struct core_seq_info info;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	if (info.state == CORE_SEQ_ACTIVE) {
+		*why = "the sequence is not parked";
+		return -EINVAL;
+	}
+	/* A dropped sequence takes its blocks again: they count against the quota. */
+	if (info.state == CORE_SEQ_DROPPED &&
+	    s->blocks + blocks_for(s, info.ntokens) > session_max_blocks(s)) {
+		*why = "session would exceed its max_blocks quota";
+		return -EDQUOT;
+	}
+	r = core_seq_resume(s->pool->core, seq, &res->cached);
+	if (r < 0)
+		return r;
+	if (info.state == CORE_SEQ_DROPPED)
+		s->blocks += blocks_for(s, info.ntokens);
+	res->seq = seq;
+	fill_table(s, seq, 0, res);
 	return 0;
 }
 

@@ -12,6 +12,18 @@
 #include "daemon/log.h"
 #include "daemon/server/server.h"
 
+/* The core dropped a parked sequence for someone else's request: its owner holds less now. */
+static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
+{
+	struct dpool *p = ctx;
+	struct session *s = p->owners[(uint32_t)seq].s;
+
+	if (s)
+		s->blocks -= nblocks;
+	log_debug("pool %s: parked sequence %llu dropped, %u blocks released", p->cfg->name,
+		  (unsigned long long)seq, nblocks);
+}
+
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 {
 	struct core_config cc = {
@@ -22,6 +34,9 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		.vocab_size = cfg->vocab_size,
 		.copy_block = backend_copy_block,
 		.copy_ctx = &p->mem,
+		.policy = (enum core_policy)cfg->policy,
+		.on_drop = on_drop,
+		.drop_ctx = p,
 	};
 	int r;
 

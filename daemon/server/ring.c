@@ -214,7 +214,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_NOP:
 		break;
 	case KVP_OP_OPEN:
-		rc = ops_open(s, tokens, ntok, e->extra, e->arg, &res, &why);
+		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xff, e->arg >> 8, &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
 			c->aux = res.cached;
@@ -248,6 +248,16 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		break;
 	case KVP_OP_LOOKUP:
 		rc = ops_lookup(s, tokens, ntok, e->extra, e->arg, &c->aux, &why);
+		break;
+	case KVP_OP_PARK:
+		rc = ops_park(s, e->seq, &why);
+		break;
+	case KVP_OP_RESUME:
+		rc = ops_resume(s, e->seq, &res, &why);
+		if (rc == 0) {
+			c->aux = res.cached;
+			put_table(r, e, c, res.table, res.table_len);
+		}
 		break;
 	case KVP_OP_SEQ_INFO: {
 		struct core_seq_info info;

@@ -193,7 +193,10 @@ struct seq_result {
 	uint32_t table_len;
 };
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, struct seq_result *res, const char **why);
+	     uint32_t flags, uint32_t priority, struct seq_result *res, const char **why);
+int ops_park(struct session *s, uint64_t seq, const char **why);
+/* res->cached gets the tokens to recompute; res->table the whole table. */
+int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const char **why);
 int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t n,
 	       struct seq_result *res, const char **why);
 int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_result *res,

@@ -33,6 +33,9 @@ extern "C" {
 
 /* Open flag: leave the last prompt token uncached, so its logits can be computed. */
 #define KVP_OPEN_RECOMPUTE_LAST (1u << 0)
+/* Open flag bits 8..31: the sequence's priority (pools with policy = priority; higher is more
+ * important, so dropped later and never for a less important request). */
+#define KVP_OPEN_PRIORITY(p) ((uint32_t)(p) << 8)
 
 struct kvp_client;
 
@@ -129,6 +132,21 @@ KVP_EXPORT int kvp_lookup(struct kvp_client *c, const uint32_t *tokens, uint32_t
 KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_tokens,
 			    uint32_t *ret_committed, struct kvp_table *table);
 
+/*
+ * Parks an idle sequence (between turns of a conversation, say).  Its blocks stay, but when
+ * memory runs out the daemon may drop it, by the pool's policy; its token history is kept.
+ * Until kvp_resume() only kvp_seq_info() and kvp_close() apply to it (others: -EBUSY).
+ */
+KVP_EXPORT int kvp_park(struct kvp_client *c, uint64_t seq);
+
+/*
+ * Makes a parked sequence active again.  *ret_recompute gets how many trailing tokens' K/V
+ * must be computed again (0 if it kept its blocks; after a drop, what is no longer cached,
+ * at least the last token); table gets the whole new block table.
+ */
+KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_recompute,
+			  struct kvp_table *table);
+
 /* ------------------------------------------------------------------ asynchronous rings */
 
 enum kvp_opcode {
@@ -140,12 +158,14 @@ enum kvp_opcode {
 	KVP_CLOSE = 5,
 	KVP_LOOKUP = 6,
 	KVP_SEQ_INFO = 7,
+	KVP_PARK = 8,
+	KVP_RESUME = 9, /* aux: tokens to recompute */
 };
 
 /* One operation for kvp_submit().  tokens are copied at submission. */
 struct kvp_op {
 	uint32_t opcode;   /* enum kvp_opcode */
-	uint32_t arg;      /* COMMIT: tokens written; OPEN/LOOKUP: flags */
+	uint32_t arg;      /* COMMIT: tokens written; OPEN/LOOKUP: flags (KVP_OPEN_*) */
 	uint64_t user_data;
 	uint64_t seq;
 	uint64_t extra_key;

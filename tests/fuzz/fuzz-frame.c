@@ -21,6 +21,8 @@ static const ProtobufCMessageDescriptor *descriptor_for(uint16_t type)
 	case KVPAGED__V1__MESSAGE_TYPE__CLOSE: return &kvpaged__v1__close__descriptor;
 	case KVPAGED__V1__MESSAGE_TYPE__LOOKUP: return &kvpaged__v1__lookup__descriptor;
 	case KVPAGED__V1__MESSAGE_TYPE__SEQ_INFO: return &kvpaged__v1__seq_info__descriptor;
+	case KVPAGED__V1__MESSAGE_TYPE__PARK: return &kvpaged__v1__park__descriptor;
+	case KVPAGED__V1__MESSAGE_TYPE__RESUME: return &kvpaged__v1__resume__descriptor;
 	case KVPAGED__V1__MESSAGE_TYPE__ERROR: return &kvpaged__v1__error__descriptor;
 	case KVPAGED__V1__MESSAGE_TYPE__WELCOME: return &kvpaged__v1__welcome__descriptor;
 	default: return &kvpaged__v1__admin_request__descriptor;

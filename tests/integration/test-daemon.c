@@ -553,6 +553,63 @@ START_TEST(test_rings_polled)
 }
 END_TEST
 
+/*
+ * Park and resume through the daemon: another session's request drops a parked sequence,
+ * whose committed blocks stay cached; resume takes back what is cached and reports the rest.
+ */
+START_TEST(test_park_drop_resume)
+{
+	static const char *pools =
+		"[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+		"block_tokens = 16\ncapacity_blocks = 16\npolicy = priority\n";
+	uint32_t t[64], u[200], x = 1, rec = 99, cached;
+	struct kvp_table ta = { 0 }, tr = { 0 };
+	struct kvp_client *a, *b;
+	uint64_t sa, sb;
+	char out[8192];
+
+	daemon_start(&d, pools);
+	prompt(t, 64, 10);
+	prompt(u, 200, 5000);
+	a = connect_ns(NULL, 0);
+	b = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(a, t, 64, 0, KVP_OPEN_PRIORITY(5), &sa, &cached, &ta), 0);
+	for (uint32_t i = 0; i < 4; i++)
+		write_block(a, ta.blocks[i], (uint8_t)(0x40 + i));
+	ck_assert_int_eq(kvp_commit(a, sa, 64, &ta), 0);
+	ck_assert_int_eq(kvp_park(a, sa), 0);
+	ck_assert_int_eq(kvp_append(a, sa, &x, 1, NULL), -EBUSY);
+	ck_assert_int_eq(kvp_park(a, sa), -EBUSY);
+
+	/* 12 blocks free, 13 needed: a less important request may not drop a ... */
+	ck_assert_int_eq(kvp_open(b, u, 200, 0, KVP_OPEN_PRIORITY(1), &sb, &cached, NULL), -ENOSPC);
+	/* ... an equally important one may: a's 4 blocks are released, its 3 leading blocks
+	 * stay cached (the request takes free blocks first, then the oldest cached: a's leaf). */
+	ck_assert_int_eq(kvp_open(b, u, 200, 0, KVP_OPEN_PRIORITY(5), &sb, &cached, NULL), 0);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "preemptions"), 1);
+	assert_verified(&d);
+	ck_assert_int_eq(kvp_resume(a, sa, &rec, &tr), -ENOSPC); /* no room yet */
+	ck_assert_int_eq(kvp_close(b, sb), 0);
+
+	ck_assert_int_eq(kvp_resume(a, sa, &rec, &tr), 0);
+	ck_assert_uint_eq(rec, 16); /* the evicted last block */
+	ck_assert_uint_eq(tr.len, 4);
+	for (uint32_t i = 0; i < 3; i++) {
+		ck_assert_uint_eq(tr.blocks[i], ta.blocks[i]);
+		ck_assert(block_is(a, tr.blocks[i], (uint8_t)(0x40 + i))); /* the K/V survived */
+	}
+	ck_assert_int_ge(kvp_append(a, sa, &x, 1, &tr), 0);
+	ck_assert_int_eq(kvp_resume(a, sa, &rec, NULL), -EINVAL); /* active */
+	assert_verified(&d);
+	kvp_disconnect(a);
+	kvp_disconnect(b);
+	kvp_table_free(&ta);
+	kvp_table_free(&tr);
+	daemon_stop(&d);
+}
+END_TEST
+
 /* Regressions: a ring without a data area is refused; an emptied data area is reused whole. */
 START_TEST(test_ring_data_area)
 {
@@ -600,6 +657,7 @@ int main(void)
 	tcase_add_test(tc, test_rings_polled);
 	tcase_add_test(tc, test_socket_served_while_polling);
 	tcase_add_test(tc, test_ring_data_area);
+	tcase_add_test(tc, test_park_drop_resume);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -77,6 +77,7 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->max_seq_tokens, b->max_seq_tokens);
 	ck_assert_uint_eq(a->vocab_size, b->vocab_size);
 	ck_assert_int_eq(a->namespace_mode, b->namespace_mode);
+	ck_assert_int_eq(a->policy, b->policy);
 	ck_assert_uint_eq(a->namespace_seed, b->namespace_seed);
 	ck_assert_uint_eq(a->n_allow_uids, b->n_allow_uids);
 	for (size_t i = 0; i < a->n_allow_uids; i++)
@@ -150,6 +151,7 @@ START_TEST(test_defaults)
 	ck_assert_uint_eq(p->max_seq_tokens, 1048576);
 	ck_assert_uint_eq(p->vocab_size, 0);
 	ck_assert_int_eq(p->namespace_mode, KVPD_NS_UID);
+	ck_assert_int_eq(p->policy, KVPD_POLICY_LRU);
 	ck_assert_uint_eq(p->namespace_seed, 0);
 	ck_assert_ptr_null(p->allow_uids);
 	ck_assert_uint_eq(p->n_allow_uids, 0);
@@ -197,6 +199,7 @@ static const char full_config[] =
 	"max_seq_tokens = 2147483648\n"
 	"vocab_size = 128256\n"
 	"namespace = gid\n"
+	"policy = cost\n"
 	"namespace_seed = 18446744073709551615\n"
 	"allow_users = root, 1000 1001,1002\n"
 	"\t1003 1004 1005 1006 1007 1008 1009\n"
@@ -244,6 +247,7 @@ START_TEST(test_full_config_round_trips)
 	ck_assert_uint_eq(p->max_seq_tokens, 2147483648u);
 	ck_assert_uint_eq(p->vocab_size, 128256);
 	ck_assert_int_eq(p->namespace_mode, KVPD_NS_GID);
+	ck_assert_int_eq(p->policy, KVPD_POLICY_COST);
 	ck_assert_uint_eq(p->namespace_seed, UINT64_MAX);
 	ck_assert_uint_eq(p->n_allow_uids, sizeof(uids) / sizeof(uids[0]));
 	ck_assert_mem_eq(p->allow_uids, uids, sizeof(uids));
@@ -747,6 +751,7 @@ START_TEST(test_namespace)
 			  "kvpaged.conf:8: [pool main] namespace: 'user' is not one of uid, gid, "
 			  "shared");
 	expect_pool_error("namespace = UID", "'UID' is not one of");
+	expect_pool_error("policy = fifo", "policy: 'fifo' is not one of lru, priority, cost");
 }
 END_TEST
 

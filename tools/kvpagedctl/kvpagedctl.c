@@ -329,6 +329,8 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "cow_copies", p->cow_copies);
 			jadd_u(x, "dedup_blocks", p->dedup_blocks);
 			jadd_u(x, "commits", p->commits);
+			jadd_u(x, "preemptions", p->preemptions);
+			jadd_u(x, "dropped_tokens", p->dropped_tokens);
 			json_object_array_add(pa, x);
 		}
 		for (size_t i = 0; i < st->n_namespaces; i++) {
