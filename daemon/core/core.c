@@ -698,11 +698,6 @@ const uint32_t *core_block_tokens(const struct core *c, uint32_t b)
 	return b < c->cfg.capacity_blocks ? core_slot_tokens(c, b) : NULL;
 }
 
-uint32_t core_block_tokens_per_block(const struct core *c)
-{
-	return c->cfg.block_tokens;
-}
-
 void core_get_stats(const struct core *c, struct core_stats *ret)
 {
 	*ret = c->stats;

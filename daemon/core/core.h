@@ -179,7 +179,6 @@ uint32_t core_drop_cache(struct core *c);
 /* Token ids in the slots of block b (block_tokens of them; meaningful where written). */
 const uint32_t *core_block_tokens(const struct core *c, uint32_t b);
 
-uint32_t core_block_tokens_per_block(const struct core *c);
 void core_get_stats(const struct core *c, struct core_stats *ret);
 void core_get_usage(const struct core *c, struct core_usage *ret);
 

@@ -388,7 +388,7 @@ static void on_resume(struct session *s, const struct kvp_frame_header *h, const
 	if (r < 0) {
 		reply_refused(s, h->seq, r, why, "resume");
 	} else {
-		rep.recompute_tokens = res.cached;
+		rep.recompute_tokens = res.recompute;
 		rep.n_table = res.table_len;
 		rep.table = (uint32_t *)res.table;
 		REPLY(RESUME_REPLY, rep);

@@ -253,7 +253,7 @@ int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const ch
 		*why = "session would exceed its max_blocks quota";
 		return -EDQUOT;
 	}
-	r = core_seq_resume(s->pool->core, seq, &res->cached);
+	r = core_seq_resume(s->pool->core, seq, &res->recompute);
 	if (r < 0)
 		return r;
 	if (info.state == CORE_SEQ_DROPPED)

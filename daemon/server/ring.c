@@ -255,7 +255,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_RESUME:
 		rc = ops_resume(s, e->seq, &res, &why);
 		if (rc == 0) {
-			c->aux = res.cached;
+			c->aux = res.recompute;
 			put_table(r, e, c, res.table, res.table_len);
 		}
 		break;

@@ -189,13 +189,14 @@ int session_reply_error(struct session *s, uint32_t seq, int error, const char *
 struct seq_result {
 	uint64_t seq;
 	uint32_t cached, first_changed, replaced;
+	uint32_t recompute; /* resume: trailing tokens whose K/V must be computed again */
 	const uint32_t *table; /* valid until the next core call */
 	uint32_t table_len;
 };
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
 	     uint32_t flags, uint32_t priority, struct seq_result *res, const char **why);
 int ops_park(struct session *s, uint64_t seq, const char **why);
-/* res->cached gets the tokens to recompute; res->table the whole table. */
+/* res->recompute gets the tokens to recompute; res->table the whole table. */
 int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const char **why);
 int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t n,
 	       struct seq_result *res, const char **why);
