@@ -26,12 +26,15 @@ enum {
 	CORE_BLOCK_INDEXED = 1u << 0, /* findable through the prefix index */
 	CORE_BLOCK_ON_LRU = 1u << 1,  /* refcount 0 and indexed: cached, on the LRU list */
 	CORE_BLOCK_PINNED = 1u << 2,  /* transient, inside one call: a hit the caller will take */
+	CORE_BLOCK_NODEMOTE = 1u << 3, /* cached, but dropped rather than moved below the pool when
+					  evicted (a victim the cost model chose to recompute) */
 };
 
 /*
- * One per physical block; kept at 64 bytes or less so a 1M-block pool's metadata is 64 MiB.
- * prev/next link the block into exactly one of the free list (next only) or the LRU list,
- * or neither while it is referenced.
+ * One per physical block, and one per slot of each tier below the pool (there parent and
+ * children are unused: the tier keeps the parent's hash instead).  Kept at 64 bytes or less so
+ * a 1M-block pool's metadata is 64 MiB.  prev/next link the block into exactly one of the free
+ * list (doubly linked) or the LRU list, or neither while it is referenced.
  */
 struct core_block {
 	struct core_hash hash; /* chain hash; valid in state READY */

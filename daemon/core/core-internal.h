@@ -23,6 +23,17 @@ struct core_seq {
 	uint32_t gen; /* bumped at close so stale ids are refused */
 };
 
+/* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */
+struct tier {
+	struct pool pool;
+	struct prefix_index index;
+	struct core_hash *parents; /* per slot: the parent block's hash */
+	struct core *c;
+	uint32_t id;
+	bool promote; /* a hit here is worth a transfer */
+	struct core_tier_stats stats;
+};
+
 struct core {
 	struct core_config cfg;
 	struct pool pool;
@@ -35,6 +46,16 @@ struct core {
 	struct core_stats stats;
 	uint64_t tick;
 	struct victim *victims; /* max_sequences of them: preemption candidates */
+	struct tier tiers[CORE_NTIERS]; /* [0] unused: the pool */
+	uint32_t first_tier;  /* where the pool demotes to; 0: no tier */
+	bool dropping;        /* core_drop_cache: evictions move nothing */
+	/* One lookup's hits below the pool (walk-sized). */
+	uint8_t *hit_tier;
+	uint32_t *hit_slot;
+	struct core_hash *hit_hash; /* walk + 1 */
+	struct core_load *loads;
+	struct core_preemption log[CORE_PREEMPTION_LOG];
+	uint32_t nlog; /* preemptions recorded in all; the newest is log[(nlog - 1) % size] */
 };
 
 struct victim {
@@ -49,6 +70,28 @@ static inline const uint32_t *core_slot_tokens(const struct core *c, uint32_t b)
 {
 	return c->tokens + (size_t)b * c->cfg.block_tokens;
 }
+
+static inline bool tier_exists(const struct core *c, uint32_t t)
+{
+	return t > 0 && t < CORE_NTIERS && c->cfg.tier_slots[t] > 0;
+}
+
+/* tier.c */
+int tiers_init(struct core *c);
+void tiers_done(struct core *c);
+/* A pool block is being evicted: move it below the pool unless it is marked not to. */
+void tier_demote_block(struct core *c, uint32_t b);
+/* The tier that holds a block with this identity, and its slot; 0 if none. */
+uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
+		   uint64_t salt, uint64_t extra, uint32_t *ret_slot);
+/* Keeps a hit from being evicted until tier_put / tier_release. */
+void tier_hold(struct core *c, uint32_t t, uint32_t slot);
+/* Undoes tier_hold: the slot keeps its block. */
+void tier_put(struct core *c, uint32_t t, uint32_t slot);
+/* Undoes tier_hold and frees the slot (its block moved up, or was bad). */
+void tier_release(struct core *c, uint32_t t, uint32_t slot);
+uint32_t tiers_drop_all(struct core *c);
+int tiers_verify(const struct core *c, char *why, size_t why_len);
 
 /* The chain hash a block with this parent, salt, extra key and tokens has. */
 struct core_hash core_chain_hash(const struct core *c, uint32_t parent, uint64_t salt,

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "daemon/core/core-internal.h"
+#include "daemon/core/cost.h"
 #include "daemon/core/hash-inline.h"
 
 static void on_evict(void *ctx, uint32_t b)
@@ -16,6 +17,7 @@ static void on_evict(void *ctx, uint32_t b)
 	struct core *c = ctx;
 	struct core_block *blk = &c->pool.blocks[b];
 
+	tier_demote_block(c, b);
 	/* Only indexed blocks are ever cached, and an indexed block's parent is indexed. */
 	index_remove(&c->index, blk->hash, b);
 	if (blk->parent != CORE_NONE)
@@ -34,12 +36,17 @@ static int config_check(const struct core_config *cfg)
 		return -EINVAL;
 	if ((uint64_t)cfg->capacity_blocks * cfg->block_tokens > SIZE_MAX / sizeof(uint32_t))
 		return -EINVAL;
+	for (uint32_t t = 1; t < CORE_NTIERS; t++)
+		if (cfg->tier_slots[t] &&
+		    (!cfg->tier_ops || !cfg->tier_ops->store || !cfg->tier_ops->load))
+			return -EINVAL;
 	return 0;
 }
 
 int core_new(const struct core_config *cfg, struct core **ret)
 {
 	struct core *c;
+	size_t walk;
 	int r;
 
 	r = config_check(cfg);
@@ -56,16 +63,25 @@ int core_new(const struct core_config *cfg, struct core **ret)
 	r = index_init(&c->index, cfg->capacity_blocks);
 	if (r < 0)
 		goto fail;
+	r = tiers_init(c);
+	if (r < 0)
+		goto fail;
 	r = -ENOMEM;
 	c->tokens = calloc((size_t)cfg->capacity_blocks * cfg->block_tokens, sizeof(uint32_t));
 	/* No sequence can hold more blocks than the pool has. */
-	c->walk = malloc(((size_t)(cfg->max_seq_tokens / cfg->block_tokens < cfg->capacity_blocks
-					   ? cfg->max_seq_tokens / cfg->block_tokens
-					   : cfg->capacity_blocks) + 1) * sizeof(*c->walk));
+	walk = (cfg->max_seq_tokens / cfg->block_tokens < cfg->capacity_blocks
+			? cfg->max_seq_tokens / cfg->block_tokens
+			: cfg->capacity_blocks) + 1;
+	c->walk = malloc(walk * sizeof(*c->walk));
+	c->hit_tier = malloc(walk * sizeof(*c->hit_tier));
+	c->hit_slot = malloc(walk * sizeof(*c->hit_slot));
+	c->hit_hash = malloc((walk + 1) * sizeof(*c->hit_hash));
+	c->loads = malloc(walk * sizeof(*c->loads));
 	c->seqs = calloc(cfg->max_sequences, sizeof(*c->seqs));
 	c->victims = malloc((size_t)cfg->max_sequences * sizeof(*c->victims));
 	c->free_slots = malloc((size_t)cfg->max_sequences * sizeof(*c->free_slots));
-	if (!c->tokens || !c->walk || !c->seqs || !c->victims || !c->free_slots)
+	if (!c->tokens || !c->walk || !c->seqs || !c->victims || !c->free_slots || !c->hit_tier ||
+	    !c->hit_slot || !c->hit_hash || !c->loads)
 		goto fail;
 	/* Hand out low slots first: ids stay small and the slot array stays warm. */
 	for (uint32_t i = 0; i < cfg->max_sequences; i++)
@@ -89,8 +105,13 @@ struct core *core_free(struct core *c)
 		}
 	pool_done(&c->pool);
 	index_done(&c->index);
+	tiers_done(c);
 	free(c->tokens);
 	free(c->walk);
+	free(c->hit_tier);
+	free(c->hit_slot);
+	free(c->hit_hash);
+	free(c->loads);
 	free(c->seqs);
 	free(c->victims);
 	free(c->free_slots);
@@ -161,37 +182,68 @@ static inline uint32_t blocks_for(const struct core *c, uint32_t ntokens)
  * Walks the index for the prompt's leading full blocks.  A candidate is accepted only when its
  * parent, salt, extra key and every token id match: the hash only finds candidates.  Fills
  * hits[] and returns their number; *ret_collisions counts hash matches with other content.
+ *
+ * Where the pool's chain ends, the walk goes on in the tiers below (parent hash, salt and
+ * extra key checked here, tokens by the load): c->hit_tier/hit_slot[0, *ret_ntier) get the
+ * blocks a promotion would bring up, c->hit_hash[k] the parent hash of tier hit k (and
+ * [k + 1] its own).  It stops at a tier whose hits are not worth promoting (*ret_skipped:
+ * that tier) since the blocks after it would have no parent.
  */
 static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uint32_t *hits,
-			    uint32_t *ret_collisions)
+			    uint32_t *ret_ntier, uint32_t *ret_skipped, uint32_t *ret_collisions)
 {
 	const uint32_t B = c->cfg.block_tokens;
 	const core_hash_fn fn = c->cfg.hash_fn;
 	const uint64_t ns = core_hash_ns(o->salt, o->extra);
-	uint32_t limit = o->ntokens / B, parent = CORE_NONE, n = 0;
-	struct core_hash ph = { 0, 0 };
+	uint32_t limit = o->ntokens / B, parent = CORE_NONE, n = 0, ntier = 0;
+	struct core_hash ph = { 0, 0 }, h = { 0, 0 };
 
 	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
 		limit--;
 	*ret_collisions = 0;
+	*ret_ntier = *ret_skipped = 0;
 	for (; n < limit; n++) {
 		const uint32_t *want = o->tokens + (size_t)n * B;
-		struct core_hash h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
-		uint32_t b = index_find(&c->index, c->pool.blocks, h);
+		uint32_t b;
 		const struct core_block *blk;
 
+		h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
+		b = index_find(&c->index, c->pool.blocks, h);
 		if (b == CORE_NONE)
 			break;
 		blk = &c->pool.blocks[b];
 		if (blk->parent != parent || blk->salt != o->salt || blk->extra != o->extra ||
 		    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) != 0) {
 			(*ret_collisions)++;
-			break;
+			return n;
 		}
 		hits[n] = b;
 		parent = b;
 		ph = h;
 	}
+	if (n == limit || !c->first_tier)
+		return n;
+
+	/* h is block n's hash, which the pool does not have. */
+	c->hit_hash[0] = ph;
+	for (uint32_t k = n; k < limit; k++) {
+		uint32_t slot, t;
+
+		if (k > n)
+			h = hash_link(fn, ph, ns, hash_tokens(fn, o->tokens + (size_t)k * B, B));
+		t = tier_find(c, h, ph, o->salt, o->extra, &slot);
+		if (!t)
+			break;
+		if (!c->tiers[t].promote) {
+			*ret_skipped = t;
+			break;
+		}
+		c->hit_tier[ntier] = (uint8_t)t;
+		c->hit_slot[ntier] = slot;
+		c->hit_hash[++ntier] = h;
+		ph = h;
+	}
+	*ret_ntier = ntier;
 	return n;
 }
 
@@ -232,11 +284,76 @@ static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from
 	}
 }
 
-/* Releases a parked sequence's blocks, keeping its token history: it becomes DROPPED. */
+/* Chooses between swapping a victim's blocks to the tiers and dropping them, and logs it. */
+static void decide(struct core *c, const struct core_seq *s, struct core_preemption *p)
+{
+	const struct core_cost_config *cost = &c->cfg.cost;
+	uint32_t swap_blocks = 0;
+
+	for (uint32_t i = 0; i < s->nblocks; i++) {
+		const struct core_block *blk = &c->pool.blocks[s->table[i]];
+
+		swap_blocks += blk->refcount == 1 && (blk->flags & CORE_BLOCK_INDEXED);
+	}
+	*p = (struct core_preemption){
+		.tick = c->tick,
+		.seq = seq_id(c, (uint32_t)(s - c->seqs)),
+		.priority = s->priority,
+		.tokens = s->ntokens,
+		.blocks = s->nblocks,
+		.swap_blocks = swap_blocks,
+		.tier = c->first_tier,
+	};
+	if (!c->first_tier) {
+		p->decision = CORE_DECISION_DROP;
+		p->reason = CORE_REASON_NO_TIER;
+		return;
+	}
+	if (swap_blocks == 0) {
+		p->decision = CORE_DECISION_DROP;
+		p->reason = CORE_REASON_NOTHING_TO_SWAP;
+		return;
+	}
+	if (cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
+	    cost->bandwidth[c->first_tier] <= 0) {
+		p->decision = CORE_DECISION_SWAP;
+		p->reason = CORE_REASON_NO_COST_MODEL;
+		return;
+	}
+	/* What a drop costs on resume: these blocks' tokens (a partial tail is recomputed anyway). */
+	p->swap_s = cost_transfer_s((double)swap_blocks * cost->block_bytes,
+				    cost->bandwidth[c->first_tier]);
+	p->recompute_s = cost_recompute_s(cost->params, (double)swap_blocks * c->cfg.block_tokens,
+					  cost->flops);
+	if (cost_choose(p->swap_s, p->recompute_s) == COST_SWAP) {
+		p->decision = CORE_DECISION_SWAP;
+		p->reason = CORE_REASON_SWAP_CHEAPER;
+	} else {
+		p->decision = CORE_DECISION_DROP;
+		p->reason = CORE_REASON_RECOMPUTE_CHEAPER;
+	}
+}
+
+/*
+ * Releases a parked sequence's blocks, keeping its token history: it becomes DROPPED.  Its
+ * committed blocks become cached like any others; a swap lets them move down the tiers when
+ * their memory is taken, a drop marks the ones only it held to be discarded instead.
+ */
 static void drop(struct core *c, struct core_seq *s)
 {
+	struct core_preemption *p = &c->log[c->nlog++ % CORE_PREEMPTION_LOG];
 	uint32_t nblocks = s->nblocks;
 
+	decide(c, s, p);
+	if (p->decision == CORE_DECISION_DROP)
+		for (uint32_t i = 0; i < s->nblocks; i++) {
+			struct core_block *blk = &c->pool.blocks[s->table[i]];
+
+			if (blk->refcount == 1)
+				blk->flags |= CORE_BLOCK_NODEMOTE;
+		}
+	else
+		c->stats.swaps++;
 	for (uint32_t i = s->nblocks; i-- > 0;)
 		pool_unref(&c->pool, s->table[i]);
 	free(s->table);
@@ -320,10 +437,121 @@ static int make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t 
 	return 0;
 }
 
+/*
+ * Brings up the tier hits of the last walk into the pool blocks table[nhit, nhit + ntier) in
+ * one load batch.  Returns how many leading ones arrived intact; those become READY (and
+ * findable when their parent is) and leave their tier.  The first bad one is discarded and
+ * counted; the ones after it stay where they are.
+ */
+static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *table,
+			uint32_t nhit, uint32_t ntier)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	bool findable = nhit == 0 || (c->pool.blocks[table[nhit - 1]].flags & CORE_BLOCK_INDEXED);
+	uint32_t good = 0;
+
+	for (uint32_t k = 0; k < ntier; k++)
+		c->loads[k] = (struct core_load){
+			.tier = c->hit_tier[k],
+			.slot = c->hit_slot[k],
+			.block = table[nhit + k],
+			.key = { .hash = c->hit_hash[k + 1], .parent = c->hit_hash[k],
+				 .salt = o->salt, .extra = o->extra,
+				 .tokens = o->tokens + (size_t)(nhit + k) * B },
+			.result = -EIO,
+		};
+	c->cfg.tier_ops->load(c->cfg.tier_ctx, c->loads, ntier);
+	while (good < ntier && c->loads[good].result == 0)
+		good++;
+
+	for (uint32_t k = 0; k < good; k++) {
+		const struct core_load *l = &c->loads[k];
+		uint32_t b = l->block, i = nhit + k;
+		struct core_block *blk = &c->pool.blocks[b];
+
+		memcpy(c->tokens + (size_t)b * B, l->key.tokens, (size_t)B * sizeof(uint32_t));
+		blk->hash = l->key.hash;
+		blk->salt = o->salt;
+		blk->extra = o->extra;
+		blk->parent = i > 0 ? table[i - 1] : CORE_NONE;
+		blk->state = CORE_BLOCK_READY;
+		/* Like a commit: findable only through a findable parent, and never twice. */
+		if (findable && index_find(&c->index, c->pool.blocks, blk->hash) == CORE_NONE) {
+			index_insert(&c->index, blk->hash, b);
+			blk->flags |= CORE_BLOCK_INDEXED;
+			if (blk->parent != CORE_NONE)
+				c->pool.blocks[blk->parent].children++;
+		} else {
+			findable = false;
+		}
+		tier_release(c, l->tier, l->slot);
+		c->tiers[l->tier].stats.promotions++;
+	}
+	if (good < ntier) {
+		c->tiers[c->loads[good].tier].stats.load_errors++;
+		tier_release(c, c->loads[good].tier, c->loads[good].slot);
+	}
+	for (uint32_t k = good + 1; k < ntier; k++)
+		tier_put(c, c->loads[k].tier, c->loads[k].slot);
+	return good;
+}
+
+/*
+ * Builds the block table of a prompt: its cached prefix from the pool, what the tiers below
+ * hold of the rest (promoted), fresh blocks for the remainder.  Everything that can fail
+ * comes first.  *ret_ready gets the leading blocks whose K/V is there.
+ */
+static int attach(struct core *c, const struct core_open *o, uint32_t priority,
+		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
+		  uint32_t *ret_ready)
+{
+	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier, skipped, collisions;
+	uint32_t cached_hits = 0, good = 0;
+	uint32_t *table;
+	int r;
+
+	table = malloc((size_t)nblocks * sizeof(*table));
+	if (!table)
+		return -ENOMEM;
+	nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
+	for (uint32_t i = 0; i < nhit; i++) {
+		cached_hits += c->pool.blocks[table[i]].refcount == 0;
+		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
+	}
+	/* Held, so the demotions that allocating causes cannot push them out. */
+	for (uint32_t k = 0; k < ntier; k++)
+		tier_hold(c, c->hit_tier[k], c->hit_slot[k]);
+	r = make_room(c, nblocks - nhit, cached_hits, priority);
+	for (uint32_t i = 0; i < nhit; i++)
+		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
+	if (r < 0) {
+		for (uint32_t k = 0; k < ntier; k++)
+			tier_put(c, c->hit_tier[k], c->hit_slot[k]);
+		free(table);
+		return r;
+	}
+
+	/* Nothing can fail from here on.  Take the hits first so allocating cannot evict them. */
+	for (uint32_t i = 0; i < nhit; i++)
+		pool_ref(&c->pool, table[i]);
+	for (uint32_t i = nhit; i < nblocks; i++)
+		table[i] = pool_alloc(&c->pool);
+	if (ntier)
+		good = promote(c, o, table, nhit, ntier);
+	if (skipped)
+		c->tiers[skipped].stats.skipped++;
+	c->stats.collisions += collisions;
+	*ret_table = table;
+	*ret_pool_hits = nhit;
+	*ret_nblocks = nblocks;
+	*ret_ready = nhit + good;
+	return 0;
+}
+
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		  uint32_t *ret_cached)
 {
-	uint32_t nblocks, nhit, collisions, cached_hits = 0, slot;
+	uint32_t nblocks, nhit, ready, slot;
 	struct core_seq *s;
 	uint32_t *table;
 	int r;
@@ -337,25 +565,10 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		return -E2BIG;
 	if (c->nfree_slots == 0)
 		return -EMFILE;
-
-	nblocks = blocks_for(c, o->ntokens);
-	table = malloc((size_t)nblocks * sizeof(*table));
-	if (!table)
-		return -ENOMEM;
-	nhit = prefix_walk(c, o, table, &collisions);
-	for (uint32_t i = 0; i < nhit; i++) {
-		cached_hits += c->pool.blocks[table[i]].refcount == 0;
-		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
-	}
-	r = make_room(c, nblocks - nhit, cached_hits, o->priority);
-	for (uint32_t i = 0; i < nhit; i++)
-		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
-	if (r < 0) {
-		free(table);
+	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready);
+	if (r < 0)
 		return r;
-	}
 
-	/* Nothing can fail from here on. */
 	slot = c->free_slots[--c->nfree_slots];
 	s = &c->seqs[slot];
 	s->gen++;
@@ -368,21 +581,14 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	s->cap_blocks = nblocks;
 	s->nblocks = nblocks;
 	s->ntokens = o->ntokens;
-	s->ncommitted = nhit * c->cfg.block_tokens;
-
-	/* Take the hits first so allocating the rest cannot evict them. */
-	for (uint32_t i = 0; i < nhit; i++)
-		pool_ref(&c->pool, table[i]);
-	for (uint32_t i = nhit; i < nblocks; i++)
-		table[i] = pool_alloc(&c->pool);
+	s->ncommitted = ready * c->cfg.block_tokens;
 	write_tokens(c, s, s->ncommitted, o->tokens + s->ncommitted, o->ntokens - s->ncommitted);
 
 	c->stats.lookups++;
 	c->stats.query_blocks += nblocks;
 	c->stats.hit_blocks += nhit;
 	c->stats.hit_tokens += s->ncommitted;
-	c->stats.miss_blocks += nblocks - nhit;
-	c->stats.collisions += collisions;
+	c->stats.miss_blocks += nblocks - ready;
 
 	*ret_seq = seq_id(c, slot);
 	if (ret_cached)
@@ -392,11 +598,13 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 
 uint32_t core_lookup(const struct core *c, const struct core_open *o)
 {
-	uint32_t collisions;
+	uint32_t collisions, ntier, skipped, n;
 
 	if (tokens_check(c, o->tokens, o->ntokens) < 0 || o->ntokens > c->cfg.max_seq_tokens)
 		return 0;
-	return prefix_walk(c, o, c->walk, &collisions) * c->cfg.block_tokens;
+	n = prefix_walk(c, o, c->walk, &ntier, &skipped, &collisions);
+	/* What an open would reuse, assuming the tiers' loads succeed. */
+	return (n + ntier) * c->cfg.block_tokens;
 }
 
 int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_t n)
@@ -589,7 +797,7 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 {
 	struct core_seq *s = seq_get(c, id);
 	struct core_open o;
-	uint32_t nblocks, nhit, collisions, cached_hits = 0;
+	uint32_t nblocks, nhit, ready;
 	uint32_t *table;
 	int r;
 
@@ -607,38 +815,20 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 		return 0;
 	}
 
-	/* Dropped: reopen from the history, taking whatever of it is still cached. */
+	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
 				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
-	nblocks = blocks_for(c, s->ntokens);
-	table = malloc((size_t)nblocks * sizeof(*table));
-	if (!table)
-		return -ENOMEM;
-	nhit = prefix_walk(c, &o, table, &collisions);
-	for (uint32_t i = 0; i < nhit; i++) {
-		cached_hits += c->pool.blocks[table[i]].refcount == 0;
-		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
-	}
-	r = make_room(c, nblocks - nhit, cached_hits, s->priority);
-	for (uint32_t i = 0; i < nhit; i++)
-		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
-	if (r < 0) {
-		free(table);
+	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready);
+	if (r < 0)
 		return r;
-	}
-	for (uint32_t i = 0; i < nhit; i++)
-		pool_ref(&c->pool, table[i]);
-	for (uint32_t i = nhit; i < nblocks; i++)
-		table[i] = pool_alloc(&c->pool);
 	s->table = table;
 	s->cap_blocks = s->nblocks = nblocks;
-	s->ncommitted = nhit * c->cfg.block_tokens;
+	s->ncommitted = ready * c->cfg.block_tokens;
 	write_tokens(c, s, s->ncommitted, s->history + s->ncommitted, s->ntokens - s->ncommitted);
 	free(s->history);
 	s->history = NULL;
 	s->state = CORE_SEQ_ACTIVE;
 	s->last_use = ++c->tick;
-	c->stats.collisions += collisions;
 	if (ret_recompute)
 		*ret_recompute = s->ntokens - s->ncommitted;
 	return 0;
@@ -688,8 +878,22 @@ uint32_t core_drop_cache(struct core *c)
 {
 	uint32_t n = 0;
 
+	c->dropping = true;
 	while (pool_evict_oldest(&c->pool))
 		n++;
+	n += tiers_drop_all(c);
+	c->dropping = false;
+	return n;
+}
+
+uint32_t core_get_preemptions(const struct core *c, struct core_preemption *ret, uint32_t max)
+{
+	uint32_t n = c->nlog < CORE_PREEMPTION_LOG ? c->nlog : CORE_PREEMPTION_LOG;
+
+	if (n > max)
+		n = max;
+	for (uint32_t i = 0; i < n; i++)
+		ret[i] = c->log[(c->nlog - 1 - i) % CORE_PREEMPTION_LOG];
 	return n;
 }
 

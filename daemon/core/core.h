@@ -41,6 +41,63 @@ typedef int (*core_copy_block_fn)(void *ctx, uint32_t dst, uint32_t src);
 
 #define CORE_MAX_BLOCK_TOKENS 65536u
 
+/*
+ * Tiers below the pool: a hierarchical prefix cache.  A cached block evicted from the pool is
+ * demoted, by hash, to the host tier; one evicted from the host tier to the file tier; one
+ * evicted from the last tier is gone.  A prefix lookup that runs out of pool blocks goes on in
+ * the tiers and promotes what it finds back into the pool (when the cost model says a transfer
+ * beats recomputing).  Each block lives in one place: demotion and promotion move it.  The core
+ * keeps the bookkeeping; the bytes are moved by the callbacks below.
+ */
+enum core_tier {
+	CORE_TIER_POOL = 0,
+	CORE_TIER_HOST = 1,
+	CORE_TIER_FILE = 2,
+};
+#define CORE_NTIERS 3
+
+/* A full block's identity, as a tier must store it and give it back. */
+struct core_key {
+	struct core_hash hash;
+	struct core_hash parent; /* the parent block's hash; zero for a chain's first block */
+	uint64_t salt;
+	uint64_t extra;
+	const uint32_t *tokens;  /* block_tokens ids; NULL on a move between two tiers (the
+				    source tier has them) */
+};
+
+/* One block coming up from a tier into the pool. */
+struct core_load {
+	uint32_t tier;  /* CORE_TIER_HOST or CORE_TIER_FILE */
+	uint32_t slot;
+	uint32_t block; /* the pool block to fill */
+	struct core_key key; /* what the slot must hold (tokens from the lookup's prompt) */
+	int result;     /* set by the callback: 0, or -errno when nothing usable was copied */
+};
+
+struct core_tier_ops {
+	/*
+	 * Copies a block from (from_tier, from) into slot to of tier to_tier; from is a pool block
+	 * for CORE_TIER_POOL.  Synchronous as far as the core is concerned: a later load of the
+	 * slot must see the bytes.  0, or -errno and the block is not kept there.
+	 */
+	int (*store)(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
+		     const struct core_key *key);
+	/*
+	 * Fills n pool blocks from tier slots, each verified against its key (a tier never gives
+	 * back another block's bytes); sets every result.  One call per lookup, so a tier can batch.
+	 */
+	void (*load)(void *ctx, struct core_load *loads, uint32_t n);
+};
+
+/* What the cost model needs; a zero means unknown. */
+struct core_cost_config {
+	double block_bytes;            /* bytes of one block */
+	double params;                 /* model parameters (recompute = 2 * params * tokens / flops) */
+	double flops;                  /* FLOP/s the engine recomputes at */
+	double bandwidth[CORE_NTIERS]; /* bytes/s between the pool and each tier */
+};
+
 struct core_config {
 	uint32_t capacity_blocks; /* physical blocks in the pool, >= 1 */
 	uint32_t block_tokens;    /* tokens per block, 1 .. CORE_MAX_BLOCK_TOKENS */
@@ -54,13 +111,18 @@ struct core_config {
 	/* Told about every sequence dropped to make room (may be NULL). */
 	void (*on_drop)(void *ctx, uint64_t seq, uint32_t nblocks);
 	void *drop_ctx;
+	/* Slots of each tier below the pool (index 0 unused); 0: no such tier. */
+	uint32_t tier_slots[CORE_NTIERS];
+	const struct core_tier_ops *tier_ops; /* required when any tier has slots */
+	void *tier_ctx;
+	struct core_cost_config cost;
 };
 
 struct core_stats {
 	uint64_t lookups;      /* prefix lookups done by core_seq_open */
 	uint64_t query_blocks; /* blocks spanned by the looked-up prompts (partial ones too) */
-	uint64_t hit_blocks;   /* of those, found cached */
-	uint64_t hit_tokens;
+	uint64_t hit_blocks;   /* of those, found cached in the pool (tier hits: tier stats) */
+	uint64_t hit_tokens;   /* tokens reused, from the pool and the tiers */
 	uint64_t miss_blocks;  /* query_blocks - hit_blocks */
 	uint64_t collisions;   /* right hash, other content: counted as a miss, never a hit */
 	uint64_t evictions;    /* cached blocks whose memory was reused */
@@ -68,8 +130,51 @@ struct core_stats {
 	uint64_t dedup_blocks; /* committed blocks replaced by an equal block already cached */
 	uint64_t commits;      /* blocks that became READY */
 	uint64_t preemptions;  /* parked sequences dropped to make room */
+	uint64_t swaps;        /* of those, the ones whose blocks go to the tiers */
 	uint64_t dropped_tokens; /* their tokens, to be recomputed on resume (less what stays cached) */
 };
+
+struct core_tier_stats {
+	uint32_t capacity;    /* slots */
+	uint32_t used;        /* slots holding a block */
+	uint64_t demotions;   /* blocks stored here from the level above */
+	uint64_t promotions;  /* blocks loaded from here into the pool (prefix hits) */
+	uint64_t evictions;   /* blocks pushed out (to the next tier, or gone from the last) */
+	uint64_t load_errors; /* loads that failed (I/O, checksum, identity): counted misses */
+	uint64_t store_errors; /* stores that failed: the block was dropped instead */
+	uint64_t lost;        /* blocks the storage reported lost after storing them */
+	uint64_t skipped;     /* hits not promoted because recomputing is cheaper */
+};
+
+/* What happened to a parked sequence preempted to make room, and why. */
+enum core_decision {
+	CORE_DECISION_SWAP = 1, /* its committed blocks go to the tiers as they are evicted */
+	CORE_DECISION_DROP,     /* its blocks are dropped when evicted; resume recomputes */
+};
+
+enum core_reason {
+	CORE_REASON_NO_TIER = 1,     /* no tier below the pool: drop */
+	CORE_REASON_NOTHING_TO_SWAP, /* no committed block of its own: drop */
+	CORE_REASON_NO_COST_MODEL,   /* params or flops unknown: swap, which loses no work */
+	CORE_REASON_SWAP_CHEAPER,    /* transfer back <= recompute */
+	CORE_REASON_RECOMPUTE_CHEAPER,
+};
+
+struct core_preemption {
+	uint64_t tick;     /* the core's operation counter when it happened */
+	uint64_t seq;
+	uint32_t priority;
+	uint32_t tokens;       /* the sequence's tokens */
+	uint32_t blocks;       /* blocks it released */
+	uint32_t swap_blocks;  /* committed blocks only it held: what a swap moves */
+	uint32_t decision;     /* enum core_decision */
+	uint32_t reason;       /* enum core_reason */
+	uint32_t tier;         /* the tier a swap goes to first */
+	double swap_s;         /* estimated transfer back (0 when not applicable) */
+	double recompute_s;    /* estimated recompute of the swap blocks' tokens */
+};
+
+#define CORE_PREEMPTION_LOG 64
 
 struct core_usage {
 	uint32_t capacity;
@@ -173,8 +278,33 @@ int core_seq_info(const struct core *c, uint64_t seq, struct core_seq_info *ret)
  */
 uint32_t core_lookup(const struct core *c, const struct core_open *o);
 
-/* Frees every cached block (leaf first).  Returns how many were freed. */
+/*
+ * Frees every cached block (leaf first) and empties the tiers below the pool, moving nothing.
+ * Returns how many blocks and slots were freed.
+ */
 uint32_t core_drop_cache(struct core *c);
+
+/* Statistics of one tier (CORE_TIER_HOST or CORE_TIER_FILE).  0 or -EINVAL. */
+int core_get_tier_stats(const struct core *c, uint32_t tier, struct core_tier_stats *ret);
+
+/* The last preemptions, newest first; returns how many were copied (at most max). */
+uint32_t core_get_preemptions(const struct core *c, struct core_preemption *ret, uint32_t max);
+
+/* Whether a hit in this tier is promoted (the transfer beats recomputing).  False: no tier. */
+bool core_tier_promotes(const struct core *c, uint32_t tier);
+
+/*
+ * The storage lost a slot after a store was accepted (a write failed later): the block is
+ * forgotten.  Call outside other core calls.  0, or -ENOENT when the slot holds nothing.
+ */
+int core_tier_lost(struct core *c, uint32_t tier, uint32_t slot);
+
+/*
+ * Puts a block found in persistent storage back into a tier's index, before the core is
+ * used.  Its identity is checked again when it is loaded.  0, -EINVAL (no such slot or tier),
+ * -EBUSY (the slot is taken) or -EEXIST (that block is already indexed; the slot stays free).
+ */
+int core_tier_restore(struct core *c, uint32_t tier, uint32_t slot, const struct core_key *key);
 
 /* Token ids in the slots of block b (block_tokens of them; meaningful where written). */
 const uint32_t *core_block_tokens(const struct core *c, uint32_t b);

@@ -28,9 +28,10 @@ int pool_init(struct pool *p, uint32_t capacity, pool_evict_fn evict, void *evic
 		.evict = evict,
 		.evict_ctx = evict_ctx,
 	};
+	/* The free list is doubly linked so pool_claim can take any free block in O(1). */
 	for (uint32_t i = 0; i < capacity; i++) {
 		blocks[i].next = i + 1 < capacity ? i + 1 : CORE_NONE;
-		blocks[i].prev = CORE_NONE;
+		blocks[i].prev = i > 0 ? i - 1 : CORE_NONE;
 		blocks[i].parent = CORE_NONE;
 	}
 	return 0;
@@ -84,6 +85,8 @@ static void push_free(struct pool *p, uint32_t b)
 		.parent = CORE_NONE,
 		.state = CORE_BLOCK_FREE,
 	};
+	if (p->free_head != CORE_NONE)
+		p->blocks[p->free_head].prev = b;
 	p->free_head = b;
 	p->nfree++;
 }
@@ -94,6 +97,8 @@ uint32_t pool_alloc(struct pool *p)
 
 	if (b != CORE_NONE) {
 		p->free_head = p->blocks[b].next;
+		if (p->free_head != CORE_NONE)
+			p->blocks[p->free_head].prev = CORE_NONE;
 		p->nfree--;
 	} else {
 		/*
@@ -119,10 +124,36 @@ uint32_t pool_alloc(struct pool *p)
 	return b;
 }
 
+int pool_claim(struct pool *p, uint32_t b)
+{
+	struct core_block *blk;
+
+	if (b >= p->capacity || p->blocks[b].state != CORE_BLOCK_FREE || p->blocks[b].refcount)
+		return -EBUSY;
+	blk = &p->blocks[b];
+	if (blk->prev != CORE_NONE)
+		p->blocks[blk->prev].next = blk->next;
+	else
+		p->free_head = blk->next;
+	if (blk->next != CORE_NONE)
+		p->blocks[blk->next].prev = blk->prev;
+	p->nfree--;
+	*blk = (struct core_block){
+		.prev = CORE_NONE,
+		.next = CORE_NONE,
+		.parent = CORE_NONE,
+		.refcount = 1,
+		.state = CORE_BLOCK_FILLING,
+	};
+	return 0;
+}
+
 void pool_ref(struct pool *p, uint32_t b)
 {
 	struct core_block *blk = &p->blocks[b];
 
+	/* Someone wants it again: it is worth keeping below the pool after all. */
+	blk->flags &= ~CORE_BLOCK_NODEMOTE;
 	if (blk->refcount == 0 && (blk->flags & CORE_BLOCK_ON_LRU))
 		lru_unlink(p, b);
 	blk->refcount++;

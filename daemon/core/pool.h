@@ -47,6 +47,9 @@ static inline uint32_t pool_in_use(const struct pool *p)
  */
 uint32_t pool_alloc(struct pool *p);
 
+/* Takes one particular free block, as pool_alloc would.  0, or -EBUSY when it is not free. */
+int pool_claim(struct pool *p, uint32_t b);
+
 /* Adds a reference; a cached block leaves the LRU list. */
 void pool_ref(struct pool *p, uint32_t b);
 

@@ -66,7 +66,7 @@ static int check_lists(struct verify *v)
 			return fail(v, "LRU back link of block %u is %u, expected %u", b, blk->prev,
 				    prev);
 		if (blk->refcount || blk->state != CORE_BLOCK_READY ||
-		    blk->flags != (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
+		    (blk->flags & ~CORE_BLOCK_NODEMOTE) != (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
 			return fail(v, "cached block %u has refcount %u state %u flags %#x", b,
 				    blk->refcount, blk->state, blk->flags);
 	}
@@ -230,6 +230,8 @@ int core_verify(const struct core *c, char *why, size_t why_len)
 		r = check_blocks(&v, &nindexed);
 	if (r == 0)
 		r = check_index(&v, nindexed);
+	if (r == 0)
+		r = tiers_verify(c, why, why_len);
 	if (r == 0 && why && why_len)
 		why[0] = '\0';
 out:

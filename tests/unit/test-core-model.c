@@ -38,10 +38,22 @@ struct model_seq {
 	uint64_t sig[MAX_TOKENS]; /* expected K/V of each slot */
 };
 
+/* Tiers below the pool, simulated: each slot keeps the "K/V" words and the tokens it got. */
+struct fake_tier {
+	uint32_t nslots;
+	uint64_t *sig;
+	uint32_t *tok;
+	struct core_hash *hash;
+};
+
 struct run {
 	uint64_t seed, rng;
 	uint32_t B;
-	bool exact; /* pool too large to ever evict: hits must equal the model's bound */
+	bool exact;    /* pool too large to ever evict: hits must equal the model's bound */
+	bool lossless; /* tiers too large to ever lose a block: hits must equal the bound */
+	bool faulty;   /* tiers fail some stores and loads, and lose slots */
+	struct fake_tier tiers[CORE_NTIERS];
+	uint32_t tier_loads, tier_faults;
 	struct core *c;
 	struct fake_mem mem;
 	struct model_seq seqs[MAX_SEQS];
@@ -226,7 +238,7 @@ static void op_open(struct run *r)
 	model_assert(r, rc == 0, "open failed: %d", rc);
 	model_assert(r, cached % r->B == 0 && cached <= bound, "cached %u, bound %u", cached,
 		     bound);
-	if (r->exact)
+	if (r->exact || r->lossless)
 		model_assert(r, cached == bound, "cached %u, but %u were committed", cached, bound);
 	m->open = true;
 	m->ncommitted = cached;
@@ -307,7 +319,7 @@ static void op_fork(struct run *r)
 	 * A fork with uncommitted full blocks, committed after someone else committed the same
 	 * content, leaves a shared duplicate unfindable (documented); exact runs avoid it.
 	 */
-	if (r->exact && m->ncommitted != m->ntokens)
+	if ((r->exact || r->lossless) && m->ncommitted != m->ntokens)
 		return;
 	rc = core_seq_fork(r->c, m->id, &child->id);
 	model_assert(r, rc == 0, "fork failed: %d", rc);
@@ -368,13 +380,123 @@ static void op_resume(struct run *r)
 	model_assert(r, rec == 0 ? si.ncommitted == m->ncommitted : si.ntokens - si.ncommitted == rec,
 		     "resume reported %u to recompute, %u of %u committed", rec, si.ncommitted,
 		     si.ntokens);
+	if (r->lossless && rec) {
+		/*
+		 * Swapped, not lost: every full block ever committed with this prefix comes back
+		 * (its own and equal ones others committed), but the one holding the last token.
+		 */
+		uint32_t want = model_bound(r, m);
+
+		if (want == m->ntokens)
+			want -= r->B;
+		model_assert(r, si.ncommitted == want && want >= m->ncommitted / r->B * r->B -
+								      (m->ncommitted == m->ntokens &&
+								       m->ntokens % r->B == 0 ? r->B : 0),
+			     "resume brought back %u tokens, %u expected", si.ncommitted, want);
+	}
 	m->ncommitted = si.ncommitted;
 	m->parked = false;
 	r->resumes++;
 	check_content(r, m);
 }
 
-static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
+static struct fake_tier *tier_of(struct run *r, uint32_t t)
+{
+	ck_assert(t == CORE_TIER_HOST || t == CORE_TIER_FILE);
+	return &r->tiers[t];
+}
+
+static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
+		      const struct core_key *key)
+{
+	struct run *r = ctx;
+	struct fake_tier *dst = tier_of(r, to_tier);
+	const size_t B = r->B;
+
+	ck_assert_uint_lt(to, dst->nslots);
+	if (r->faulty && rnd_below(r, 40) == 0) {
+		r->tier_faults++;
+		return -ENOSPC;
+	}
+	if (from_tier == CORE_TIER_POOL) {
+		ck_assert_ptr_nonnull(key->tokens);
+		memcpy(dst->sig + to * B, r->mem.slots + from * B, B * sizeof(uint64_t));
+		memcpy(dst->tok + to * B, key->tokens, B * sizeof(uint32_t));
+	} else {
+		struct fake_tier *src = tier_of(r, from_tier);
+
+		ck_assert_ptr_null(key->tokens);
+		ck_assert(core_hash_eq(src->hash[from], key->hash));
+		memcpy(dst->sig + to * B, src->sig + from * B, B * sizeof(uint64_t));
+		memcpy(dst->tok + to * B, src->tok + from * B, B * sizeof(uint32_t));
+	}
+	dst->hash[to] = key->hash;
+	return 0;
+}
+
+static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
+{
+	struct run *r = ctx;
+	const size_t B = r->B;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct core_load *l = &loads[i];
+		struct fake_tier *t = tier_of(r, l->tier);
+
+		r->tier_loads++;
+		/* A real tier checks what it holds against what the lookup expects. */
+		if (!core_hash_eq(t->hash[l->slot], l->key.hash) ||
+		    memcmp(t->tok + l->slot * B, l->key.tokens, B * sizeof(uint32_t)) != 0) {
+			l->result = -EBADMSG;
+			continue;
+		}
+		if (r->faulty && rnd_below(r, 15) == 0) {
+			r->tier_faults++;
+			l->result = rnd_below(r, 2) ? -EIO : -EBADMSG;
+			continue;
+		}
+		memcpy(r->mem.slots + (size_t)l->block * B, t->sig + l->slot * B,
+		       B * sizeof(uint64_t));
+		l->result = 0;
+	}
+}
+
+static const struct core_tier_ops fake_tier_ops = { .store = tier_store, .load = tier_load };
+
+static struct core *new_tiered_core(struct run *r, uint32_t capacity, uint32_t host,
+				    uint32_t file)
+{
+	struct core_config cfg = {
+		.capacity_blocks = capacity,
+		.block_tokens = r->B,
+		.max_sequences = MAX_SEQS,
+		.max_seq_tokens = MAX_TOKENS,
+		.copy_block = fake_copy,
+		.copy_ctx = &r->mem,
+		.tier_slots = { 0, host, file },
+		.tier_ops = &fake_tier_ops,
+		.tier_ctx = r,
+	};
+	struct core *c = NULL;
+
+	fake_mem_init(&r->mem, capacity, r->B);
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		struct fake_tier *ft = &r->tiers[t];
+
+		ft->nslots = cfg.tier_slots[t];
+		ft->sig = calloc((size_t)ft->nslots * r->B + 1, sizeof(uint64_t));
+		ft->tok = calloc((size_t)ft->nslots * r->B + 1, sizeof(uint32_t));
+		ft->hash = calloc(ft->nslots + 1, sizeof(struct core_hash));
+		ck_assert(ft->sig && ft->tok && ft->hash);
+	}
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	return c;
+}
+
+enum { PLAIN, LOSSLESS, FAULTY };
+
+static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool exact, int mode,
+			    uint32_t host, uint32_t file)
 {
 	struct run *r = calloc(1, sizeof(*r));
 	char why[256];
@@ -389,7 +511,10 @@ static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
 	for (uint32_t d = 0; d < NDOCS; d++)
 		for (uint32_t i = 0; i < MAX_TOKENS; i++)
 			r->docs[d][i] = (uint32_t)rnd(r) % 50000;
-	r->c = new_core(&r->mem, capacity, B, MAX_SEQS, MAX_TOKENS);
+	r->lossless = mode == LOSSLESS;
+	r->faulty = mode == FAULTY;
+	r->c = host || file ? new_tiered_core(r, capacity, host, file)
+			    : new_core(&r->mem, capacity, B, MAX_SEQS, MAX_TOKENS);
 
 	for (r->ops_done = 0; r->ops_done < OPS_PER_RUN; r->ops_done++) {
 		uint32_t op = rnd_below(r, 100);
@@ -408,7 +533,9 @@ static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
 			op_resume(r);
 		else if (op < 99)
 			op_close(r);
-		else if (!exact)
+		else if (r->faulty)
+			core_tier_lost(r->c, 1 + rnd_below(r, 2), rnd_below(r, 64));
+		else if (!exact && !r->lossless)
 			core_drop_cache(r->c);
 		if (r->ops_done % VERIFY_EVERY == 0) {
 			int rc = core_verify(r->c, why, sizeof(why));
@@ -433,13 +560,48 @@ static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
 		model_assert(r, st.preemptions > 0 && (r->enospc > 0 || B > 1),
 			     "no pressure: %u ENOSPC, %llu dropped", r->enospc,
 			     (unsigned long long)st.preemptions);
+	if (host || file) {
+		struct core_tier_stats ts[CORE_NTIERS] = { 0 };
+
+		for (uint32_t t = 1; t < CORE_NTIERS; t++)
+			core_get_tier_stats(r->c, t, &ts[t]);
+		/* The tiers must have been used both ways, and through both levels. */
+		model_assert(r, ts[1].demotions > 0 && ts[1].promotions > 0 && r->tier_loads > 0,
+			     "host tier unused: %llu demoted, %llu promoted",
+			     (unsigned long long)ts[1].demotions, (unsigned long long)ts[1].promotions);
+		if (file)
+			model_assert(r, ts[2].demotions > 0 && ts[2].promotions > 0,
+				     "file tier unused: %llu demoted, %llu promoted",
+				     (unsigned long long)ts[2].demotions,
+				     (unsigned long long)ts[2].promotions);
+		if (r->lossless)
+			model_assert(r, ts[2].evictions == 0 && st.swaps > 0,
+				     "a lossless run lost blocks or swapped nothing");
+		if (r->faulty)
+			model_assert(r, r->tier_faults > 0 && ts[1].load_errors + ts[2].load_errors > 0,
+				     "no faults injected");
+		printf("  tiers: host %llu in / %llu out, file %llu in / %llu out, %u faults\n",
+		       (unsigned long long)ts[1].demotions, (unsigned long long)ts[1].promotions,
+		       (unsigned long long)ts[2].demotions, (unsigned long long)ts[2].promotions,
+		       r->tier_faults);
+	}
 	printf("model seed %" PRIu64 " B=%u capacity=%u: %u opens, %u cached tokens, %u ENOSPC, "
 	       "%llu dropped, %u resumed\n", seed, B, capacity, r->opens, r->hits_total, r->enospc,
 	       (unsigned long long)st.preemptions, r->resumes);
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		free(r->tiers[t].sig);
+		free(r->tiers[t].tok);
+		free(r->tiers[t].hash);
+	}
 	free(r->mem.slots);
 	free(r->prefixes);
 	core_free(r->c);
 	free(r);
+}
+
+static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
+{
+	run_model_tiers(seed, B, capacity, exact, PLAIN, 0, 0);
 }
 
 static uint64_t seed_for(int i)
@@ -473,6 +635,20 @@ START_TEST(test_model_pressure)
 }
 END_TEST
 
+/* A small pool over a small host tier over a file tier that never fills: nothing is lost. */
+START_TEST(test_model_tiers_lossless)
+{
+	run_model_tiers(seed_for(_i) + 200, 4, 60, false, LOSSLESS, 24, 100000);
+}
+END_TEST
+
+/* Both tiers small, stores and loads failing at random, slots lost: content stays right. */
+START_TEST(test_model_tiers_faulty)
+{
+	run_model_tiers(seed_for(_i) + 300, 1 + (uint32_t)(_i % 2) * 3, 60, false, FAULTY, 20, 64);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("core-model");
@@ -481,6 +657,8 @@ int main(void)
 	tcase_set_timeout(tc, 300);
 	tcase_add_loop_test(tc, test_model_exact, 0, 4);
 	tcase_add_loop_test(tc, test_model_pressure, 0, 4);
+	tcase_add_loop_test(tc, test_model_tiers_lossless, 0, 4);
+	tcase_add_loop_test(tc, test_model_tiers_faulty, 0, 4);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The tiers below the pool: bookkeeping only.  Each tier reuses the pool's machinery (block
+ * metadata, free list, LRU) and the prefix index, keyed by the same chain hashes, so a lookup
+ * walks one namespace from the pool down.  The bytes move through cfg.tier_ops.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/core/core-internal.h"
+#include "daemon/core/cost.h"
+
+static const struct core_hash zero_hash;
+
+static struct core_key slot_key(const struct tier *t, uint32_t slot)
+{
+	const struct core_block *e = &t->pool.blocks[slot];
+
+	return (struct core_key){ .hash = e->hash, .parent = t->parents[slot], .salt = e->salt,
+				  .extra = e->extra };
+}
+
+static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
+		       const struct core_key *key);
+
+/* A tier slot is being reused: move its block one tier down (if any), then forget it. */
+static void on_tier_evict(void *ctx, uint32_t slot)
+{
+	struct tier *t = ctx;
+	struct core *c = t->c;
+	struct core_block *e = &t->pool.blocks[slot];
+	struct core_key key = slot_key(t, slot);
+
+	/* Out of the index first, so a demotion below cannot find two copies. */
+	index_remove(&t->index, e->hash, slot);
+	e->flags &= ~CORE_BLOCK_INDEXED;
+	t->stats.evictions++;
+	if (!c->dropping && tier_exists(c, t->id + 1))
+		store_into(c, t->id + 1, t->id, slot, &key);
+}
+
+/*
+ * Stores a block into tier to.  A block already there only gets fresher; a tier whose every
+ * slot is held by a lookup in progress, or a failed store, leaves the block out.
+ */
+static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
+		       const struct core_key *key)
+{
+	struct tier *t = &c->tiers[to];
+	struct core_block *e;
+	uint32_t slot;
+	int r;
+
+	slot = index_find(&t->index, t->pool.blocks, key->hash);
+	if (slot != CORE_NONE) {
+		e = &t->pool.blocks[slot];
+		if (e->refcount == 0) {
+			pool_ref(&t->pool, slot);
+			pool_unref(&t->pool, slot); /* newest on the LRU */
+		}
+		return;
+	}
+	slot = pool_alloc(&t->pool);
+	if (slot == CORE_NONE)
+		return;
+	r = c->cfg.tier_ops->store(c->cfg.tier_ctx, from_tier, from, to, slot, key);
+	if (r < 0) {
+		t->stats.store_errors++;
+		pool_unref(&t->pool, slot); /* not indexed: back to the free list */
+		return;
+	}
+	e = &t->pool.blocks[slot];
+	e->hash = key->hash;
+	e->salt = key->salt;
+	e->extra = key->extra;
+	e->state = CORE_BLOCK_READY;
+	e->flags |= CORE_BLOCK_INDEXED;
+	t->parents[slot] = key->parent;
+	index_insert(&t->index, key->hash, slot);
+	pool_unref(&t->pool, slot); /* cached: newest on the LRU */
+	t->stats.demotions++;
+}
+
+void tier_demote_block(struct core *c, uint32_t b)
+{
+	const struct core_block *blk = &c->pool.blocks[b];
+	struct core_key key;
+
+	if (c->dropping || !c->first_tier || (blk->flags & CORE_BLOCK_NODEMOTE))
+		return;
+	key = (struct core_key){
+		.hash = blk->hash,
+		/* An indexed block's parent is indexed, so its hash is still valid here. */
+		.parent = blk->parent != CORE_NONE ? c->pool.blocks[blk->parent].hash : zero_hash,
+		.salt = blk->salt,
+		.extra = blk->extra,
+		.tokens = core_slot_tokens(c, b),
+	};
+	store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
+}
+
+uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
+		   uint64_t salt, uint64_t extra, uint32_t *ret_slot)
+{
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		const struct tier *tr = &c->tiers[t];
+		const struct core_block *e;
+		uint32_t slot;
+
+		if (!tier_exists(c, t))
+			continue;
+		slot = index_find(&tr->index, tr->pool.blocks, h);
+		if (slot == CORE_NONE)
+			continue;
+		e = &tr->pool.blocks[slot];
+		/* The tokens are checked by the load, against the prompt. */
+		if (!core_hash_eq(tr->parents[slot], parent) || e->salt != salt || e->extra != extra)
+			return 0;
+		*ret_slot = slot;
+		return t;
+	}
+	return 0;
+}
+
+void tier_hold(struct core *c, uint32_t t, uint32_t slot)
+{
+	pool_ref(&c->tiers[t].pool, slot);
+}
+
+void tier_put(struct core *c, uint32_t t, uint32_t slot)
+{
+	pool_unref(&c->tiers[t].pool, slot);
+}
+
+void tier_release(struct core *c, uint32_t t, uint32_t slot)
+{
+	struct tier *tr = &c->tiers[t];
+	struct core_block *e = &tr->pool.blocks[slot];
+
+	index_remove(&tr->index, e->hash, slot);
+	e->flags &= ~CORE_BLOCK_INDEXED;
+	pool_unref(&tr->pool, slot); /* unindexed: to the free list */
+}
+
+uint32_t tiers_drop_all(struct core *c)
+{
+	uint32_t n = 0;
+
+	for (uint32_t t = 1; t < CORE_NTIERS; t++)
+		if (tier_exists(c, t))
+			while (pool_evict_oldest(&c->tiers[t].pool))
+				n++;
+	return n;
+}
+
+int tiers_init(struct core *c)
+{
+	const struct core_cost_config *cost = &c->cfg.cost;
+	double recompute = cost_recompute_s(cost->params, c->cfg.block_tokens, cost->flops);
+	int r;
+
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		struct tier *tr = &c->tiers[t];
+		double transfer = cost->bandwidth[t] > 0
+					  ? cost_transfer_s(cost->block_bytes, cost->bandwidth[t])
+					  : 0;
+
+		tr->c = c;
+		tr->id = t;
+		if (!tier_exists(c, t))
+			continue;
+		if (!c->first_tier)
+			c->first_tier = t;
+		r = pool_init(&tr->pool, c->cfg.tier_slots[t], on_tier_evict, tr);
+		if (r < 0)
+			return r;
+		r = index_init(&tr->index, c->cfg.tier_slots[t]);
+		if (r < 0)
+			return r;
+		tr->parents = calloc(c->cfg.tier_slots[t], sizeof(*tr->parents));
+		if (!tr->parents)
+			return -ENOMEM;
+		/* Unknown figures promote: a transfer loses no work. */
+		tr->promote = cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
+			      cost->bandwidth[t] <= 0 ||
+			      cost_choose(transfer, recompute) == COST_SWAP;
+		tr->stats.capacity = c->cfg.tier_slots[t];
+	}
+	return 0;
+}
+
+void tiers_done(struct core *c)
+{
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		pool_done(&c->tiers[t].pool);
+		index_done(&c->tiers[t].index);
+		free(c->tiers[t].parents);
+		c->tiers[t].parents = NULL;
+	}
+}
+
+int core_get_tier_stats(const struct core *c, uint32_t t, struct core_tier_stats *ret)
+{
+	if (t == 0 || t >= CORE_NTIERS)
+		return -EINVAL;
+	*ret = c->tiers[t].stats;
+	ret->used = tier_exists(c, t) ? c->tiers[t].pool.capacity - c->tiers[t].pool.nfree : 0;
+	return 0;
+}
+
+bool core_tier_promotes(const struct core *c, uint32_t t)
+{
+	return tier_exists(c, t) && c->tiers[t].promote;
+}
+
+int core_tier_lost(struct core *c, uint32_t t, uint32_t slot)
+{
+	struct tier *tr;
+
+	if (!tier_exists(c, t) || slot >= c->cfg.tier_slots[t])
+		return -EINVAL;
+	tr = &c->tiers[t];
+	if (!(tr->pool.blocks[slot].flags & CORE_BLOCK_INDEXED))
+		return -ENOENT;
+	tr->stats.lost++;
+	tier_hold(c, t, slot); /* off the LRU */
+	tier_release(c, t, slot);
+	return 0;
+}
+
+int core_tier_restore(struct core *c, uint32_t t, uint32_t slot, const struct core_key *key)
+{
+	struct tier *tr;
+	struct core_block *e;
+	int r;
+
+	if (!tier_exists(c, t) || slot >= c->cfg.tier_slots[t])
+		return -EINVAL;
+	tr = &c->tiers[t];
+	if (index_find(&tr->index, tr->pool.blocks, key->hash) != CORE_NONE)
+		return -EEXIST;
+	r = pool_claim(&tr->pool, slot);
+	if (r < 0)
+		return r;
+	e = &tr->pool.blocks[slot];
+	e->hash = key->hash;
+	e->salt = key->salt;
+	e->extra = key->extra;
+	e->state = CORE_BLOCK_READY;
+	e->flags |= CORE_BLOCK_INDEXED;
+	tr->parents[slot] = key->parent;
+	index_insert(&tr->index, key->hash, slot);
+	pool_unref(&tr->pool, slot);
+	return 0;
+}
+
+__attribute__((format(printf, 3, 4))) static int fail(char *why, size_t len, const char *fmt,
+							 ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, len, fmt, ap);
+	va_end(ap);
+	return -EUCLEAN;
+}
+
+int tiers_verify(const struct core *c, char *why, size_t why_len)
+{
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		const struct tier *tr = &c->tiers[t];
+		uint32_t nfree = 0, ncached = 0, nindexed = 0;
+
+		if (!tier_exists(c, t))
+			continue;
+		for (uint32_t s = tr->pool.free_head; s != CORE_NONE; s = tr->pool.blocks[s].next)
+			if (++nfree > tr->pool.capacity || tr->pool.blocks[s].state != CORE_BLOCK_FREE)
+				return fail(why, why_len, "tier %u: free list broken at slot %u", t,
+					    s);
+		for (uint32_t s = tr->pool.lru_head; s != CORE_NONE; s = tr->pool.blocks[s].next)
+			if (++ncached > tr->pool.capacity ||
+			    !(tr->pool.blocks[s].flags & CORE_BLOCK_INDEXED))
+				return fail(why, why_len, "tier %u: LRU list broken at slot %u", t,
+					    s);
+		if (nfree != tr->pool.nfree || ncached != tr->pool.ncached)
+			return fail(why, why_len, "tier %u: %u free and %u cached slots on the lists",
+				    t, nfree, ncached);
+		/* Outside a call nothing holds a slot: every slot is free or cached. */
+		if (nfree + ncached != tr->pool.capacity)
+			return fail(why, why_len, "tier %u: %u slots neither free nor cached", t,
+				    tr->pool.capacity - nfree - ncached);
+		for (uint32_t s = 0; s < tr->pool.capacity; s++) {
+			const struct core_block *e = &tr->pool.blocks[s];
+
+			if (!(e->flags & CORE_BLOCK_INDEXED))
+				continue;
+			nindexed++;
+			if (index_find(&tr->index, tr->pool.blocks, e->hash) != s)
+				return fail(why, why_len, "tier %u: slot %u not found under its hash",
+					    t, s);
+		}
+		if (nindexed != tr->index.count || nindexed != ncached)
+			return fail(why, why_len, "tier %u: %u indexed slots, index holds %u", t,
+				    nindexed, tr->index.count);
+	}
+	return 0;
+}
