@@ -108,6 +108,7 @@ static int load_trace(const char *path, struct workload *w, uint32_t max_request
 static void replay_usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench replay --trace FILE --block-tokens N --capacity-blocks N[,N...]\n"
+	      "                            [--host-tier-blocks N] [--file-tier-blocks N]\n"
 	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
 	      "       kvpaged-bench replay --trace FILE --block-tokens N --daemon SOCKET\n"
 	      "                            [--clients N] [--ring [--spin-us US]] [--ordered]\n"
@@ -117,6 +118,9 @@ static void replay_usage(FILE *f)
 	      "Replays the trace in file order through the block manager: each request opens a\n"
 	      "sequence with its prompt, commits it, appends output_length tokens one at a time\n"
 	      "(unless --prompt-only) and closes.  One line (or JSON object) per capacity.\n"
+	      "--host-tier-blocks and --file-tier-blocks put tiers below the pool (bookkeeping\n"
+	      "only): blocks evicted from the pool are demoted there and promoted on a hit; the\n"
+	      "hit fraction counts hits from every tier, and the split by tier follows.\n"
 	      "\n"
 	      "With --daemon, N client processes replay it through a running kvpaged (request i\n"
 	      "goes to client i % N), over the socket or the rings; the capacity is the pool's,\n"
@@ -142,10 +146,12 @@ int cmd_replay(int argc, char **argv)
 		{ "spin-us", required_argument, NULL, 'S' },
 		{ "admin", required_argument, NULL, 'a' },
 		{ "ordered", no_argument, NULL, 'o' },
+		{ "host-tier-blocks", required_argument, NULL, 'H' },
+		{ "file-tier-blocks", required_argument, NULL, 'F' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
-	uint32_t caps[MAX_CAPACITIES], B = 0, max_requests = 0;
+	uint32_t caps[MAX_CAPACITIES], B = 0, max_requests = 0, host = 0, file = 0;
 	struct replay_daemon_options remote = { .clients = 1 };
 	bool clients_given = false, spin_given = false;
 	const char *trace = NULL;
@@ -219,6 +225,14 @@ int cmd_replay(int argc, char **argv)
 		case 'o':
 			remote.ordered = true;
 			break;
+		case 'H':
+		case 'F':
+			if (parse_u32(optarg, opt == 'H' ? &host : &file) < 0) {
+				fprintf(stderr, "kvpaged-bench: --%s-tier-blocks: not an integer: %s\n",
+					opt == 'H' ? "host" : "file", optarg);
+				return 2;
+			}
+			break;
 		case 'h':
 			replay_usage(stdout);
 			return 0;
@@ -226,6 +240,11 @@ int cmd_replay(int argc, char **argv)
 			replay_usage(stderr);
 			return 2;
 		}
+	}
+	if (remote.socket && (host || file)) {
+		fprintf(stderr, "kvpaged-bench: --host-tier-blocks and --file-tier-blocks are the "
+			"daemon's pool settings with --daemon\n");
+		return 2;
 	}
 	if (!trace || !B || optind != argc || (remote.socket ? ncaps != 0 : ncaps <= 0)) {
 		if (remote.socket && ncaps)
@@ -275,7 +294,7 @@ int cmd_replay(int argc, char **argv)
 			r = -EINVAL;
 			break;
 		}
-		r = replay_core(&w, B, caps[i], prompt_only, &res);
+		r = replay_core_tiers(&w, B, caps[i], host, file, prompt_only, &res);
 		if (r == 0 && belady)
 			r = replay_belady(&w, B, caps[i], prompt_only, &res.belady_hit_fraction);
 		if (r < 0) {

@@ -127,8 +127,29 @@ static int no_copy(void *ctx, uint32_t dst, uint32_t src)
 	return 0; /* the replay measures bookkeeping; there is no KV memory behind it */
 }
 
+/* Tiers without bytes: the replay measures where hits come from, not the copies. */
+static int no_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
+		    const struct core_key *key)
+{
+	return 0;
+}
+
+static void no_load(void *ctx, struct core_load *loads, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		loads[i].result = 0;
+}
+
+static const struct core_tier_ops no_tier_ops = { .store = no_store, .load = no_load };
+
 int replay_core(const struct workload *w, uint32_t B, uint32_t capacity, bool prompt_only,
 		struct replay_result *res)
+{
+	return replay_core_tiers(w, B, capacity, 0, 0, prompt_only, res);
+}
+
+int replay_core_tiers(const struct workload *w, uint32_t B, uint32_t capacity, uint32_t host,
+		      uint32_t file, bool prompt_only, struct replay_result *res)
 {
 	struct core_config cfg = {
 		.capacity_blocks = capacity,
@@ -136,6 +157,8 @@ int replay_core(const struct workload *w, uint32_t B, uint32_t capacity, bool pr
 		.max_sequences = 4,
 		.max_seq_tokens = w->max_tokens ? w->max_tokens : 1,
 		.copy_block = no_copy,
+		.tier_slots = { 0, host, file },
+		.tier_ops = &no_tier_ops,
 	};
 	uint64_t t_start = now_ns(), t;
 	struct core_stats st;
@@ -152,7 +175,8 @@ int replay_core(const struct workload *w, uint32_t B, uint32_t capacity, bool pr
 		return -ENOMEM;
 	}
 	*res = (struct replay_result){ .capacity = capacity, .block_tokens = B,
-				       .belady_hit_fraction = -1 };
+				       .belady_hit_fraction = -1,
+				       .tier_capacity = { capacity, host, file } };
 	for (uint32_t i = 0; i < w->nreqs; i++) {
 		const struct wreq *q = &w->reqs[i];
 		struct core_open o = { .tokens = prompt, .ntokens = q->input_len };
@@ -194,7 +218,15 @@ int replay_core(const struct workload *w, uint32_t B, uint32_t capacity, bool pr
 	core_get_stats(c, &st);
 	res->requests = w->nreqs;
 	res->blocks = st.query_blocks;
+	res->tier_hit_blocks[CORE_TIER_POOL] = st.hit_blocks;
 	res->hit_blocks = st.hit_blocks;
+	for (uint32_t tier = 1; tier < CORE_NTIERS; tier++) {
+		struct core_tier_stats ts;
+
+		core_get_tier_stats(c, tier, &ts);
+		res->tier_hit_blocks[tier] = ts.promotions;
+		res->hit_blocks += ts.promotions;
+	}
 	res->hit_tokens = st.hit_tokens;
 	res->evictions = st.evictions;
 	res->collisions = st.collisions;
@@ -393,6 +425,23 @@ void replay_print(const struct replay_result *res, bool json)
 		if (res->belady_hit_fraction >= 0)
 			json_object_object_add(o, "belady_hit_fraction",
 					       json_object_new_double(res->belady_hit_fraction));
+		if (res->tier_capacity[1] || res->tier_capacity[2]) {
+			static const char *const names[] = { "pool", "host", "file" };
+			json_object *tiers = json_object_new_object();
+
+			for (uint32_t t = 0; t < CORE_NTIERS; t++) {
+				json_object *to = json_object_new_object();
+
+				json_object_object_add(to, "capacity_blocks",
+						       json_object_new_int64(res->tier_capacity[t]));
+				json_object_object_add(to, "hit_blocks",
+						       json_object_new_int64((int64_t)res->tier_hit_blocks[t]));
+				json_object_object_add(to, "hit_fraction",
+						       json_object_new_double(res->blocks ? (double)res->tier_hit_blocks[t] / (double)res->blocks : 0));
+				json_object_object_add(tiers, names[t], to);
+			}
+			json_object_object_add(o, "tiers", tiers);
+		}
 		json_print(o);
 		return;
 	}
@@ -404,4 +453,12 @@ void replay_print(const struct replay_result *res, bool json)
 	if (res->rejected)
 		printf("  (%u rejected: larger than the pool)", res->rejected);
 	putchar('\n');
+	if (res->tier_capacity[1] || res->tier_capacity[2]) {
+		static const char *const names[] = { "pool", "host", "file" };
+
+		for (uint32_t t = 0; t < CORE_NTIERS; t++)
+			printf("%10s %10u blocks: %9" PRIu64 " hits, hit_frac %.4f\n", names[t],
+			       res->tier_capacity[t], res->tier_hit_blocks[t],
+			       res->blocks ? (double)res->tier_hit_blocks[t] / (double)res->blocks : 0);
+	}
 }

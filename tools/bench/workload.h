@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "daemon/core/core.h"
 #include "tools/bench/u64map.h"
 
 #define STREAM_OUTPUT (UINT64_C(3) << 56) /* | request index: generated tokens */
@@ -53,8 +54,10 @@ struct replay_result {
 	uint32_t requests;
 	uint32_t rejected; /* did not fit in the pool at all */
 	uint64_t blocks;   /* prompt blocks, partial ones included */
-	uint64_t hit_blocks;
+	uint64_t hit_blocks; /* from the pool and every tier */
 	uint64_t hit_tokens;
+	uint32_t tier_capacity[CORE_NTIERS];   /* pool, host, file */
+	uint64_t tier_hit_blocks[CORE_NTIERS]; /* where the hits came from */
 	uint64_t evictions;
 	uint64_t collisions;
 	uint64_t ops;     /* core calls */
@@ -66,6 +69,10 @@ struct replay_result {
 /* Replays w through a fresh core (in-process). */
 int replay_core(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
 		bool prompt_only, struct replay_result *res);
+/* The same with host and file tiers below the pool (bookkeeping only: no bytes move). */
+int replay_core_tiers(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
+		      uint32_t host_blocks, uint32_t file_blocks, bool prompt_only,
+		      struct replay_result *res);
 
 /*
  * The hit fraction of the offline-optimal policy (Belady's MIN: evict the cached block used
