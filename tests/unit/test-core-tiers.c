@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The tiers below the pool, in constructed cases: where evicted blocks go, what a lookup
+ * promotes and in how many batches, the cost model's swap-or-drop per victim and its log,
+ * failed loads, lost slots and restored ones.
+ */
+#include <errno.h>
+
+#include "daemon/core/core-internal.h"
+#include "tests/unit/testutil.h"
+
+#define B 4
+
+/* Storage that remembers which block (by its first token) each slot holds. */
+struct fake_store {
+	uint32_t host[64], file[64]; /* first token of the block stored; 0: none */
+	uint32_t stores[CORE_NTIERS], batches, loaded;
+	int fail_load_at; /* 1-based index in a batch that fails, 0: none */
+	const struct core *c;
+};
+
+static int store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
+		 const struct core_key *key)
+{
+	struct fake_store *fs = ctx;
+	uint32_t first;
+
+	if (from_tier == CORE_TIER_POOL) {
+		ck_assert_ptr_nonnull(key->tokens);
+		first = key->tokens[0];
+	} else {
+		ck_assert_uint_eq(from_tier, CORE_TIER_HOST);
+		ck_assert_ptr_null(key->tokens);
+		first = fs->host[from];
+	}
+	(to_tier == CORE_TIER_HOST ? fs->host : fs->file)[to] = first;
+	fs->stores[to_tier]++;
+	return 0;
+}
+
+static void load(void *ctx, struct core_load *loads, uint32_t n)
+{
+	struct fake_store *fs = ctx;
+
+	fs->batches++;
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t first = (loads[i].tier == CORE_TIER_HOST ? fs->host : fs->file)[loads[i].slot];
+
+		loads[i].result = first == loads[i].key.tokens[0] ? 0 : -EBADMSG;
+		if (fs->fail_load_at && i + 1 == (uint32_t)fs->fail_load_at)
+			loads[i].result = -EIO;
+		fs->loaded += loads[i].result == 0;
+	}
+}
+
+static const struct core_tier_ops ops = { .store = store, .load = load };
+
+static struct fake_mem mem;
+static struct fake_store fs;
+
+static struct core *tiered(uint32_t capacity, uint32_t host, uint32_t file,
+			   const struct core_cost_config *cost)
+{
+	struct core_config cfg = {
+		.capacity_blocks = capacity,
+		.block_tokens = B,
+		.max_sequences = 8,
+		.max_seq_tokens = 64,
+		.copy_block = fake_copy,
+		.copy_ctx = &mem,
+		.tier_slots = { 0, host, file },
+		.tier_ops = &ops,
+		.tier_ctx = &fs,
+	};
+	struct core *c = NULL;
+
+	if (cost)
+		cfg.cost = *cost;
+	memset(&fs, 0, sizeof(fs));
+	fake_mem_init(&mem, capacity, B);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	fs.c = c;
+	return c;
+}
+
+static void done(struct core *c)
+{
+	assert_verified(c);
+	core_free(c);
+	free(mem.slots);
+}
+
+static struct core_tier_stats tstats(const struct core *c, uint32_t t)
+{
+	struct core_tier_stats st;
+
+	ck_assert_int_eq(core_get_tier_stats(c, t, &st), 0);
+	return st;
+}
+
+/* Opens, commits and closes a prompt: its full blocks end up cached. */
+static void cache_prompt(struct core *c, const uint32_t *t, uint32_t n)
+{
+	struct core_open o = { .tokens = t, .ntokens = n };
+	uint64_t s;
+
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(core_seq_commit(c, s, n), 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+}
+
+static uint32_t open_cached(struct core *c, const uint32_t *t, uint32_t n, uint64_t *s)
+{
+	struct core_open o = { .tokens = t, .ntokens = n };
+	uint32_t cached = 99;
+
+	ck_assert_int_eq(core_seq_open(c, &o, s, &cached), 0);
+	return cached;
+}
+
+START_TEST(test_config_needs_storage)
+{
+	struct core_config cfg = { .capacity_blocks = 4, .block_tokens = B, .max_sequences = 1,
+				   .max_seq_tokens = 16, .copy_block = fake_copy,
+				   .tier_slots = { 0, 4, 0 } };
+	struct core *c = NULL;
+
+	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
+	ck_assert_ptr_null(c);
+}
+END_TEST
+
+/*
+ * Pool 4, host 2, file 8.  p's 3 blocks are evicted leaf first (p2, p1, p0) into the host tier;
+ * p0 pushes p2 on into the file.  Reopening p promotes all three in one batch.
+ */
+START_TEST(test_demote_then_promote_in_one_batch)
+{
+	struct core *c = tiered(4, 2, 8, NULL);
+	uint32_t p[12], q[16];
+	uint64_t s;
+
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 16, 500);
+	cache_prompt(c, p, 12);
+	ck_assert_uint_eq(open_cached(c, q, 16, &s), 0);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).demotions, 3);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).demotions, 1);
+	ck_assert_uint_eq(fs.file[0], 108); /* p2 */
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 2);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	assert_verified(c);
+
+	ck_assert_uint_eq(open_cached(c, p, 12, &s), 12);
+	ck_assert_uint_eq(fs.batches, 1);
+	ck_assert_uint_eq(fs.loaded, 3);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).promotions, 2);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).promotions, 1);
+	/* Promotion moves: the slots are free again, and the blocks are findable in the pool. */
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	ck_assert_uint_eq(open_cached(c, p, 12, &s), 12);
+	ck_assert_uint_eq(fs.batches, 1); /* from the pool this time */
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* A load that fails ends the reused prefix there: counted, its slot freed, nothing after. */
+START_TEST(test_failed_load_is_a_counted_miss)
+{
+	struct core *c = tiered(4, 0, 8, NULL);
+	uint32_t p[12], q[16], cached;
+	uint64_t s;
+
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 16, 500);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 3);
+	fs.fail_load_at = 2;
+	cached = open_cached(c, p, 12, &s);
+	ck_assert_uint_eq(cached, 4);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).load_errors, 1);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).promotions, 1);
+	/*
+	 * p0 moved up, p1 was thrown away, p2 stays below (unreachable until p1 is back); the
+	 * three blocks of q the open evicted came down.
+	 */
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 1 + 3);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* One parked victim each way: the cost model swaps a big model's blocks, drops a tiny one's. */
+static void preempt_one(const struct core_cost_config *cost, struct core_preemption *ret,
+			uint32_t *ret_host_demotions)
+{
+	struct core *c = tiered(4, 8, 0, cost);
+	uint32_t a[16], b[16];
+	uint64_t sa, sb;
+
+	fill_tokens(a, 16, 100);
+	fill_tokens(b, 16, 500);
+	ck_assert_uint_eq(open_cached(c, a, 16, &sa), 0);
+	ck_assert_int_eq(core_seq_commit(c, sa, 16), 0);
+	ck_assert_int_eq(core_seq_park(c, sa), 0);
+	ck_assert_uint_eq(open_cached(c, b, 16, &sb), 0);
+	ck_assert_uint_eq(core_get_preemptions(c, ret, 1), 1);
+	*ret_host_demotions = (uint32_t)tstats(c, CORE_TIER_HOST).demotions;
+	ck_assert_int_eq(core_seq_close(c, sb), 0);
+	ck_assert_int_eq(core_seq_close(c, sa), 0);
+	done(c);
+}
+
+START_TEST(test_swap_or_drop_by_cost)
+{
+	/* 1 MB blocks over 1 GB/s: 4 ms to bring 4 blocks back. */
+	struct core_cost_config big = { .block_bytes = 1e6, .params = 1e9, .flops = 1e12,
+					.bandwidth = { 0, 1e9, 0 } };
+	struct core_cost_config tiny = big;
+	struct core_preemption p;
+	uint32_t demoted;
+
+	tiny.params = 1e6;
+	/* Recompute 16 tokens of a 1e9-parameter model at 1 TFLOP/s: 32 ms > 4 ms: swap. */
+	preempt_one(&big, &p, &demoted);
+	ck_assert_uint_eq(p.decision, CORE_DECISION_SWAP);
+	ck_assert_uint_eq(p.reason, CORE_REASON_SWAP_CHEAPER);
+	ck_assert_uint_eq(p.swap_blocks, 4);
+	ck_assert_uint_eq(p.tier, CORE_TIER_HOST);
+	ck_assert_double_eq_tol(p.swap_s, 4e-3, 1e-12);
+	ck_assert_double_eq_tol(p.recompute_s, 32e-3, 1e-12);
+	ck_assert_uint_eq(demoted, 4);
+	/* A 1e6-parameter model: 32 us < 4 ms: drop, and its blocks are not moved down. */
+	preempt_one(&tiny, &p, &demoted);
+	ck_assert_uint_eq(p.decision, CORE_DECISION_DROP);
+	ck_assert_uint_eq(p.reason, CORE_REASON_RECOMPUTE_CHEAPER);
+	ck_assert_uint_eq(demoted, 0);
+	/* No figures: swap, which loses no work. */
+	preempt_one(NULL, &p, &demoted);
+	ck_assert_uint_eq(p.decision, CORE_DECISION_SWAP);
+	ck_assert_uint_eq(p.reason, CORE_REASON_NO_COST_MODEL);
+	ck_assert_uint_eq(demoted, 4);
+}
+END_TEST
+
+/* A tier too slow to beat recomputing is searched but not promoted from: counted skipped. */
+START_TEST(test_slow_tier_is_not_promoted_from)
+{
+	struct core_cost_config cost = { .block_bytes = 1e6, .params = 1e6, .flops = 1e12,
+					 .bandwidth = { 0, 0, 1e6 } };
+	struct core *c = tiered(4, 0, 8, &cost);
+	uint32_t p[12], q[16];
+	uint64_t s;
+
+	ck_assert(!core_tier_promotes(c, CORE_TIER_FILE));
+	ck_assert(!core_tier_promotes(c, CORE_TIER_HOST)); /* there is no host tier */
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 16, 500);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 3);
+	ck_assert_uint_eq(open_cached(c, p, 12, &s), 0);
+	ck_assert_uint_eq(fs.batches, 0);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).skipped, 1);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* Restored slots (a persisted file tier) serve lookups; lost ones are forgotten. */
+START_TEST(test_restore_and_lose)
+{
+	struct core *c = tiered(4, 0, 8, NULL), *ref = tiered(4, 0, 0, NULL);
+	uint32_t p[8];
+	struct core_key k0, k1;
+	uint64_t s;
+
+	/* The hashes a pool computes for p's two blocks. */
+	fill_tokens(p, 8, 100);
+	cache_prompt(ref, p, 8);
+	for (uint32_t b = 0; b < 4; b++) {
+		const struct core_block *blk = &ref->pool.blocks[b];
+
+		if (!(blk->flags & CORE_BLOCK_INDEXED))
+			continue;
+		if (blk->parent == CORE_NONE)
+			k0 = (struct core_key){ .hash = blk->hash, .salt = 0, .extra = 0 };
+		else
+			k1 = (struct core_key){ .hash = blk->hash,
+						.parent = ref->pool.blocks[blk->parent].hash };
+	}
+	core_free(ref);
+	fs.file[5] = 100;
+	fs.file[2] = 104;
+	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 5, &k0), 0);
+	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 2, &k1), 0);
+	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 3, &k1), -EEXIST);
+	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 5, &k1), -EEXIST);
+	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 8, &k1), -EINVAL);
+	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_HOST, 0, &k1), -EINVAL);
+	assert_verified(c);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 8 }), 8);
+
+	ck_assert_int_eq(core_tier_lost(c, CORE_TIER_FILE, 2), 0);
+	ck_assert_int_eq(core_tier_lost(c, CORE_TIER_FILE, 2), -ENOENT);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).lost, 1);
+	ck_assert_uint_eq(open_cached(c, p, 8, &s), 4);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* drop-cache empties every level and moves nothing. */
+START_TEST(test_drop_cache_empties_the_tiers)
+{
+	struct core *c = tiered(4, 2, 8, NULL);
+	uint32_t p[12], q[16];
+	uint32_t stores, below;
+
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 16, 500);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	stores = fs.stores[CORE_TIER_HOST] + fs.stores[CORE_TIER_FILE];
+	below = tstats(c, CORE_TIER_HOST).used + tstats(c, CORE_TIER_FILE).used;
+	ck_assert_uint_eq(below, 2 + 1);
+	ck_assert_uint_eq(core_drop_cache(c), 4 + below);
+	ck_assert_uint_eq(fs.stores[CORE_TIER_HOST] + fs.stores[CORE_TIER_FILE], stores);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 0);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 0);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 0);
+	done(c);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("core-tiers");
+	TCase *tc = tcase_create("tiers");
+
+	tcase_add_test(tc, test_config_needs_storage);
+	tcase_add_test(tc, test_demote_then_promote_in_one_batch);
+	tcase_add_test(tc, test_failed_load_is_a_counted_miss);
+	tcase_add_test(tc, test_swap_or_drop_by_cost);
+	tcase_add_test(tc, test_slow_tier_is_not_promoted_from);
+	tcase_add_test(tc, test_restore_and_lose);
+	tcase_add_test(tc, test_drop_cache_empties_the_tiers);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
