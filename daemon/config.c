@@ -59,10 +59,15 @@ enum config_type {
 	TYPE_POLICY,    /* enum kvpd_policy */
 	TYPE_UIDS,      /* user names or uids; aux_offset is the size_t count */
 	TYPE_GIDS,      /* group names or gids; aux_offset is the size_t count */
+	TYPE_BOOL,      /* yes/no, true/false, on/off, 1/0 */
+	TYPE_FILES,     /* absolute paths, comma separated; aux_offset is the size_t count */
+	TYPE_NUMBER,    /* a non-negative real number, optionally with a K, M, G, T or P suffix
+			   (powers of 1000): 7e9, 7G and 7000M are the same */
 };
 
 #define KEY_REQUIRED (1u << 0)
 #define KEY_POW2 (1u << 1)
+#define KEY_AUTO (1u << 2) /* a size that may be 'auto': measured at start (KVPD_MEASURE) */
 
 struct config_key {
 	const char *name;
@@ -108,6 +113,7 @@ static const struct config_key schema[] = {
 	LIMIT(TYPE_U32, max_ring_entries, 4096, 1, 65536, KEY_POW2),
 	LIMIT(TYPE_SIZE, max_ring_data_bytes, 16 * MiB, 4 * KiB, 1 * GiB, 0),
 	LIMIT(TYPE_SIZE, max_queued_bytes, 16 * MiB, 64 * KiB, 1 * GiB, 0),
+	LIMIT(TYPE_U32, max_wait_ms, 60000, 0, 3600000, 0),
 
 	POOL_NUMBER(TYPE_U32, layers, 0, 1, 1024, KEY_REQUIRED),
 	POOL_NUMBER(TYPE_U32, kv_heads, 0, 1, 1024, KEY_REQUIRED),
@@ -123,6 +129,20 @@ static const struct config_key schema[] = {
 	{ .name = "policy", .section = SECTION_POOL, .type = TYPE_POLICY, .def = KVPD_POLICY_LRU,
 	  .offset = offsetof(struct kvpd_pool_config, policy) },
 	POOL_NUMBER(TYPE_U64, namespace_seed, 0, 0, UINT64_MAX, 0),
+	POOL_NUMBER(TYPE_U32, host_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
+	POOL_NUMBER(TYPE_U32, file_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
+	{ .name = "swap_files", .section = SECTION_POOL, .type = TYPE_FILES,
+	  .offset = offsetof(struct kvpd_pool_config, swap_files),
+	  .aux_offset = offsetof(struct kvpd_pool_config, n_swap_files) },
+	{ .name = "file_tier_persist", .section = SECTION_POOL, .type = TYPE_BOOL,
+	  .offset = offsetof(struct kvpd_pool_config, file_tier_persist) },
+	POOL_NUMBER(TYPE_U32, file_tier_queue_depth, 32, 1, 4096, 0),
+	{ .name = "model_params", .section = SECTION_POOL, .type = TYPE_NUMBER,
+	  .offset = offsetof(struct kvpd_pool_config, model_params) },
+	{ .name = "engine_flops", .section = SECTION_POOL, .type = TYPE_NUMBER,
+	  .offset = offsetof(struct kvpd_pool_config, engine_flops) },
+	POOL_NUMBER(TYPE_SIZE, host_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
+	POOL_NUMBER(TYPE_SIZE, file_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
 	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
 	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
 	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_uids) },
@@ -431,7 +451,10 @@ static int apply_defaults(enum config_section section, void *base)
 		case TYPE_GROUP:
 		case TYPE_UIDS:
 		case TYPE_GIDS:
-			break; /* unset and empty: zeroed already */
+		case TYPE_BOOL:
+		case TYPE_FILES:
+		case TYPE_NUMBER:
+			break; /* unset, false, empty, 0: zeroed already */
 		}
 	}
 	return 0;
@@ -598,6 +621,10 @@ static int set_number(struct parse *p, const struct config_key *key, void *field
 	uint64_t v = 0;
 	int r;
 
+	if ((key->flags & KEY_AUTO) && !strcmp(value, "auto")) {
+		*(uint64_t *)field = KVPD_MEASURE;
+		return 0;
+	}
 	r = key->type == TYPE_SIZE ? config_parse_size(value, &v) : parse_u64(value, &v);
 	if (r == -EINVAL && key->type == TYPE_SIZE)
 		return fail_key(p, key->name,
@@ -702,6 +729,90 @@ static int add_ids(struct parse *p, const struct config_key *key, void *base, co
 	return 0;
 }
 
+static int set_bool(struct parse *p, const struct config_key *key, bool *field,
+		    const char *value)
+{
+	static const char *const yes[] = { "yes", "true", "on", "1" };
+	static const char *const no[] = { "no", "false", "off", "0" };
+
+	for (size_t i = 0; i < 4; i++) {
+		if (!strcmp(value, yes[i])) {
+			*field = true;
+			return 0;
+		}
+		if (!strcmp(value, no[i])) {
+			*field = false;
+			return 0;
+		}
+	}
+	return fail_key(p, key->name, "'%s' is not yes, no, true, false, on, off, 1 or 0", value);
+}
+
+static int set_real(struct parse *p, const struct config_key *key, double *field,
+		    const char *value)
+{
+	static const char suffixes[] = "KMGTP";
+	const char *s;
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(value, &end);
+	if (end == value || errno || !(v >= 0) || v > 1e30)
+		return fail_key(p, key->name, "'%s' is not a non-negative number", value);
+	if (*end && (s = strchr(suffixes, *end)) && !end[1])
+		for (long i = 0; i <= s - suffixes; i++)
+			v *= 1000;
+	else if (*end)
+		return fail_key(p, key->name,
+				"'%s' is not a number (such as 7e9 or 7G; suffixes K, M, G, T, P are "
+				"powers of 1000)", value);
+	*field = v;
+	return 0;
+}
+
+/* Appends absolute paths from a comma separated list (spaces around them are dropped). */
+static int add_files(struct parse *p, const struct config_key *key, void *base,
+		     const char *value)
+{
+	char ***files = field_at(base, key->offset);
+	size_t *n = field_at(base, key->aux_offset);
+
+	for (const char *s = value; *s;) {
+		size_t len = strcspn(s, ","), lead = strspn(s, " \t"), end = len;
+		char *item, **grown;
+
+		while (end > lead && (s[end - 1] == ' ' || s[end - 1] == '\t'))
+			end--;
+		if (end == lead)
+			return fail_key(p, key->name, "an empty path in the list");
+		if (s[lead] != '/')
+			return fail_key(p, key->name, "'%.*s' is not an absolute path",
+					(int)(end - lead), s + lead);
+		if (*n == 64)
+			return fail_key(p, key->name, "more than 64 files");
+		item = strndup(s + lead, end - lead);
+		if (!item)
+			return oom(p);
+		for (size_t i = 0; i < *n; i++)
+			if (!strcmp((*files)[i], item)) {
+				free(item);
+				return fail_key(p, key->name, "'%s' is named twice", (*files)[i]);
+			}
+		grown = realloc(*files, (*n + 1) * sizeof(**files));
+		if (!grown) {
+			free(item);
+			return oom(p);
+		}
+		*files = grown;
+		(*files)[(*n)++] = item;
+		s += len;
+		if (*s == ',')
+			s++;
+	}
+	return 0;
+}
+
 static int set_value(struct parse *p, const struct config_key *key, const char *value)
 {
 	void *base = current_base(p);
@@ -743,6 +854,12 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 	case TYPE_UIDS:
 	case TYPE_GIDS:
 		return add_ids(p, key, base, value);
+	case TYPE_BOOL:
+		return set_bool(p, key, field, value);
+	case TYPE_NUMBER:
+		return set_real(p, key, field, value);
+	case TYPE_FILES:
+		return add_files(p, key, base, value);
 	}
 	return fail_key(p, key->name, "internal error: no parser for this type");
 }
@@ -812,6 +929,35 @@ fail:
 	return 0;
 }
 
+/* The tiers' keys agree with each other, and the tiers' memory and files stay bounded. */
+static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
+{
+	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
+	const struct section_state *st = &p->pool_state[i];
+	const int files = find_key(SECTION_POOL, "swap_files");
+	const int blocks = find_key(SECTION_POOL, "file_tier_blocks");
+	const int host = find_key(SECTION_POOL, "host_tier_blocks");
+	const int persist = find_key(SECTION_POOL, "file_tier_persist");
+
+	if (pc->file_tier_blocks && !pc->n_swap_files)
+		return fail_at(p, -EINVAL, st->key_line[blocks],
+			       "[pool %s] file_tier_blocks: the file tier needs swap_files", pc->name);
+	if (pc->n_swap_files && !pc->file_tier_blocks)
+		return fail_at(p, -EINVAL, st->key_line[files],
+			       "[pool %s] swap_files: set file_tier_blocks to use them", pc->name);
+	if (pc->file_tier_persist && !pc->file_tier_blocks)
+		return fail_at(p, -EINVAL, st->key_line[persist],
+			       "[pool %s] file_tier_persist: there is no file tier", pc->name);
+	if ((uint64_t)pc->host_tier_blocks * block_bytes > POOL_MAX_BYTES)
+		return fail_at(p, -EINVAL, st->key_line[host],
+			       "[pool %s] host_tier_blocks: more than 2^48 bytes of host memory",
+			       pc->name);
+	if ((uint64_t)pc->file_tier_blocks * (block_bytes + 65536) > (UINT64_C(1) << 56))
+		return fail_at(p, -EINVAL, st->key_line[blocks],
+			       "[pool %s] file_tier_blocks: more than 2^56 bytes of files", pc->name);
+	return 0;
+}
+
 static int check_pool(struct parse *p, size_t i)
 {
 	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
@@ -840,7 +986,7 @@ static int check_pool(struct parse *p, size_t i)
 			       " bytes (2 * layers * kv_heads * head_dim * element_bytes * "
 			       "block_tokens * capacity_blocks), is more than 2^48 bytes (256TiB)",
 			       pc->name, bytes);
-	return 0;
+	return check_tiers(p, i, bytes / pc->capacity_blocks);
 }
 
 /* What only the whole file can tell. */
@@ -856,6 +1002,22 @@ static int check_all(struct parse *p)
 	if (p->cfg.npools == 0)
 		return fail_at(p, -EINVAL, 0,
 			       "no [pool NAME] section: at least one pool is required");
+	/* Two pools writing one swap file would overwrite each other's slots. */
+	for (size_t i = 0; i < p->cfg.npools; i++)
+		for (size_t j = 0; j < i; j++)
+			for (size_t a = 0; a < p->cfg.pools[i].n_swap_files; a++)
+				for (size_t b = 0; b < p->cfg.pools[j].n_swap_files; b++)
+					if (!strcmp(p->cfg.pools[i].swap_files[a],
+						    p->cfg.pools[j].swap_files[b]))
+						return fail_at(
+							p, -EINVAL,
+							p->pool_state[i].key_line[find_key(
+								SECTION_POOL, "swap_files")],
+							"[pool %s] swap_files: %s is pool %s's "
+							"swap file too",
+							p->cfg.pools[i].name,
+							p->cfg.pools[i].swap_files[a],
+							p->cfg.pools[j].name);
 	if (!strcmp(p->cfg.socket_path, p->cfg.admin_socket_path)) {
 		const int sock = find_key(SECTION_DAEMON, "socket");
 		const int admin = find_key(SECTION_DAEMON, "admin_socket");
@@ -1008,6 +1170,9 @@ void config_free(struct kvpd_config *c)
 	free(c->socket_path);
 	free(c->admin_socket_path);
 	for (size_t i = 0; i < c->npools; i++) {
+		for (size_t k = 0; k < c->pools[i].n_swap_files; k++)
+			free(c->pools[i].swap_files[k]);
+		free(c->pools[i].swap_files);
 		free(c->pools[i].allow_uids);
 		free(c->pools[i].allow_gids);
 	}
@@ -1060,8 +1225,30 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			break;
 		case TYPE_SIZE:
 			fprintf(f, "%s = %s\n", key->name,
-				format_size(*(const uint64_t *)field, buf, sizeof(buf)));
+				(key->flags & KEY_AUTO) && *(const uint64_t *)field == KVPD_MEASURE
+					? "auto"
+					: format_size(*(const uint64_t *)field, buf, sizeof(buf)));
 			break;
+		case TYPE_BOOL:
+			fprintf(f, "%s = %s\n", key->name, *(const bool *)field ? "yes" : "no");
+			break;
+		case TYPE_NUMBER:
+			fprintf(f, "%s = %g\n", key->name, *(const double *)field);
+			break;
+		case TYPE_FILES: {
+			char *const *files = *(char **const *)field;
+			size_t n = *(const size_t *)cfield_at(base, key->aux_offset);
+
+			if (!n) {
+				fprintf(f, "# %s is not set\n", key->name);
+				break;
+			}
+			fprintf(f, "%s = ", key->name);
+			for (size_t i = 0; i < n; i++)
+				fprintf(f, "%s%s", i ? ", " : "", files[i]);
+			fputc('\n', f);
+			break;
+		}
 		case TYPE_PATH:
 			fprintf(f, "%s = %s\n", key->name,
 				*(char *const *)field ? *(char *const *)field : "");

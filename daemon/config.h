@@ -35,12 +35,26 @@ struct kvpd_pool_config {
 	enum kvpd_namespace_mode namespace_mode;
 	enum kvpd_policy policy; /* which parked sequences are dropped first */
 	uint64_t namespace_seed;
+	/* Tiers below the pool (see docs/tiers.md); 0 blocks: no such tier. */
+	uint32_t host_tier_blocks;
+	uint32_t file_tier_blocks;
+	char **swap_files; /* the file tier's files, slots striped across them */
+	size_t n_swap_files;
+	bool file_tier_persist; /* keep cached blocks in the files across restarts */
+	uint32_t file_tier_queue_depth;
+	/* The cost model: 0 is unknown; a bandwidth of KVPD_MEASURE is measured at start. */
+	double model_params;
+	double engine_flops;
+	uint64_t host_tier_bandwidth; /* bytes per second */
+	uint64_t file_tier_bandwidth;
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;
 	size_t n_allow_uids;
 	uint32_t *allow_gids;
 	size_t n_allow_gids;
 };
+
+#define KVPD_MEASURE UINT64_MAX
 
 /* [limits]: what one client session may make the daemon hold. */
 struct kvpd_limits {
@@ -51,6 +65,7 @@ struct kvpd_limits {
 	uint32_t max_ring_entries; /* a power of two */
 	uint64_t max_ring_data_bytes;
 	uint64_t max_queued_bytes;
+	uint32_t max_wait_ms; /* the longest a request may wait for memory */
 };
 
 struct kvpd_config {

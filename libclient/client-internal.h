@@ -25,6 +25,7 @@ struct kvp_client {
 	void *pool_base;
 	char ns[96];
 	char err[256];
+	uint32_t wait_ms; /* kvp_set_wait */
 
 	/* rings */
 	int ring_fd, sq_efd, cq_efd;

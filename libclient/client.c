@@ -253,6 +253,11 @@ KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c)
 	return c->pool_base;
 }
 
+KVP_EXPORT void kvp_set_wait(struct kvp_client *c, uint32_t ms)
+{
+	c->wait_ms = ms;
+}
+
 KVP_EXPORT const char *kvp_namespace(const struct kvp_client *c)
 {
 	return c->ns;
@@ -271,6 +276,7 @@ KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n
 	req.extra_key = extra_key;
 	req.flags = flags & 0xff;
 	req.priority = flags >> 8;
+	req.wait_ms = c->wait_ms;
 	r = CALL(c, OPEN, req, open_reply, rep);
 	if (r < 0)
 		return r;
@@ -296,6 +302,7 @@ KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *to
 	req.seq = seq;
 	req.tokens = (uint32_t *)tokens;
 	req.n_tokens = n;
+	req.wait_ms = c->wait_ms;
 	r = CALL(c, APPEND, req, append_reply, rep);
 	if (r < 0)
 		return r;
@@ -423,6 +430,7 @@ KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_reco
 	int r;
 
 	req.seq = seq;
+	req.wait_ms = c->wait_ms;
 	r = CALL(c, RESUME, req, resume_reply, rep);
 	if (r < 0)
 		return r;

@@ -6,7 +6,7 @@ set -euo pipefail
 packages=(
 	autoconf automake libtool pkg-config make gcc clang python3
 	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
-	libprotobuf-c-dev protobuf-c-compiler
+	libprotobuf-c-dev protobuf-c-compiler fio
 )
 
 missing=()

@@ -136,6 +136,8 @@ static void metrics_text(struct server *srv, struct text *t)
 		  offsetof(struct core_stats, dedup_blocks) },
 		{ "preemptions", "Parked sequences dropped to make room.",
 		  offsetof(struct core_stats, preemptions) },
+		{ "swaps", "Preempted sequences whose blocks go to the tiers below the pool.",
+		  offsetof(struct core_stats, swaps) },
 	};
 	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
 		text_printf(t, "# HELP kvpaged_%s_total %s\n# TYPE kvpaged_%s_total counter\n",
@@ -150,6 +152,50 @@ static void metrics_text(struct server *srv, struct text *t)
 				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
 				    (unsigned long long)v);
 		}
+	}
+	static const struct {
+		const char *name, *help;
+		size_t off;
+	} tier_counters[] = {
+		{ "demotions", "Blocks moved into the tier from the level above.",
+		  offsetof(struct core_tier_stats, demotions) },
+		{ "promotions", "Blocks brought back from the tier into the pool.",
+		  offsetof(struct core_tier_stats, promotions) },
+		{ "evictions", "Blocks pushed out of the tier.",
+		  offsetof(struct core_tier_stats, evictions) },
+		{ "load_errors", "Loads that failed (I/O, checksum, identity): recomputed.",
+		  offsetof(struct core_tier_stats, load_errors) },
+	};
+	text_printf(t, "# HELP kvpaged_tier_blocks Blocks each tier below the pool holds.\n"
+		       "# TYPE kvpaged_tier_blocks gauge\n");
+	for (size_t i = 0; i < srv->npools; i++)
+		for (uint32_t tier = 1; tier < CORE_NTIERS; tier++) {
+			struct core_tier_stats ts;
+
+			core_get_tier_stats(srv->pools[i].core, tier, &ts);
+			if (ts.capacity)
+				text_printf(t, "kvpaged_tier_blocks{pool=\"%s\",tier=\"%s\"} %u\n",
+					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+					    tier == CORE_TIER_HOST ? "host" : "file", ts.used);
+		}
+	for (size_t k = 0; k < sizeof(tier_counters) / sizeof(tier_counters[0]); k++) {
+		text_printf(t, "# HELP kvpaged_tier_%s_total %s\n# TYPE kvpaged_tier_%s_total counter\n",
+			    tier_counters[k].name, tier_counters[k].help, tier_counters[k].name);
+		for (size_t i = 0; i < srv->npools; i++)
+			for (uint32_t tier = 1; tier < CORE_NTIERS; tier++) {
+				struct core_tier_stats ts;
+				uint64_t v;
+
+				core_get_tier_stats(srv->pools[i].core, tier, &ts);
+				if (!ts.capacity)
+					continue;
+				memcpy(&v, (const char *)&ts + tier_counters[k].off, sizeof(v));
+				text_printf(t, "kvpaged_tier_%s_total{pool=\"%s\",tier=\"%s\"} %llu\n",
+					    tier_counters[k].name,
+					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+					    tier == CORE_TIER_HOST ? "host" : "file",
+					    (unsigned long long)v);
+			}
 	}
 	text_printf(t, "# HELP kvpaged_namespace_query_blocks_total Prompt blocks looked up, per namespace.\n"
 		       "# TYPE kvpaged_namespace_query_blocks_total counter\n");
@@ -167,6 +213,112 @@ static void metrics_text(struct server *srv, struct text *t)
 				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
 				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
 				    (unsigned long long)srv->pools[i].ns[j].hit_blocks);
+}
+
+static const char *const tier_names[CORE_NTIERS] = { "pool", "host", "file" };
+
+static const char *decision_name(uint32_t d)
+{
+	return d == CORE_DECISION_SWAP ? "swap" : "drop";
+}
+
+static const char *reason_name(uint32_t r)
+{
+	switch (r) {
+	case CORE_REASON_NO_TIER:
+		return "no tier below the pool";
+	case CORE_REASON_NOTHING_TO_SWAP:
+		return "no committed block of its own";
+	case CORE_REASON_NO_COST_MODEL:
+		return "no cost model (model_params, engine_flops, bandwidth): swapping loses no work";
+	case CORE_REASON_SWAP_CHEAPER:
+		return "transfer back is cheaper than recompute";
+	case CORE_REASON_RECOMPUTE_CHEAPER:
+		return "recompute is cheaper than transfer back";
+	}
+	return "unknown";
+}
+
+/* Per-tier statistics and the recent preemption decisions; freed by tier_stats_free. */
+static void tier_stats_fill(struct dpool *p, Kvpaged__V1__PoolStats *x)
+{
+	struct core_preemption log[CORE_PREEMPTION_LOG];
+	Kvpaged__V1__TierStats *ts = calloc(CORE_NTIERS, sizeof(*ts));
+	Kvpaged__V1__TierStats **tp = calloc(CORE_NTIERS, sizeof(*tp));
+	Kvpaged__V1__Preemption *pe = calloc(CORE_PREEMPTION_LOG, sizeof(*pe));
+	Kvpaged__V1__Preemption **pep = calloc(CORE_PREEMPTION_LOG, sizeof(*pep));
+	uint32_t n;
+
+	if (!ts || !tp || !pe || !pep) {
+		free(ts);
+		free(tp);
+		free(pe);
+		free(pep);
+		return;
+	}
+	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+		Kvpaged__V1__TierStats *y = &ts[x->n_tiers];
+		struct core_tier_stats st;
+
+		if (core_get_tier_stats(p->core, t, &st) < 0 || st.capacity == 0)
+			continue;
+		kvpaged__v1__tier_stats__init(y);
+		y->tier = (char *)tier_names[t];
+		y->capacity_blocks = st.capacity;
+		y->used_blocks = st.used;
+		y->demotions = st.demotions;
+		y->promotions = st.promotions;
+		y->evictions = st.evictions;
+		y->load_errors = st.load_errors;
+		y->store_errors = st.store_errors;
+		y->lost = st.lost;
+		y->skipped = st.skipped;
+		y->bytes_in = st.demotions * p->block_bytes;
+		y->bytes_out = st.promotions * p->block_bytes;
+		if (t == CORE_TIER_FILE && p->file) {
+			struct file_tier_stats fs;
+
+			file_tier_get_stats(p->file, &fs);
+			y->checksum_errors = fs.checksum_errors + fs.identity_errors;
+		}
+		tp[x->n_tiers++] = y;
+	}
+	x->tiers = tp;
+	if (!x->n_tiers)
+		free(ts); /* tp[0] is NULL: tier_stats_free finds nothing to free */
+	n = core_get_preemptions(p->core, log, CORE_PREEMPTION_LOG);
+	for (uint32_t i = 0; i < n; i++) {
+		Kvpaged__V1__Preemption *y = &pe[i];
+
+		kvpaged__v1__preemption__init(y);
+		y->seq = log[i].seq;
+		y->priority = log[i].priority;
+		y->tokens = log[i].tokens;
+		y->blocks = log[i].blocks;
+		y->swap_blocks = log[i].swap_blocks;
+		y->decision = (char *)decision_name(log[i].decision);
+		y->reason = (char *)reason_name(log[i].reason);
+		y->tier = (char *)tier_names[log[i].tier < CORE_NTIERS ? log[i].tier : 0];
+		y->swap_ms = log[i].swap_s * 1e3;
+		y->recompute_ms = log[i].recompute_s * 1e3;
+		y->tick = log[i].tick;
+		pep[i] = y;
+	}
+	x->n_recent_preemptions = n;
+	x->recent_preemptions = pep;
+	if (!n)
+		free(pe); /* pep[0] is NULL: tier_stats_free finds nothing to free */
+}
+
+static void tier_stats_free(Kvpaged__V1__PoolStats *x)
+{
+	/* The first entries point at the starts of the arrays tier_stats_fill allocated. */
+	if (x->tiers && x->n_tiers)
+		free(x->tiers[0]);
+	free(x->tiers);
+	if (x->recent_preemptions && x->n_recent_preemptions)
+		free(x->recent_preemptions[0]);
+	free(x->recent_preemptions);
 }
 
 #define REPLY(TYPE, msg) session_reply(s, KVPAGED__V1__MESSAGE_TYPE__##TYPE, h->seq, &(msg).base, NULL, 0)
@@ -377,6 +529,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->commits = st.commits;
 				x->preemptions = st.preemptions;
 				x->dropped_tokens = st.dropped_tokens;
+				x->swaps = st.swaps;
+				tier_stats_fill(p, x);
 				pp[rep.n_pools++] = x;
 				for (uint32_t j = 0; j < p->nns; j++) {
 					Kvpaged__V1__NamespaceStats *y = &ns[rep.n_namespaces];
@@ -395,6 +549,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 			rep.namespaces = nsp;
 			REPLY(ADMIN_STATS_REPLY, rep);
 		}
+		for (size_t i = 0; ps && i < rep.n_pools; i++)
+			tier_stats_free(&ps[i]);
 		free(ps);
 		free(pp);
 		free(ns);

@@ -195,6 +195,25 @@ static void reply_refused(struct session *s, uint32_t seq, int r, const char *wh
 	session_reply_error(s, seq, -r, "%s: %s", op, why ? why : strerror(-r));
 }
 
+/*
+ * A request that may wait for memory: a bad wait_ms is refused; -ENOSPC with time left makes
+ * it wait (true: do not reply, the frame is dispatched again when blocks free up).
+ */
+static bool waits(struct session *s, int *r, uint32_t wait_ms, const char **why)
+{
+	if (wait_ms > s->srv->cfg->limits.max_wait_ms) {
+		*r = -EINVAL;
+		*why = "wait_ms is above the daemon's max_wait_ms";
+		return false;
+	}
+	if (*r != -ENOSPC || !wait_ms)
+		return false;
+	if (session_wait(s, wait_ms))
+		return true;
+	*why = "no memory came free within wait_ms";
+	return false;
+}
+
 #define UNPACK(type, var)                                                                     \
 	var = kvpaged__v1__##type##__unpack(NULL, h->len, payload);                           \
 	if (!var) {                                                                           \
@@ -219,6 +238,10 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 	else
 		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
 			     &res, &why);
+	if (waits(s, &r, m->wait_ms, &why)) {
+		kvpaged__v1__open__free_unpacked(m, NULL);
+		return;
+	}
 	if (r < 0) {
 		reply_refused(s, h->seq, r, why, "open");
 	} else {
@@ -244,6 +267,10 @@ static void on_append(struct session *s, const struct kvp_frame_header *h, const
 		r = -E2BIG;
 	else
 		r = ops_append(s, m->seq, m->tokens, (uint32_t)m->n_tokens, &res, &why);
+	if (waits(s, &r, m->wait_ms, &why)) {
+		kvpaged__v1__append__free_unpacked(m, NULL);
+		return;
+	}
 	if (r < 0) {
 		reply_refused(s, h->seq, r, why, "append");
 	} else {
@@ -385,6 +412,10 @@ static void on_resume(struct session *s, const struct kvp_frame_header *h, const
 
 	UNPACK(resume, m);
 	r = ops_resume(s, m->seq, &res, &why);
+	if (waits(s, &r, m->wait_ms, &why)) {
+		kvpaged__v1__resume__free_unpacked(m, NULL);
+		return;
+	}
 	if (r < 0) {
 		reply_refused(s, h->seq, r, why, "resume");
 	} else {
@@ -396,16 +427,16 @@ static void on_resume(struct session *s, const struct kvp_frame_header *h, const
 	kvpaged__v1__resume__free_unpacked(m, NULL);
 }
 
-void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
 {
 	if (!s->welcomed) {
 		if (h->type != KVPAGED__V1__MESSAGE_TYPE__HELLO) {
 			session_reply_error(s, h->seq, EPROTO, "the first message must be Hello");
 			session_close(s, "no Hello");
-			return;
+			return true;
 		}
 		on_hello(s, h, payload);
-		return;
+		return true;
 	}
 	switch (h->type) {
 	case KVPAGED__V1__MESSAGE_TYPE__OPEN:
@@ -439,4 +470,5 @@ void client_dispatch(struct session *s, const struct kvp_frame_header *h, const 
 		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);
 		session_close(s, "unknown message type");
 	}
+	return !s->waiting;
 }

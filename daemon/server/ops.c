@@ -172,8 +172,10 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 	res->seq = seq;
 	res->replaced = (uint32_t)r;
 	res->table_len = 0;
-	if (r > 0)
+	if (r > 0) {
+		s->pool->epoch++; /* the copies it replaced went back to the pool */
 		fill_table(s, seq, 0, res);
+	}
 	return 0;
 }
 
@@ -218,6 +220,7 @@ int ops_close(struct session *s, uint64_t seq, const char **why)
 		return r;
 	disown(s, seq);
 	s->blocks -= info.nblocks; /* 0 for a dropped sequence */
+	s->pool->epoch++;
 	return 0;
 }
 
@@ -232,6 +235,8 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 	r = core_seq_park(s->pool->core, seq);
 	if (r == -EBUSY)
 		*why = "the sequence is already parked";
+	if (r == 0)
+		s->pool->epoch++; /* its blocks may be preempted now */
 	return r;
 }
 
@@ -296,4 +301,5 @@ void ops_close_all(struct session *s)
 		disown(s, seq);
 	}
 	s->blocks = 0;
+	s->pool->epoch++;
 }

@@ -8,6 +8,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "daemon/log.h"
 #include "daemon/server/server.h"
@@ -22,6 +25,308 @@ static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 		s->blocks -= nblocks;
 	log_debug("pool %s: parked sequence %llu dropped, %u blocks released", p->cfg->name,
 		  (unsigned long long)seq, nblocks);
+}
+
+static struct tier_key tier_key_of(const struct core_key *k)
+{
+	return (struct tier_key){ .hash_lo = k->hash.lo, .hash_hi = k->hash.hi,
+				  .parent_lo = k->parent.lo, .parent_hi = k->parent.hi,
+				  .salt = k->salt, .extra = k->extra, .tokens = k->tokens };
+}
+
+static void *block_at(const struct dpool *p, uint32_t b)
+{
+	return (char *)p->mem.base + (uint64_t)b * p->block_bytes;
+}
+
+/* core_tier_ops.store: pool or host slot -> host or file slot. */
+static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
+		      const struct core_key *ck)
+{
+	struct dpool *p = ctx;
+	struct tier_key key = tier_key_of(ck);
+	const void *data;
+
+	if (from_tier == CORE_TIER_POOL) {
+		data = block_at(p, from);
+	} else {
+		struct tier_key stored;
+
+		/* Host to file: the host slot has the tokens. */
+		host_tier_key(p->host, from, &stored);
+		key.tokens = stored.tokens;
+		data = host_tier_data(p->host, from);
+	}
+	if (to_tier == CORE_TIER_HOST) {
+		host_tier_store(p->host, to, &key, data);
+		return 0;
+	}
+	return file_tier_store(p->file, to, &key, data);
+}
+
+/* core_tier_ops.load: host slots are copied at once; file slots are read in one batch. */
+static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
+{
+	struct dpool *p = ctx;
+	uint32_t nfile = 0, *slots = NULL, *which = NULL;
+	struct tier_key *keys = NULL;
+	void **dsts = NULL;
+	int *results = NULL;
+
+	for (uint32_t i = 0; i < n; i++) {
+		struct tier_key key = tier_key_of(&loads[i].key);
+
+		if (loads[i].tier == CORE_TIER_HOST)
+			loads[i].result = host_tier_load(p->host, loads[i].slot, &key,
+							 block_at(p, loads[i].block));
+		else
+			nfile++;
+	}
+	if (!nfile)
+		return;
+	slots = malloc(nfile * sizeof(*slots));
+	which = malloc(nfile * sizeof(*which));
+	keys = malloc(nfile * sizeof(*keys));
+	dsts = malloc(nfile * sizeof(*dsts));
+	results = malloc(nfile * sizeof(*results));
+	if (!slots || !which || !keys || !dsts || !results) {
+		/* No memory for the batch: every file hit is a miss, recomputed. */
+		for (uint32_t i = 0; i < n; i++)
+			if (loads[i].tier == CORE_TIER_FILE)
+				loads[i].result = -ENOMEM;
+		goto out;
+	}
+	nfile = 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (loads[i].tier == CORE_TIER_FILE) {
+			slots[nfile] = loads[i].slot;
+			keys[nfile] = tier_key_of(&loads[i].key);
+			dsts[nfile] = block_at(p, loads[i].block);
+			which[nfile++] = i;
+		}
+	file_tier_load(p->file, nfile, slots, keys, dsts, results);
+	for (uint32_t k = 0; k < nfile; k++) {
+		loads[which[k]].result = results[k];
+		if (results[k] < 0)
+			log_warning("pool %s: file tier slot %u: %s; its tokens will be recomputed",
+				    p->cfg->name, slots[k],
+				    results[k] == -EBADMSG ? "checksum or identity mismatch"
+							   : strerror(-results[k]));
+	}
+out:
+	free(slots);
+	free(which);
+	free(keys);
+	free(dsts);
+	free(results);
+}
+
+static const struct core_tier_ops dpool_tier_ops = { .store = tier_store, .load = tier_load };
+
+/* A queued write failed: remember the slot; dpool_tier_poll tells the core between calls. */
+static void on_file_lost(void *ctx, uint32_t slot, int err)
+{
+	struct dpool *p = ctx;
+
+	log_warning("pool %s: file tier write of slot %u failed: %s; the block is dropped",
+		    p->cfg->name, slot, strerror(-err));
+	if (p->nlost == p->lost_cap) {
+		uint32_t cap = p->lost_cap ? p->lost_cap * 2 : 64;
+		uint32_t *grown = realloc(p->lost, cap * sizeof(*grown));
+
+		if (!grown) {
+			p->lost_overflow = true;
+			return;
+		}
+		p->lost = grown;
+		p->lost_cap = cap;
+	}
+	p->lost[p->nlost++] = slot;
+}
+
+void dpool_tier_poll(struct dpool *p)
+{
+	if (!p->file)
+		return;
+	file_tier_poll(p->file);
+	for (uint32_t i = 0; i < p->nlost; i++)
+		core_tier_lost(p->core, CORE_TIER_FILE, p->lost[i]);
+	p->nlost = 0;
+	if (p->lost_overflow) {
+		/* Could not remember which: forget the whole tier rather than risk a stale hit. */
+		file_tier_flush(p->file);
+		log_warning("pool %s: lost track of failed writes; emptying the file tier",
+			    p->cfg->name);
+		for (uint32_t s = 0; s < p->cfg->file_tier_blocks; s++)
+			core_tier_lost(p->core, CORE_TIER_FILE, s);
+		p->lost_overflow = false;
+	}
+}
+
+static void on_restored(void *ctx, uint32_t slot, const struct tier_key *k)
+{
+	struct dpool *p = ctx;
+	struct core_key key = { .hash = { k->hash_lo, k->hash_hi },
+				.parent = { k->parent_lo, k->parent_hi },
+				.salt = k->salt, .extra = k->extra };
+
+	core_tier_restore(p->core, CORE_TIER_FILE, slot, &key);
+}
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* bandwidth = auto for the host tier: the best of a few 32 MiB copies. */
+static double measure_host_bandwidth(void)
+{
+	const size_t len = 32u << 20;
+	char *a = malloc(len), *b = malloc(len);
+	double best = 0;
+
+	if (!a || !b) {
+		free(a);
+		free(b);
+		return 0;
+	}
+	memset(a, 1, len);
+	memset(b, 2, len);
+	for (int i = 0; i < 4; i++) {
+		double t = now_s();
+
+		memcpy(i % 2 ? a : b, i % 2 ? b : a, len);
+		t = now_s() - t;
+		if (t > 0 && len / t > best)
+			best = (double)len / t;
+	}
+	free(a);
+	free(b);
+	return best;
+}
+
+/*
+ * bandwidth = auto for the file tier: reads through a scratch file tier of up to 64 MiB next
+ * to the first swap file, so the real slots are never touched.
+ */
+static double measure_file_bandwidth(struct dpool *p)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	char path[4096];
+	const char *paths[1] = { path };
+	struct file_tier_config fc = { .paths = paths, .npaths = 1, .block_bytes = p->block_bytes,
+				       .block_tokens = c->block_tokens, .geometry = 1,
+				       .queue_depth = c->file_tier_queue_depth };
+	struct file_tier *ft = NULL;
+	uint32_t *slots = NULL, *tokens = NULL;
+	struct tier_key *keys = NULL;
+	void **dsts = NULL;
+	int *results = NULL;
+	double bw = 0, t;
+	uint32_t n;
+
+	n = (uint32_t)((64u << 20) / (p->block_bytes + 4096));
+	n = n < 4 ? 4 : n > 1024 ? 1024 : n;
+	fc.nslots = n;
+	snprintf(path, sizeof(path), "%s.measure-%d", c->swap_files[0], (int)getpid());
+	slots = calloc(n, sizeof(*slots));
+	keys = calloc(n, sizeof(*keys));
+	dsts = calloc(n, sizeof(*dsts));
+	results = calloc(n, sizeof(*results));
+	tokens = calloc(c->block_tokens, sizeof(*tokens));
+	if (!slots || !keys || !dsts || !results || !tokens || file_tier_open(&fc, &ft) < 0)
+		goto out;
+	for (uint32_t i = 0; i < n; i++) {
+		slots[i] = i;
+		keys[i] = (struct tier_key){ .hash_lo = i + 1, .tokens = tokens };
+		dsts[i] = block_at(p, i % c->capacity_blocks);
+		if (file_tier_store(ft, i, &keys[i], dsts[i]) < 0)
+			goto out;
+	}
+	file_tier_flush(ft);
+	t = now_s();
+	file_tier_load(ft, n, slots, keys, dsts, results);
+	t = now_s() - t;
+	if (t > 0 && results[0] == 0)
+		bw = (double)n * (double)p->block_bytes / t;
+out:
+	file_tier_close(ft);
+	unlink(path);
+	free(slots);
+	free(keys);
+	free(dsts);
+	free(results);
+	free(tokens);
+	return bw;
+}
+
+/* The pool's layout: a file slot written under another layout is never read back. */
+static uint64_t geometry_of(const struct dpool *p)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	const uint64_t g[] = { 1 /* slot format */, c->layers, c->kv_heads, c->head_dim,
+			       c->element_bytes, c->block_tokens, p->block_bytes };
+
+	return XXH3_64bits(g, sizeof(g));
+}
+
+static int tiers_open(struct dpool *p, struct core_config *cc)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	int r;
+
+	if (c->host_tier_blocks) {
+		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, &p->host);
+		if (r < 0)
+			return log_error_errno(r, "pool %s: cannot allocate the host tier (%u blocks "
+					       "of %llu bytes): %m", c->name, c->host_tier_blocks,
+					       (unsigned long long)p->block_bytes);
+	}
+	if (c->file_tier_blocks) {
+		struct file_tier_config fc = {
+			.paths = (const char *const *)c->swap_files,
+			.npaths = (uint32_t)c->n_swap_files,
+			.nslots = c->file_tier_blocks,
+			.block_bytes = p->block_bytes,
+			.block_tokens = c->block_tokens,
+			.geometry = geometry_of(p),
+			.persist = c->file_tier_persist,
+			.queue_depth = c->file_tier_queue_depth,
+			.lost = on_file_lost,
+			.lost_ctx = p,
+		};
+
+		r = file_tier_open(&fc, &p->file);
+		if (r < 0)
+			return log_error_errno(r, "pool %s: cannot open the swap files (%s%s): %m",
+					       c->name, c->swap_files[0],
+					       c->n_swap_files > 1 ? ", ..." : "");
+	}
+	p->bandwidth[CORE_TIER_HOST] = c->host_tier_bandwidth == KVPD_MEASURE
+					       ? measure_host_bandwidth()
+					       : (double)c->host_tier_bandwidth;
+	p->bandwidth[CORE_TIER_FILE] = c->file_tier_bandwidth == KVPD_MEASURE && p->file
+					       ? measure_file_bandwidth(p)
+					       : c->file_tier_bandwidth == KVPD_MEASURE
+							 ? 0
+							 : (double)c->file_tier_bandwidth;
+	if (c->host_tier_bandwidth == KVPD_MEASURE || c->file_tier_bandwidth == KVPD_MEASURE)
+		log_info("pool %s: measured tier bandwidth: host %.2f GB/s, file %.2f GB/s", c->name,
+			 p->bandwidth[CORE_TIER_HOST] / 1e9, p->bandwidth[CORE_TIER_FILE] / 1e9);
+	cc->tier_slots[CORE_TIER_HOST] = c->host_tier_blocks;
+	cc->tier_slots[CORE_TIER_FILE] = c->file_tier_blocks;
+	cc->tier_ops = &dpool_tier_ops;
+	cc->tier_ctx = p;
+	cc->cost = (struct core_cost_config){
+		.block_bytes = (double)p->block_bytes,
+		.params = c->model_params,
+		.flops = c->engine_flops,
+		.bandwidth = { 0, p->bandwidth[CORE_TIER_HOST], p->bandwidth[CORE_TIER_FILE] },
+	};
+	return 0;
 }
 
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
@@ -53,9 +358,19 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot allocate %llu bytes: %m", cfg->name,
 				       (unsigned long long)(p->block_bytes * cfg->capacity_blocks));
+	r = tiers_open(p, &cc);
+	if (r < 0)
+		return r;
 	r = core_new(&cc, &p->core);
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot create the block manager: %m", cfg->name);
+	if (p->file && cfg->file_tier_persist) {
+		r = file_tier_scan(p->file, on_restored, p);
+		if (r < 0)
+			return log_error_errno(r, "pool %s: cannot read the swap files back: %m",
+					       cfg->name);
+		log_info("pool %s: %d cached blocks found in the swap files", cfg->name, r);
+	}
 	p->owners = calloc(cfg->max_sequences, sizeof(*p->owners));
 	p->ns = calloc(POOL_MAX_NS_STATS, sizeof(*p->ns));
 	if (!p->owners || !p->ns)
@@ -65,6 +380,10 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 
 void dpool_done(struct dpool *p)
 {
+	/* Writes still queued finish first: with persistence they are what comes back. */
+	p->file = file_tier_close(p->file);
+	p->host = host_tier_free(p->host);
+	free(p->lost);
 	core_free(p->core);
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
@@ -139,4 +458,13 @@ void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d)
 	d->backend = (char *)p->mem.ops->name;
 	d->max_seq_tokens = c->max_seq_tokens;
 	d->vocab_size = c->vocab_size;
+	d->host_tier_blocks = c->host_tier_blocks;
+	d->file_tier_blocks = c->file_tier_blocks;
+	d->model_params = c->model_params;
+	d->engine_flops = c->engine_flops;
+	d->host_tier_bandwidth = p->bandwidth[CORE_TIER_HOST];
+	d->file_tier_bandwidth = p->bandwidth[CORE_TIER_FILE];
+	d->host_tier_promotes = core_tier_promotes(p->core, CORE_TIER_HOST);
+	d->file_tier_promotes = core_tier_promotes(p->core, CORE_TIER_FILE);
+	d->file_tier_persist = c->file_tier_persist;
 }

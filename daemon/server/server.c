@@ -291,15 +291,38 @@ int server_run(struct server *srv)
 			else if (expired)
 				srv->poll_until_ns = 0;
 		} else {
-			r = io_uring_submit_and_wait(&srv->ring, 1);
-			if (r < 0 && r != -EINTR)
-				return log_error_errno(r, "io_uring: %m");
+			uint64_t deadline = server_next_deadline(srv), now;
+
+			if (deadline && deadline > (now = server_now_ns())) {
+				/* A request waits for memory: wake up by its deadline at the latest. */
+				struct __kernel_timespec ts = {
+					.tv_sec = (long long)((deadline - now) / 1000000000u),
+					.tv_nsec = (long long)((deadline - now) % 1000000000u),
+				};
+				struct io_uring_cqe *first;
+
+				r = io_uring_submit_and_wait_timeout(&srv->ring, &first, 1, &ts, NULL);
+				if (r < 0 && r != -EINTR && r != -ETIME)
+					return log_error_errno(r, "io_uring: %m");
+			} else if (!deadline) {
+				r = io_uring_submit_and_wait(&srv->ring, 1);
+				if (r < 0 && r != -EINTR)
+					return log_error_errno(r, "io_uring: %m");
+			} else {
+				io_uring_submit(&srv->ring);
+			}
 		}
 		io_uring_for_each_cqe(&srv->ring, head, cqe) {
 			handle(srv, cqe);
 			n++;
 		}
 		io_uring_cq_advance(&srv->ring, n);
+		/* Swap-file writes finish on their own ring: reap them between requests. */
+		for (size_t i = 0; i < srv->npools; i++) {
+			dpool_tier_poll(&srv->pools[i]);
+			if (srv->pools[i].waiters)
+				dpool_retry_waiters(&srv->pools[i], server_now_ns());
+		}
 	}
 	log_info("stopped");
 	return srv->exit_status;

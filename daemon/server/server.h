@@ -15,6 +15,7 @@
 #include "daemon/backend/backend.h"
 #include "daemon/config.h"
 #include "daemon/core/core.h"
+#include "daemon/tier/tier.h"
 #include "proto/frame.h"
 #include "proto/kvpaged.pb-c.h"
 #include "proto/ring.h"
@@ -62,6 +63,17 @@ struct dpool {
 	struct ns_stats *ns;
 	uint32_t nns;
 	uint32_t sessions;
+	/* Tiers below the pool (NULL when not configured). */
+	struct host_tier *host;
+	struct file_tier *file;
+	double bandwidth[CORE_NTIERS]; /* bytes/s the cost model uses (configured or measured) */
+	uint32_t *lost;                /* file slots whose write failed, for core_tier_lost */
+	uint32_t nlost, lost_cap;
+	bool lost_overflow;
+	/* Sessions waiting for memory (a request with wait_ms got ENOSPC), oldest first. */
+	struct session *waiters, *waiters_tail;
+	uint64_t epoch;        /* bumped whenever blocks may have become available */
+	uint64_t waiters_epoch; /* the epoch the waiters were last retried at */
 };
 
 struct outbuf {
@@ -138,6 +150,11 @@ struct session {
 	uint64_t requests;
 
 	struct session_ring *ring;
+
+	/* waiting for memory: the request at the head of rbuf is retried until its deadline */
+	bool waiting;
+	uint64_t wait_deadline_ns; /* 0: the current request has not waited */
+	struct session *wait_prev, *wait_next;
 };
 
 struct server {
@@ -167,12 +184,25 @@ uint64_t server_now_ns(void);
 
 /* pool.c */
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
+/* Reaps the file tier's finished writes and forgets what they lost.  Between requests. */
+void dpool_tier_poll(struct dpool *p);
 void dpool_done(struct dpool *p);
 struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name);
 int dpool_verify(struct dpool *p, char *why, size_t why_len);
 void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
 
 /* session.c */
+/* Dispatches the whole frames in the receive buffer (after a wait, too). */
+void session_dispatch(struct session *s);
+/*
+ * A request that asked to wait wait_ms got -ENOSPC: true when it should wait (the session
+ * stops reading and the pool retries it), false when its deadline has passed.
+ */
+bool session_wait(struct session *s, uint32_t wait_ms);
+/* Retries a pool's waiting requests when blocks may have become available or time is up. */
+void dpool_retry_waiters(struct dpool *p, uint64_t now);
+/* The earliest deadline of any waiting request, 0 when none waits. */
+uint64_t server_next_deadline(const struct server *srv);
 struct session *session_new(struct server *srv, int fd, bool admin);
 void session_close(struct session *s, const char *why);
 void session_unref(struct session *s);
@@ -210,7 +240,8 @@ int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const 
 void ops_close_all(struct session *s);
 
 /* client.c / admin.c: message dispatch */
-void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+/* Returns false when the request waits for memory: the frame stays and is dispatched again. */
+bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
 void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
 
 /* ring.c: shared-memory rings */

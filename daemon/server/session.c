@@ -89,6 +89,22 @@ void session_unref(struct session *s)
 	free(s);
 }
 
+static void wait_unlink(struct session *s)
+{
+	struct dpool *p = s->pool;
+
+	if (s->wait_prev)
+		s->wait_prev->wait_next = s->wait_next;
+	else
+		p->waiters = s->wait_next;
+	if (s->wait_next)
+		s->wait_next->wait_prev = s->wait_prev;
+	else
+		p->waiters_tail = s->wait_prev;
+	s->wait_prev = s->wait_next = NULL;
+	s->waiting = false;
+}
+
 /*
  * Closes a session: releases every sequence it owns at once (its blocks go back to the pool
  * now), stops reading, sends what is queued (the error that explains the close, typically),
@@ -102,6 +118,8 @@ void session_close(struct session *s, const char *why)
 	s->closing = true;
 	if (why)
 		log_debug("session %llu (%s): closing: %s", (unsigned long long)s->id, s->name, why);
+	if (s->waiting)
+		wait_unlink(s);
 	ops_close_all(s);
 	if (s->pool && s->welcomed)
 		s->pool->sessions--;
@@ -115,7 +133,7 @@ void session_arm_recv(struct session *s)
 {
 	struct io_uring_sqe *sqe;
 
-	if (s->closing || s->recv_armed)
+	if (s->closing || s->recv_armed || s->waiting)
 		return;
 	/* Backpressure: a peer that does not read its replies is not read either. */
 	if (s->queued_bytes > s->srv->cfg->limits.max_queued_bytes ||
@@ -169,26 +187,31 @@ static unsigned drop_fds(struct msghdr *mh)
 	return n;
 }
 
-void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
+bool session_wait(struct session *s, uint32_t wait_ms)
+{
+	struct dpool *p = s->pool;
+	uint64_t now = server_now_ns();
+
+	if (!s->wait_deadline_ns)
+		s->wait_deadline_ns = now + (uint64_t)wait_ms * 1000000u;
+	if (now >= s->wait_deadline_ns || s->closing)
+		return false;
+	s->waiting = true;
+	s->wait_prev = p->waiters_tail;
+	s->wait_next = NULL;
+	if (p->waiters_tail)
+		p->waiters_tail->wait_next = s;
+	else
+		p->waiters = s;
+	p->waiters_tail = s;
+	return true;
+}
+
+void session_dispatch(struct session *s)
 {
 	size_t off = 0;
 
-	s->recv_armed = false;
-	if (s->closing)
-		goto out;
-	if (cqe->res <= 0) {
-		session_close(s, cqe->res == 0 ? "peer closed the connection" : "receive failed");
-		goto out;
-	}
-	if (drop_fds(&s->rmsg) > 0 || (s->rmsg.msg_flags & MSG_CTRUNC)) {
-		session_reply_error(s, 0, EPROTO, "file descriptors are not accepted from clients");
-		session_close(s, "peer sent file descriptors");
-		goto out;
-	}
-	s->rlen += (size_t)cqe->res;
-
-	/* Dispatch every whole frame in the buffer. */
-	while (!s->closing && s->rlen - off >= KVP_FRAME_HEADER_BYTES) {
+	while (!s->closing && !s->waiting && s->rlen - off >= KVP_FRAME_HEADER_BYTES) {
 		struct kvp_frame_header h;
 		int r = kvp_frame_header_decode(s->rbuf + off, (uint32_t)s->srv->cfg->max_frame_bytes,
 						&h);
@@ -203,12 +226,17 @@ void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
 		}
 		if (s->rlen - off < KVP_FRAME_HEADER_BYTES + (size_t)h.len)
 			break;
-		s->requests++;
-		s->srv->requests++;
-		if (s->admin)
+		if (!s->wait_deadline_ns) {
+			/* Counted once, however often a waiting request is retried. */
+			s->requests++;
+			s->srv->requests++;
+		}
+		if (s->admin) {
 			admin_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
-		else
-			client_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
+		} else if (!client_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES)) {
+			break; /* waits for memory: the frame stays at the head of the buffer */
+		}
+		s->wait_deadline_ns = 0;
 		off += KVP_FRAME_HEADER_BYTES + h.len;
 	}
 	if (off > 0 && !s->closing) {
@@ -216,8 +244,60 @@ void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
 		s->rlen -= off;
 	}
 	session_arm_recv(s);
+}
+
+void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
+{
+	s->recv_armed = false;
+	if (s->closing)
+		goto out;
+	if (cqe->res <= 0) {
+		session_close(s, cqe->res == 0 ? "peer closed the connection" : "receive failed");
+		goto out;
+	}
+	if (drop_fds(&s->rmsg) > 0 || (s->rmsg.msg_flags & MSG_CTRUNC)) {
+		session_reply_error(s, 0, EPROTO, "file descriptors are not accepted from clients");
+		session_close(s, "peer sent file descriptors");
+		goto out;
+	}
+	s->rlen += (size_t)cqe->res;
+	session_dispatch(s);
 out:
 	session_unref(s);
+}
+
+void dpool_retry_waiters(struct dpool *p, uint64_t now)
+{
+	struct session *list, *s, *next;
+	bool due = false;
+
+	for (s = p->waiters; s && !due; s = s->wait_next)
+		due = now >= s->wait_deadline_ns;
+	if (!p->waiters || (p->epoch == p->waiters_epoch && !due))
+		return;
+	p->waiters_epoch = p->epoch;
+	/* Take the whole list; those that still cannot go queue up again in the same order. */
+	list = p->waiters;
+	p->waiters = p->waiters_tail = NULL;
+	for (s = list; s; s = next) {
+		next = s->wait_next;
+		s->wait_prev = s->wait_next = NULL;
+		s->waiting = false;
+		s->refs++; /* dispatching may close it */
+		session_dispatch(s);
+		session_unref(s);
+	}
+}
+
+uint64_t server_next_deadline(const struct server *srv)
+{
+	uint64_t first = 0;
+
+	for (size_t i = 0; i < srv->npools; i++)
+		for (const struct session *s = srv->pools[i].waiters; s; s = s->wait_next)
+			if (!first || s->wait_deadline_ns < first)
+				first = s->wait_deadline_ns;
+	return first;
 }
 
 static void arm_send(struct session *s)

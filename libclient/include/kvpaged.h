@@ -133,6 +133,15 @@ KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_to
 			    uint32_t *ret_committed, struct kvp_table *table);
 
 /*
+ * How long kvp_open(), kvp_append() and kvp_resume() on the socket wait for memory when the
+ * pool has none (no free, cached or preemptible blocks): 0 (the default) fails at once with
+ * -ENOSPC; otherwise the daemon retries the request as blocks come free and fails it with
+ * -ENOSPC after ms milliseconds.  At most the daemon's max_wait_ms (more: -EINVAL from the
+ * call).  Operations on the rings never wait.  Not thread-safe with calls on the same client.
+ */
+KVP_EXPORT void kvp_set_wait(struct kvp_client *c, uint32_t ms);
+
+/*
  * Parks an idle sequence (between turns of a conversation, say).  Its blocks stay, but when
  * memory runs out the daemon may drop it, by the pool's policy; its token history is kept.
  * Until kvp_resume() only kvp_seq_info() and kvp_close() apply to it (others: -EBUSY).

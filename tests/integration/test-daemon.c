@@ -610,6 +610,97 @@ START_TEST(test_park_drop_resume)
 }
 END_TEST
 
+static uint64_t elapsed_ms(const struct timespec *t0)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	return (uint64_t)(t1.tv_sec - t0->tv_sec) * 1000 + (uint64_t)(t1.tv_nsec / 1000000) -
+	       (uint64_t)(t0->tv_nsec / 1000000);
+}
+
+/* A child that opens 80 tokens waiting up to wait_ms; exits 0 if it got them after >= 150 ms. */
+static pid_t waiting_opener(uint32_t wait_ms)
+{
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		struct kvp_client *b = connect_ns(NULL, 0);
+		struct timespec t0;
+		uint32_t t[80];
+		uint64_t s;
+		int r;
+
+		prompt(t, 80, 7000);
+		kvp_set_wait(b, wait_ms);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		r = kvp_open(b, t, 80, 0, 0, &s, NULL, NULL);
+		_exit(r != 0 ? 1 : elapsed_ms(&t0) < 150 ? 2 : 0);
+	}
+	return pid;
+}
+
+/*
+ * A request may wait for memory: it is retried as blocks come free and fails at its deadline;
+ * meanwhile the daemon serves everyone else, and a waiter that dies is forgotten.
+ */
+START_TEST(test_wait_for_memory)
+{
+	static const char *pools =
+		"[limits]\nmax_wait_ms = 5000\n"
+		"[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+		"block_tokens = 16\ncapacity_blocks = 16\n";
+	uint32_t ta[200], tb[80], cached;
+	struct kvp_client *a, *b, *c;
+	struct timespec t0;
+	uint64_t sa, sb;
+	pid_t child;
+
+	daemon_start(&d, pools);
+	prompt(ta, 200, 10);
+	prompt(tb, 80, 9000);
+	a = connect_ns(NULL, 0);
+	b = connect_ns(NULL, 0);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(a, ta, 200, 0, 0, &sa, NULL, NULL), 0); /* 13 of 16 blocks */
+
+	/* Freed while it waits: the open goes through. */
+	child = waiting_opener(3000);
+	msleep(300);
+	ck_assert_int_eq(kvp_lookup(c, ta, 200, 0, 0, &cached), 0); /* others are served */
+	ck_assert_int_eq(kvp_close(a, sa), 0);
+	ck_assert_int_eq(wait_child(child), 0);
+
+	/* Never freed: ENOSPC at the deadline, not before. */
+	ck_assert_int_eq(kvp_open(a, ta, 200, 0, 0, &sa, NULL, NULL), 0);
+	kvp_set_wait(b, 300);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	ck_assert_int_eq(kvp_open(b, tb, 80, 0, 0, &sb, NULL, NULL), -ENOSPC);
+	ck_assert_uint_ge(elapsed_ms(&t0), 280);
+	ck_assert_uint_lt(elapsed_ms(&t0), 3000);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(b), "within wait_ms"));
+	kvp_set_wait(b, 6000);
+	ck_assert_int_eq(kvp_open(b, tb, 80, 0, 0, &sb, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(b), "max_wait_ms"));
+
+	/* A waiter killed while it waits: nothing is left behind. */
+	child = waiting_opener(5000);
+	msleep(200);
+	kill(child, SIGKILL);
+	ck_assert_int_eq(wait_child(child), 128 + SIGKILL);
+	msleep(100);
+	assert_verified(&d);
+	ck_assert_int_eq(kvp_close(a, sa), 0);
+	kvp_set_wait(b, 0);
+	ck_assert_int_eq(kvp_open(b, tb, 80, 0, 0, &sb, NULL, NULL), 0);
+	kvp_disconnect(a);
+	kvp_disconnect(b);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 /* Regressions: a ring without a data area is refused; an emptied data area is reused whole. */
 START_TEST(test_ring_data_area)
 {
@@ -658,6 +749,7 @@ int main(void)
 	tcase_add_test(tc, test_socket_served_while_polling);
 	tcase_add_test(tc, test_ring_data_area);
 	tcase_add_test(tc, test_park_drop_resume);
+	tcase_add_test(tc, test_wait_for_memory);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

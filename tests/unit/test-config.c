@@ -85,6 +85,17 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->n_allow_gids, b->n_allow_gids);
 	for (size_t i = 0; i < a->n_allow_gids; i++)
 		ck_assert_uint_eq(a->allow_gids[i], b->allow_gids[i]);
+	ck_assert_uint_eq(a->host_tier_blocks, b->host_tier_blocks);
+	ck_assert_uint_eq(a->file_tier_blocks, b->file_tier_blocks);
+	ck_assert_uint_eq(a->n_swap_files, b->n_swap_files);
+	for (size_t i = 0; i < a->n_swap_files; i++)
+		ck_assert_str_eq(a->swap_files[i], b->swap_files[i]);
+	ck_assert_int_eq(a->file_tier_persist, b->file_tier_persist);
+	ck_assert_uint_eq(a->file_tier_queue_depth, b->file_tier_queue_depth);
+	ck_assert_double_eq(a->model_params, b->model_params);
+	ck_assert_double_eq(a->engine_flops, b->engine_flops);
+	ck_assert_uint_eq(a->host_tier_bandwidth, b->host_tier_bandwidth);
+	ck_assert_uint_eq(a->file_tier_bandwidth, b->file_tier_bandwidth);
 }
 
 static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_config *b)
@@ -103,6 +114,7 @@ static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_c
 	ck_assert_uint_eq(a->limits.max_ring_entries, b->limits.max_ring_entries);
 	ck_assert_uint_eq(a->limits.max_ring_data_bytes, b->limits.max_ring_data_bytes);
 	ck_assert_uint_eq(a->limits.max_queued_bytes, b->limits.max_queued_bytes);
+	ck_assert_uint_eq(a->limits.max_wait_ms, b->limits.max_wait_ms);
 	ck_assert_uint_eq(a->npools, b->npools);
 	for (size_t i = 0; i < a->npools; i++)
 		assert_pool_equal(&a->pools[i], &b->pools[i]);
@@ -138,6 +150,7 @@ START_TEST(test_defaults)
 	ck_assert_uint_eq(c.limits.max_ring_entries, 4096);
 	ck_assert_uint_eq(c.limits.max_ring_data_bytes, 16 * 1024 * 1024);
 	ck_assert_uint_eq(c.limits.max_queued_bytes, 16 * 1024 * 1024);
+	ck_assert_uint_eq(c.limits.max_wait_ms, 60000);
 	ck_assert_uint_eq(c.npools, 1);
 	p = &c.pools[0];
 	ck_assert_str_eq(p->name, "main");
@@ -383,6 +396,60 @@ START_TEST(test_size_parser)
 		ck_assert_uint_eq(v, 12345);
 	}
 	ck_assert_int_eq(config_parse_size(NULL, NULL), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_tiers)
+{
+	struct kvpd_config a, b;
+	const struct kvpd_pool_config *p;
+	char *text;
+
+	load_ok(POOL_MAIN "host_tier_blocks = 100\nfile_tier_blocks = 1000\n"
+			  "swap_files = /var/lib/kvpaged/a ,/var/lib/kvpaged/b\n"
+			  "file_tier_persist = yes\nfile_tier_queue_depth = 64\n"
+			  "model_params = 7G\nengine_flops = 1.5e14\n"
+			  "host_tier_bandwidth = 25GB\nfile_tier_bandwidth = auto\n",
+		&a);
+	p = &a.pools[0];
+	ck_assert_uint_eq(p->host_tier_blocks, 100);
+	ck_assert_uint_eq(p->file_tier_blocks, 1000);
+	ck_assert_uint_eq(p->n_swap_files, 2);
+	ck_assert_str_eq(p->swap_files[0], "/var/lib/kvpaged/a");
+	ck_assert_str_eq(p->swap_files[1], "/var/lib/kvpaged/b");
+	ck_assert(p->file_tier_persist);
+	ck_assert_uint_eq(p->file_tier_queue_depth, 64);
+	ck_assert_double_eq(p->model_params, 7e9);
+	ck_assert_double_eq(p->engine_flops, 1.5e14);
+	ck_assert_uint_eq(p->host_tier_bandwidth, 25000000000u);
+	ck_assert_uint_eq(p->file_tier_bandwidth, KVPD_MEASURE);
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "\nswap_files = /var/lib/kvpaged/a, /var/lib/kvpaged/b\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nfile_tier_bandwidth = auto\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nfile_tier_persist = yes\n"));
+	load_ok(text, &b);
+	assert_config_equal(&a, &b);
+	free(text);
+	config_free(&a);
+	config_free(&b);
+
+	expect_pool_error("file_tier_blocks = 10", "[pool main] file_tier_blocks: the file tier "
+			  "needs swap_files");
+	expect_pool_error("swap_files = /x", "swap_files: set file_tier_blocks to use them");
+	expect_pool_error("file_tier_persist = on", "file_tier_persist: there is no file tier");
+	expect_pool_error("file_tier_blocks = 1\nswap_files = x", "'x' is not an absolute path");
+	expect_pool_error("file_tier_blocks = 1\nswap_files = /a, /a", "'/a' is named twice");
+	expect_pool_error("file_tier_blocks = 1\nswap_files = /a,,/b", "an empty path");
+	expect_pool_error("file_tier_persist = maybe", "'maybe' is not yes, no");
+	expect_pool_error("model_params = 7X", "'7X' is not a number");
+	expect_pool_error("engine_flops = -1", "'-1' is not a non-negative number");
+	expect_pool_error("host_tier_bandwidth = fast", "'fast' is not a size");
+	expect_pool_error("file_tier_queue_depth = 0", "0 is out of range 1..4096");
+	expect_error(POOL_MAIN "file_tier_blocks = 1\nswap_files = /s\n"
+		     "[pool b]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\nelement_bytes = 1\n"
+		     "block_tokens = 1\ncapacity_blocks = 1\nfile_tier_blocks = 1\n"
+		     "swap_files = /t, /s\n",
+		     "kvpaged.conf:18: [pool b] swap_files: /s is pool main's swap file too");
 }
 END_TEST
 
@@ -932,6 +999,7 @@ int main(void)
 	tcase_add_test(tc, test_long_list_round_trips);
 	tcase_add_test(tc, test_size_parser);
 	tcase_add_test(tc, test_exact_messages);
+	tcase_add_test(tc, test_tiers);
 	tcase_add_test(tc, test_unknown_sections_and_keys);
 	tcase_add_test(tc, test_empty_sections_are_fine_unless_pools);
 	tcase_add_test(tc, test_duplicates);

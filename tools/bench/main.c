@@ -70,6 +70,7 @@ static void usage(FILE *f)
 	      "  micro       ns per operation of the core, beside raw XXH3-128\n"
 	      "  latency     one-token append round trips through a daemon, beside bare limits\n"
 	      "  throughput  batched ring appends per second from several client processes\n"
+	      "  swap        file tier GB/s beside fio, host tier beside memcpy\n"
 	      "\n"
 	      "Run 'kvpaged-bench COMMAND --help' for a command's options.\n",
 	      f);
@@ -95,6 +96,8 @@ int main(int argc, char **argv)
 		return cmd_latency(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "throughput"))
 		return cmd_throughput(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "swap"))
+		return cmd_swap(argc - 1, argv + 1);
 	fprintf(stderr, "kvpaged-bench: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 2;

@@ -18,6 +18,7 @@
 
 #include "proto/frame.h"
 #include "proto/kvpaged.pb-c.h"
+#include "daemon/core/cost.h"
 #include "tools/kvpagedctl/plan.h"
 
 #define DEFAULT_ADMIN_SOCKET "/run/kvpaged/admin.sock"
@@ -38,6 +39,7 @@ static void usage(FILE *f)
 	      "  verify       run the full invariant check (exit 1 if anything is wrong)\n"
 	      "  drop-cache   free every cached block\n"
 	      "  plan ...     the cost model's arithmetic (prefix, swa, swap); needs no daemon\n"
+	      "  plan pool NAME  the cost model with a running pool's parameters and decisions\n"
 	      "\n"
 	      "The admin socket is $KVPAGED_ADMIN_SOCKET or " DEFAULT_ADMIN_SOCKET ".\n",
 	      f);
@@ -331,6 +333,47 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "commits", p->commits);
 			jadd_u(x, "preemptions", p->preemptions);
 			jadd_u(x, "dropped_tokens", p->dropped_tokens);
+			jadd_u(x, "swaps", p->swaps);
+			json_object *ta = json_object_new_array(), *ra = json_object_new_array();
+			for (size_t k = 0; k < p->n_tiers; k++) {
+				Kvpaged__V1__TierStats *t = p->tiers[k];
+				json_object *y = json_object_new_object();
+
+				jadd_s(y, "tier", t->tier);
+				jadd_u(y, "capacity_blocks", t->capacity_blocks);
+				jadd_u(y, "used_blocks", t->used_blocks);
+				jadd_u(y, "demotions", t->demotions);
+				jadd_u(y, "promotions", t->promotions);
+				jadd_u(y, "evictions", t->evictions);
+				jadd_u(y, "load_errors", t->load_errors);
+				jadd_u(y, "store_errors", t->store_errors);
+				jadd_u(y, "lost", t->lost);
+				jadd_u(y, "skipped", t->skipped);
+				jadd_u(y, "bytes_in", t->bytes_in);
+				jadd_u(y, "bytes_out", t->bytes_out);
+				jadd_u(y, "checksum_errors", t->checksum_errors);
+				json_object_array_add(ta, y);
+			}
+			for (size_t k = 0; k < p->n_recent_preemptions; k++) {
+				Kvpaged__V1__Preemption *e = p->recent_preemptions[k];
+				json_object *y = json_object_new_object();
+
+				jadd_u(y, "seq", e->seq);
+				jadd_u(y, "priority", e->priority);
+				jadd_u(y, "tokens", e->tokens);
+				jadd_u(y, "blocks", e->blocks);
+				jadd_u(y, "swap_blocks", e->swap_blocks);
+				jadd_s(y, "decision", e->decision);
+				jadd_s(y, "reason", e->reason);
+				jadd_s(y, "tier", e->tier);
+				json_object_object_add(y, "swap_ms", json_object_new_double(e->swap_ms));
+				json_object_object_add(y, "recompute_ms",
+						       json_object_new_double(e->recompute_ms));
+				jadd_u(y, "tick", e->tick);
+				json_object_array_add(ra, y);
+			}
+			json_object_object_add(x, "tiers", ta);
+			json_object_object_add(x, "recent_preemptions", ra);
 			json_object_array_add(pa, x);
 		}
 		for (size_t i = 0; i < st->n_namespaces; i++) {
@@ -372,6 +415,40 @@ static int cmd_stats(int fd, const char *pool)
 					 n->query_blocks);
 				printf("%-16s %-24s %9" PRIu64 " %24s %12" PRIu64 "\n", "", n->namespace_,
 				       n->lookups, hr, n->hit_tokens);
+			}
+		}
+		for (size_t i = 0; i < st->n_pools; i++) {
+			Kvpaged__V1__PoolStats *p = st->pools[i];
+
+			if (p->n_tiers)
+				printf("\n%-16s %-6s %18s %10s %10s %10s %8s %8s %8s\n", "POOL", "TIER",
+				       "USED/CAPACITY", "DEMOTED", "PROMOTED", "EVICTED", "ERRORS",
+				       "LOST", "SKIPPED");
+			for (size_t k = 0; k < p->n_tiers; k++) {
+				Kvpaged__V1__TierStats *t = p->tiers[k];
+				char uc[40];
+
+				snprintf(uc, sizeof(uc), "%u/%u", t->used_blocks, t->capacity_blocks);
+				printf("%-16s %-6s %18s %10" PRIu64 " %10" PRIu64 " %10" PRIu64
+				       " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n", p->pool, t->tier, uc,
+				       t->demotions, t->promotions, t->evictions,
+				       t->load_errors + t->store_errors, t->lost, t->skipped);
+			}
+			if (p->preemptions)
+				printf("\n%s: %" PRIu64 " preemptions (%" PRIu64 " swapped, %" PRIu64
+				       " dropped); the latest:\n", p->pool, p->preemptions, p->swaps,
+				       p->preemptions - p->swaps);
+			for (size_t k = 0; k < p->n_recent_preemptions && k < 8; k++) {
+				Kvpaged__V1__Preemption *e = p->recent_preemptions[k];
+
+				printf("  seq %" PRIu64 " (priority %u, %u tokens, %u blocks): %s",
+				       e->seq, e->priority, e->tokens, e->blocks, e->decision);
+				if (!strcmp(e->decision, "swap"))
+					printf(" %u blocks to %s", e->swap_blocks, e->tier);
+				printf(": %s", e->reason);
+				if (e->swap_ms > 0 || e->recompute_ms > 0)
+					printf(" (%.3f ms vs %.3f ms)", e->swap_ms, e->recompute_ms);
+				putchar('\n');
 			}
 		}
 	}
@@ -445,6 +522,95 @@ static int cmd_drop_cache(int fd, const char *pool)
 	return 0;
 }
 
+static void plan_tier_line(const char *tier, uint32_t blocks, double bw, bool promotes,
+			   double block_bytes, double recompute_ms)
+{
+	if (!blocks) {
+		printf("  %-5s tier: none\n", tier);
+		return;
+	}
+	if (bw <= 0) {
+		printf("  %-5s tier: %u blocks; bandwidth unknown: hits are promoted, victims "
+		       "swapped (a transfer loses no work)\n", tier, blocks);
+		return;
+	}
+	printf("  %-5s tier: %u blocks at %.2f GB/s: %.3f ms per block back, %s recompute (%.3f "
+	       "ms): %s\n", tier, blocks, bw / 1e9, block_bytes / bw * 1e3,
+	       block_bytes / bw * 1e3 <= recompute_ms ? "<=" : ">", recompute_ms,
+	       promotes ? "promote hits, swap victims" : "recompute hits, drop victims");
+}
+
+/* kvpagedctl plan pool NAME: the cost model with a running pool's parameters. */
+static int cmd_plan_pool(int fd, const char *name)
+{
+	Kvpaged__V1__Pools *ps = (Kvpaged__V1__Pools *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_POOLS, name, &kvpaged__v1__pools__descriptor);
+	Kvpaged__V1__PoolDescription *d;
+	double recompute_ms = -1;
+
+	if (!ps)
+		return 1;
+	if (ps->n_pools != 1) {
+		fprintf(stderr, "kvpagedctl: no pool named '%s'\n", name);
+		kvpaged__v1__pools__free_unpacked(ps, NULL);
+		return 1;
+	}
+	d = ps->pools[0]->description;
+	if (d->model_params > 0 && d->engine_flops > 0)
+		recompute_ms = cost_recompute_s(d->model_params, d->block_tokens, d->engine_flops) * 1e3;
+	if (json) {
+		json_object *o = json_object_new_object();
+
+		jadd_s(o, "pool", d->name);
+		jadd_u(o, "bytes_per_token", d->bytes_per_token);
+		jadd_u(o, "block_tokens", d->block_tokens);
+		jadd_u(o, "block_bytes", d->block_bytes);
+		jadd_u(o, "capacity_blocks", d->capacity_blocks);
+		json_object_object_add(o, "model_params", json_object_new_double(d->model_params));
+		json_object_object_add(o, "engine_flops", json_object_new_double(d->engine_flops));
+		if (recompute_ms >= 0)
+			json_object_object_add(o, "recompute_ms_per_block",
+					       json_object_new_double(recompute_ms));
+		for (int t = 0; t < 2; t++) {
+			json_object *y = json_object_new_object();
+			uint32_t blocks = t ? d->file_tier_blocks : d->host_tier_blocks;
+			double bw = t ? d->file_tier_bandwidth : d->host_tier_bandwidth;
+
+			jadd_u(y, "blocks", blocks);
+			json_object_object_add(y, "bandwidth", json_object_new_double(bw));
+			if (bw > 0)
+				json_object_object_add(y, "transfer_ms_per_block",
+						       json_object_new_double((double)d->block_bytes / bw * 1e3));
+			json_object_object_add(y, "promotes",
+					       json_object_new_boolean(t ? d->file_tier_promotes
+									 : d->host_tier_promotes));
+			json_object_object_add(o, t ? "file_tier" : "host_tier", y);
+		}
+		json_object_object_add(o, "file_tier_persist",
+				       json_object_new_boolean(d->file_tier_persist));
+		print_json(o);
+	} else {
+		printf("pool %s: %" PRIu64 " bytes per token, %u tokens per block, %" PRIu64
+		       " bytes per block, %u blocks (%.3f GiB)\n", d->name, d->bytes_per_token,
+		       d->block_tokens, d->block_bytes, d->capacity_blocks,
+		       (double)d->pool_bytes / (1u << 30));
+		if (recompute_ms >= 0)
+			printf("  recompute: 2 * %.4g params * %u tokens / %.4g FLOP/s = %.3f ms per "
+			       "block\n", d->model_params, d->block_tokens, d->engine_flops,
+			       recompute_ms);
+		else
+			printf("  recompute: unknown (set model_params and engine_flops)\n");
+		plan_tier_line("host", d->host_tier_blocks, d->host_tier_bandwidth,
+			       d->host_tier_promotes, (double)d->block_bytes, recompute_ms);
+		plan_tier_line("file", d->file_tier_blocks, d->file_tier_bandwidth,
+			       d->file_tier_promotes, (double)d->block_bytes, recompute_ms);
+		if (d->file_tier_blocks)
+			printf("  file tier persistence: %s\n", d->file_tier_persist ? "on" : "off");
+	}
+	kvpaged__v1__pools__free_unpacked(ps, NULL);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -486,6 +652,18 @@ int main(int argc, char **argv)
 			usage(stderr);
 			return 2;
 		}
+	}
+	if (optind + 4 == argc && !strcmp(argv[argc - 1], "--json")) {
+		json = true;
+		argc--;
+	}
+	if (optind + 3 == argc && !strcmp(argv[optind], "plan") && !strcmp(argv[optind + 1], "pool")) {
+		fd = connect_admin(path);
+		if (fd < 0)
+			return 1;
+		r = cmd_plan_pool(fd, argv[optind + 2]);
+		close(fd);
+		return r;
 	}
 	if (optind < argc && !strcmp(argv[optind], "plan"))
 		return cmd_plan(argc - optind, argv + optind);

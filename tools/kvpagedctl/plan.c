@@ -279,6 +279,7 @@ static void plan_usage(FILE *f)
 	      "                           --window N --tokens N [--json]\n"
 	      "       kvpagedctl plan swap --kv-bytes SIZE --tokens N --params X --gpu-tflops X\n"
 	      "                            --link-bandwidth SIZE/s [--json]\n"
+	      "       kvpagedctl [--socket PATH] plan pool NAME [--json]   (asks the daemon)\n"
 	      "SIZE: bytes, or with kB MB GB TB (powers of 1000) or KiB MiB GiB TiB (powers of 1024).\n",
 	      f);
 }
@@ -298,6 +299,10 @@ int cmd_plan(int argc, char **argv)
 	if (!strcmp(argv[1], "--help")) {
 		plan_usage(stdout);
 		return 0;
+	}
+	if (!strcmp(argv[1], "pool")) {
+		fprintf(stderr, "kvpagedctl plan pool: expected exactly one pool name\n");
+		return 2;
 	}
 	fprintf(stderr, "kvpagedctl plan: unknown plan '%s' (prefix, swa, swap)\n", argv[1]);
 	plan_usage(stderr);

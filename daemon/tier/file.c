@@ -1,0 +1,810 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The file tier: slots in one or more swap files, moved with O_DIRECT through a private
+ * io_uring.  Every I/O goes through one of queue_depth staging buffers (4096-aligned, registered
+ * with the ring): a store copies header and data into a buffer and queues one write, a load
+ * reads a whole slot into a buffer, verifies it there and only then copies the data out.
+ *
+ * Slot layout (docs/tiers-storage.md): a header region (struct slot_header, the block's token
+ * ids, zero padding to 4096) then a data region (block_bytes, zero padding to 4096).  Slot i
+ * lives in file i % npaths at offset (i / npaths) * slot_bytes.  Numbers are little-endian
+ * (configure refuses big-endian hosts).
+ *
+ * Not thread-safe: one owner drives the tier (the daemon's I/O thread).
+ */
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <liburing.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "daemon/log.h"
+#include "daemon/tier/tier.h"
+
+#define SLOT_MAGIC UINT64_C(0x31544f4c5350564b) /* "KVPSLOT1" read as little-endian bytes */
+#define SLOT_VERSION 1u
+#define SLOT_ALIGN 4096u
+
+/* Caps that keep every size product far from overflow and within io_uring's own limits. */
+#define FILE_TIER_MAX_QUEUE_DEPTH 4096u
+#define FILE_TIER_MAX_TOKENS (1u << 20)
+#define FILE_TIER_MAX_BLOCK_BYTES (UINT64_C(1) << 30)
+
+/* On-disk header: the layout is the format; change it only with SLOT_VERSION. */
+struct slot_header {
+	uint64_t magic;
+	uint32_t version;
+	uint32_t header_bytes; /* the header region: this struct, the tokens, padding */
+	uint64_t block_bytes;
+	uint32_t block_tokens;
+	uint32_t slot; /* the slot written: catches files reordered or striped differently */
+	uint64_t geometry;
+	uint64_t hash_lo, hash_hi;
+	uint64_t parent_lo, parent_hi;
+	uint64_t salt;
+	uint64_t extra;
+	uint64_t data_xxh3;   /* XXH3-64 of the block_bytes of data (not the padding) */
+	uint64_t header_xxh3; /* XXH3-64 of this struct and the tokens, this field read as 0 */
+	/* uint32_t tokens[block_tokens] follow */
+};
+static_assert(sizeof(struct slot_header) == 104, "on-disk slot header");
+static_assert(offsetof(struct slot_header, header_xxh3) == 96, "on-disk slot header");
+
+enum buf_state {
+	BUF_FREE,
+	BUF_WRITE,       /* a store's write in flight */
+	BUF_READ_SLOT,   /* a load's read of a whole slot */
+	BUF_READ_HEADER, /* a scan's read of a header */
+};
+
+struct staging {
+	enum buf_state state;
+	uint32_t slot;
+	uint32_t gen;   /* BUF_WRITE: the slot's generation when stored */
+	uint32_t index; /* reads: the position in the load's or the scan's batch */
+};
+
+/* The batch a load or a scan is working through, seen by the completion handler. */
+struct batch {
+	const uint32_t *slots;
+	const struct tier_key *keys;
+	void *const *dsts;
+	int *results;
+	void (*found)(void *ctx, uint32_t slot, const struct tier_key *key);
+	void *found_ctx;
+	uint32_t found_count;
+	int scan_error;
+};
+
+struct file_tier {
+	struct io_uring ring;
+	bool ring_ready;
+	bool fixed_buffers;
+	bool persist;
+	int *fds;
+	uint32_t npaths;
+	uint32_t nslots;
+	uint64_t block_bytes;
+	uint32_t block_tokens;
+	uint64_t geometry;
+	uint32_t header_bytes;
+	uint64_t data_bytes;
+	uint64_t slot_bytes;
+	uint32_t queue_depth;
+
+	uint8_t *staging_mem;
+	size_t staging_mem_bytes;
+	struct staging *bufs;
+	uint32_t *free_bufs; /* a stack of free buffer indices */
+	uint32_t nfree;
+	uint32_t writes_in_flight;
+	uint32_t reads_in_flight;
+
+	/*
+	 * Per slot: the buffer holding its write in flight (UINT32_MAX when none), and a
+	 * generation bumped by each store so a late failure of an overwritten store is ignored.
+	 */
+	uint32_t *slot_buf;
+	uint32_t *slot_gen;
+
+	struct batch *batch;
+	void (*lost)(void *ctx, uint32_t slot, int err);
+	void *lost_ctx;
+	struct file_tier_stats stats;
+};
+
+#define NO_BUF UINT32_MAX
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) / a * a;
+}
+
+static inline uint8_t *buf_mem(const struct file_tier *t, uint32_t b)
+{
+	return t->staging_mem + (size_t)b * t->slot_bytes;
+}
+
+static inline int slot_fd_index(const struct file_tier *t, uint32_t slot)
+{
+	return (int)(slot % t->npaths);
+}
+
+static inline uint64_t slot_offset(const struct file_tier *t, uint32_t slot)
+{
+	return (uint64_t)(slot / t->npaths) * t->slot_bytes;
+}
+
+static uint64_t header_checksum(const struct file_tier *t, const uint8_t *hdr)
+{
+	struct slot_header copy;
+	XXH3_state_t st;
+
+	memcpy(&copy, hdr, sizeof(copy));
+	copy.header_xxh3 = 0;
+	XXH3_64bits_reset(&st);
+	XXH3_64bits_update(&st, &copy, sizeof(copy));
+	XXH3_64bits_update(&st, hdr + sizeof(copy), (size_t)t->block_tokens * sizeof(uint32_t));
+	return XXH3_64bits_digest(&st);
+}
+
+/* ---- opening and closing ------------------------------------------------------------------ */
+
+static int open_file(struct file_tier *t, const char *path, uint64_t size, int *ret_fd)
+{
+	int fd, r;
+	struct stat st;
+
+	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
+	if (fd < 0 && errno == EINVAL) {
+		/* Some file systems refuse O_DIRECT; buffered I/O is slower but still correct. */
+		fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			log_warning("tier: %s: no O_DIRECT on this file system, using buffered I/O",
+				    path);
+	}
+	if (fd < 0)
+		return log_error_errno(errno, "tier: cannot open %s: %m", path);
+
+	/*
+	 * Two daemons sharing a swap file would overwrite each other's slots.  A daemon that was
+	 * just killed may still hold the lock for a moment: its io_uring keeps the file open
+	 * until the kernel tears the ring down, after the process is gone.  So retry for a while.
+	 */
+	for (int tries = 0;; tries++) {
+		if (flock(fd, LOCK_EX | LOCK_NB) == 0)
+			break;
+		if (errno != EWOULDBLOCK || tries == 200) {
+			r = errno == EWOULDBLOCK ? -EBUSY : -errno;
+			log_error_errno(r, "tier: %s is in use: %m", path);
+			goto fail;
+		}
+		usleep(10000);
+	}
+	if (fstat(fd, &st) < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (!S_ISREG(st.st_mode)) {
+		r = -EINVAL;
+		log_error("tier: %s is not a regular file", path);
+		goto fail;
+	}
+	/* Without persist, old slots must not come back: truncate before sizing. */
+	if (!t->persist && ftruncate(fd, 0) < 0) {
+		r = -errno;
+		log_error_errno(r, "tier: cannot truncate %s: %m", path);
+		goto fail;
+	}
+	/*
+	 * Sparse: blocks are allocated as slots are written, and ENOSPC then arrives as a failed
+	 * write (the lost callback).  With persist a larger file is left alone rather than cut.
+	 */
+	if ((!t->persist || (uint64_t)st.st_size < size) && ftruncate(fd, (off_t)size) < 0) {
+		r = -errno;
+		log_error_errno(r, "tier: cannot size %s to %llu bytes: %m", path,
+				(unsigned long long)size);
+		goto fail;
+	}
+	*ret_fd = fd;
+	return 0;
+fail:
+	close(fd);
+	return r;
+}
+
+static int check_config(const struct file_tier_config *cfg)
+{
+	if (!cfg || !cfg->paths || cfg->npaths == 0 || cfg->nslots == 0 || cfg->block_bytes == 0 ||
+	    cfg->block_bytes > FILE_TIER_MAX_BLOCK_BYTES || cfg->block_tokens == 0 ||
+	    cfg->block_tokens > FILE_TIER_MAX_TOKENS || cfg->queue_depth == 0 ||
+	    cfg->queue_depth > FILE_TIER_MAX_QUEUE_DEPTH || cfg->npaths > cfg->nslots)
+		return -EINVAL;
+	for (uint32_t i = 0; i < cfg->npaths; i++)
+		if (!cfg->paths[i])
+			return -EINVAL;
+	return 0;
+}
+
+int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
+{
+	struct file_tier *t;
+	struct iovec *iov = NULL;
+	int r;
+
+	r = check_config(cfg);
+	if (r < 0 || !ret)
+		return -EINVAL;
+
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return -ENOMEM;
+	t->npaths = cfg->npaths;
+	t->nslots = cfg->nslots;
+	t->block_bytes = cfg->block_bytes;
+	t->block_tokens = cfg->block_tokens;
+	t->geometry = cfg->geometry;
+	t->persist = cfg->persist;
+	t->queue_depth = cfg->queue_depth;
+	t->lost = cfg->lost;
+	t->lost_ctx = cfg->lost_ctx;
+	t->header_bytes = (uint32_t)round_up(sizeof(struct slot_header) +
+					     (uint64_t)t->block_tokens * sizeof(uint32_t),
+					     SLOT_ALIGN);
+	t->data_bytes = round_up(t->block_bytes, SLOT_ALIGN);
+	t->slot_bytes = t->header_bytes + t->data_bytes;
+
+	t->fds = malloc(t->npaths * sizeof(*t->fds));
+	t->bufs = calloc(t->queue_depth, sizeof(*t->bufs));
+	t->free_bufs = malloc(t->queue_depth * sizeof(*t->free_bufs));
+	t->slot_buf = malloc((size_t)t->nslots * sizeof(*t->slot_buf));
+	t->slot_gen = calloc(t->nslots, sizeof(*t->slot_gen));
+	iov = calloc(t->queue_depth, sizeof(*iov));
+	if (!t->fds || !t->bufs || !t->free_bufs || !t->slot_buf || !t->slot_gen || !iov) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t i = 0; i < t->npaths; i++)
+		t->fds[i] = -EBADF;
+	for (uint32_t s = 0; s < t->nslots; s++)
+		t->slot_buf[s] = NO_BUF;
+
+	for (uint32_t i = 0; i < t->npaths; i++) {
+		uint64_t slots_here = (t->nslots - i + t->npaths - 1) / t->npaths;
+
+		r = open_file(t, cfg->paths[i], slots_here * t->slot_bytes, &t->fds[i]);
+		if (r < 0)
+			goto fail;
+	}
+
+	/* One region for all buffers: one mapping, page-aligned, slots 4096-aligned inside. */
+	t->staging_mem_bytes = (size_t)t->queue_depth * t->slot_bytes;
+	t->staging_mem = mmap(NULL, t->staging_mem_bytes, PROT_READ | PROT_WRITE,
+			      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+	if (t->staging_mem == MAP_FAILED) {
+		t->staging_mem = NULL;
+		r = -ENOMEM;
+		goto fail;
+	}
+	for (uint32_t b = 0; b < t->queue_depth; b++) {
+		t->free_bufs[b] = t->queue_depth - 1 - b; /* buffer 0 is taken first */
+		iov[b].iov_base = buf_mem(t, b);
+		iov[b].iov_len = t->slot_bytes;
+	}
+	t->nfree = t->queue_depth;
+
+	/* No more I/Os than buffers are ever in flight, so queue_depth entries are enough. */
+	r = io_uring_queue_init(t->queue_depth, &t->ring, 0);
+	if (r < 0) {
+		log_error_errno(r, "tier: cannot set up an io_uring (%m; RLIMIT_MEMLOCK?)");
+		goto fail;
+	}
+	t->ring_ready = true;
+	r = io_uring_register_files(&t->ring, t->fds, t->npaths);
+	if (r < 0) {
+		log_error_errno(r, "tier: cannot register the swap files: %m");
+		goto fail;
+	}
+	/*
+	 * Registered buffers save pinning pages on every I/O, but count against RLIMIT_MEMLOCK
+	 * for an unprivileged daemon: without enough, plain reads and writes do the same job.
+	 */
+	r = io_uring_register_buffers(&t->ring, iov, t->queue_depth);
+	if (r < 0)
+		log_warning_errno(r, "tier: cannot register %zu bytes of staging buffers (%m; "
+				  "raise LimitMEMLOCK=), using unregistered buffers",
+				  t->staging_mem_bytes);
+	t->fixed_buffers = r >= 0;
+	free(iov);
+	*ret = t;
+	return 0;
+fail:
+	free(iov);
+	file_tier_close(t);
+	return r;
+}
+
+struct file_tier *file_tier_close(struct file_tier *t)
+{
+	if (!t)
+		return NULL;
+	if (t->ring_ready) {
+		file_tier_flush(t);
+		io_uring_queue_exit(&t->ring);
+	}
+	if (t->fds) {
+		for (uint32_t i = 0; i < t->npaths; i++) {
+			if (t->fds[i] < 0)
+				continue;
+			/* Slots meant to outlive the daemon should survive a power cut too. */
+			if (t->persist && fdatasync(t->fds[i]) < 0)
+				log_warning_errno(errno, "tier: fdatasync of a swap file: %m");
+			/*
+			 * The ring's reference to the file outlives close() (its teardown is
+			 * asynchronous), and with it the lock: release the lock ourselves so
+			 * the files can be opened again at once.
+			 */
+			(void)flock(t->fds[i], LOCK_UN);
+			close(t->fds[i]);
+		}
+	}
+	if (t->staging_mem)
+		munmap(t->staging_mem, t->staging_mem_bytes);
+	free(t->fds);
+	free(t->bufs);
+	free(t->free_bufs);
+	free(t->slot_buf);
+	free(t->slot_gen);
+	free(t);
+	return NULL;
+}
+
+/* ---- verification ------------------------------------------------------------------------- */
+
+/* Header checks shared by load and scan: 0, -EBADMSG (corrupt) or -ENOENT (another format). */
+static int check_header(struct file_tier *t, const uint8_t *mem, uint32_t slot)
+{
+	const struct slot_header *h = (const struct slot_header *)mem;
+
+	if (h->header_xxh3 != header_checksum(t, mem))
+		return -EBADMSG;
+	if (h->magic != SLOT_MAGIC || h->version != SLOT_VERSION ||
+	    h->header_bytes != t->header_bytes || h->block_bytes != t->block_bytes ||
+	    h->block_tokens != t->block_tokens || h->geometry != t->geometry || h->slot != slot)
+		return -ENOENT;
+	return 0;
+}
+
+static bool identity_matches(const struct file_tier *t, const uint8_t *mem,
+			     const struct tier_key *key)
+{
+	const struct slot_header *h = (const struct slot_header *)mem;
+
+	return h->hash_lo == key->hash_lo && h->hash_hi == key->hash_hi &&
+	       h->parent_lo == key->parent_lo && h->parent_hi == key->parent_hi &&
+	       h->salt == key->salt && h->extra == key->extra &&
+	       !memcmp(mem + sizeof(*h), key->tokens, (size_t)t->block_tokens * sizeof(uint32_t));
+}
+
+/* Verifies a whole slot in a staging buffer and only then copies its data out. */
+static int verify_and_copy(struct file_tier *t, const uint8_t *mem, uint32_t slot,
+			   const struct tier_key *key, void *dst)
+{
+	const struct slot_header *h = (const struct slot_header *)mem;
+	const uint8_t *data = mem + t->header_bytes;
+	int r;
+
+	r = check_header(t, mem, slot);
+	if (r == -EBADMSG) {
+		t->stats.checksum_errors++;
+		return -EBADMSG;
+	}
+	/* An intact header of another geometry or slot is someone else's block, not damage. */
+	if (r < 0 || !identity_matches(t, mem, key)) {
+		t->stats.identity_errors++;
+		return -EBADMSG;
+	}
+	if (h->data_xxh3 != XXH3_64bits(data, t->block_bytes)) {
+		t->stats.checksum_errors++;
+		return -EBADMSG;
+	}
+	memcpy(dst, data, t->block_bytes);
+	return 0;
+}
+
+/* ---- buffers and completions -------------------------------------------------------------- */
+
+static void release_buf(struct file_tier *t, uint32_t b)
+{
+	t->bufs[b].state = BUF_FREE;
+	t->free_bufs[t->nfree++] = b;
+}
+
+static void complete_write(struct file_tier *t, uint32_t b, int res)
+{
+	uint32_t slot = t->bufs[b].slot, gen = t->bufs[b].gen;
+	int err = 0;
+
+	if (res < 0)
+		err = res;
+	else if ((uint64_t)res != t->slot_bytes)
+		err = -EIO; /* short: the slot is torn on disk */
+
+	if (t->slot_buf[slot] == b)
+		t->slot_buf[slot] = NO_BUF;
+	t->writes_in_flight--;
+	release_buf(t, b);
+
+	if (err == 0) {
+		t->stats.writes++;
+		t->stats.write_bytes += t->slot_bytes;
+		return;
+	}
+	t->stats.write_errors++;
+	/* A newer store of the slot has its own write; this failure no longer loses anything. */
+	if (gen == t->slot_gen[slot] && t->lost)
+		t->lost(t->lost_ctx, slot, err);
+}
+
+static void complete_read(struct file_tier *t, uint32_t b, int res)
+{
+	struct staging *s = &t->bufs[b];
+	struct batch *batch = t->batch;
+	uint64_t want = s->state == BUF_READ_SLOT ? t->slot_bytes : t->header_bytes;
+	uint8_t *mem = buf_mem(t, b);
+
+	assert(batch);
+	t->reads_in_flight--;
+	if (res < 0 || (uint64_t)res != want) {
+		t->stats.read_errors++;
+		if (s->state == BUF_READ_SLOT)
+			batch->results[s->index] = -EIO;
+		else
+			batch->scan_error = res < 0 ? res : -EIO;
+		release_buf(t, b);
+		return;
+	}
+	t->stats.reads++;
+	t->stats.read_bytes += want;
+
+	if (s->state == BUF_READ_SLOT) {
+		batch->results[s->index] = verify_and_copy(t, mem, s->slot, &batch->keys[s->index],
+							   batch->dsts[s->index]);
+	} else {
+		const struct slot_header *h = (const struct slot_header *)mem;
+		int r = check_header(t, mem, s->slot);
+
+		/* An all-zero header is a slot never written; only a damaged one is counted. */
+		if (r == -EBADMSG && h->magic == SLOT_MAGIC)
+			t->stats.checksum_errors++;
+		if (r == 0) {
+			struct tier_key key = {
+				.hash_lo = h->hash_lo,
+				.hash_hi = h->hash_hi,
+				.parent_lo = h->parent_lo,
+				.parent_hi = h->parent_hi,
+				.salt = h->salt,
+				.extra = h->extra,
+				.tokens = (const uint32_t *)(mem + sizeof(*h)),
+			};
+
+			batch->found_count++;
+			batch->found(batch->found_ctx, s->slot, &key);
+		}
+	}
+	release_buf(t, b);
+}
+
+static void handle_cqe(struct file_tier *t, const struct io_uring_cqe *cqe)
+{
+	uint32_t b = (uint32_t)io_uring_cqe_get_data64(cqe);
+
+	assert(b < t->queue_depth);
+	if (t->bufs[b].state == BUF_WRITE)
+		complete_write(t, b, cqe->res);
+	else
+		complete_read(t, b, cqe->res);
+}
+
+/* Handles every completion already posted; never blocks. */
+static unsigned reap_ready(struct file_tier *t)
+{
+	struct io_uring_cqe *cqe;
+	unsigned n = 0;
+
+	while (io_uring_peek_cqe(&t->ring, &cqe) == 0) {
+		struct io_uring_cqe done = *cqe;
+
+		/* Mark it seen first: the handler may queue more I/O on this ring. */
+		io_uring_cqe_seen(&t->ring, cqe);
+		handle_cqe(t, &done);
+		n++;
+	}
+	return n;
+}
+
+/* Blocks for at least one completion, then handles all that are ready. */
+static void reap_wait(struct file_tier *t)
+{
+	int r;
+
+	assert(t->writes_in_flight + t->reads_in_flight > 0);
+	while (reap_ready(t) == 0) {
+		/* Submits too: an SQE left by a failed submit must not make this wait forever. */
+		r = io_uring_submit_and_wait(&t->ring, 1);
+		if (r >= 0 || r == -EINTR || r == -EAGAIN || r == -EBUSY || r == -ETIME)
+			continue;
+		/*
+		 * The kernel still owns buffers we cannot account for; going on could hand out
+		 * memory that a read is about to overwrite.
+		 */
+		log_error_errno(r, "tier: waiting for io_uring completions: %m");
+		abort();
+	}
+}
+
+static int submit(struct file_tier *t)
+{
+	int r;
+
+	for (;;) {
+		r = io_uring_submit(&t->ring);
+		if (r >= 0)
+			return 0;
+		if (r == -EINTR)
+			continue;
+		/* Out of kernel resources for now: completions give some back. */
+		if ((r == -EAGAIN || r == -EBUSY) && t->writes_in_flight + t->reads_in_flight > 0) {
+			reap_wait(t);
+			continue;
+		}
+		return log_error_errno(r, "tier: io_uring submit: %m");
+	}
+}
+
+static uint32_t take_buf(struct file_tier *t, bool may_wait)
+{
+	if (t->nfree == 0)
+		reap_ready(t);
+	while (t->nfree == 0) {
+		if (!may_wait)
+			return NO_BUF;
+		reap_wait(t);
+	}
+	return t->free_bufs[--t->nfree];
+}
+
+static struct io_uring_sqe *get_sqe(struct file_tier *t)
+{
+	struct io_uring_sqe *sqe = io_uring_get_sqe(&t->ring);
+
+	/* The ring has at least queue_depth entries and no more I/Os than buffers exist. */
+	assert(sqe);
+	return sqe;
+}
+
+static void prep_io(struct file_tier *t, uint32_t b, bool write, uint32_t slot, uint32_t len)
+{
+	struct io_uring_sqe *sqe = get_sqe(t);
+	int fd = slot_fd_index(t, slot);
+	uint64_t off = slot_offset(t, slot);
+	uint8_t *mem = buf_mem(t, b);
+
+	if (write && t->fixed_buffers)
+		io_uring_prep_write_fixed(sqe, fd, mem, len, off, (int)b);
+	else if (write)
+		io_uring_prep_write(sqe, fd, mem, len, off);
+	else if (t->fixed_buffers)
+		io_uring_prep_read_fixed(sqe, fd, mem, len, off, (int)b);
+	else
+		io_uring_prep_read(sqe, fd, mem, len, off);
+	sqe->flags |= IOSQE_FIXED_FILE;
+	io_uring_sqe_set_data64(sqe, b);
+}
+
+/* ---- the interface ------------------------------------------------------------------------ */
+
+/*
+ * memcpy, then XXH3-64 of what was copied (the same value as XXH3_64bits(dst, n)), a chunk at
+ * a time: each chunk is hashed while it is still in cache, saving a second pass through memory.
+ */
+static uint64_t copy_and_hash(uint8_t *dst, const uint8_t *src, size_t n)
+{
+	enum { CHUNK = 32 << 10 };
+	XXH3_state_t st;
+
+	if (n <= CHUNK) {
+		memcpy(dst, src, n);
+		return XXH3_64bits(dst, n);
+	}
+	XXH3_64bits_reset(&st);
+	for (size_t off = 0; off < n; off += CHUNK) {
+		size_t len = n - off < CHUNK ? n - off : CHUNK;
+
+		memcpy(dst + off, src + off, len);
+		XXH3_64bits_update(&st, dst + off, len);
+	}
+	return XXH3_64bits_digest(&st);
+}
+
+int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *key,
+		    const void *data)
+{
+	struct slot_header *h;
+	uint64_t data_xxh3;
+	uint8_t *mem;
+	size_t tok_bytes;
+	uint32_t b;
+
+	if (slot >= t->nslots)
+		return -EINVAL;
+	/* Bump first: a failure of the write being replaced must not report this store lost. */
+	t->slot_gen[slot]++;
+	/* Cheap (no system call), and keeps lost reports close to the failures. */
+	reap_ready(t);
+	/* Two writes of one slot in flight could land in either order; let the older finish. */
+	while (t->slot_buf[slot] != NO_BUF)
+		reap_wait(t);
+
+	b = take_buf(t, true);
+	mem = buf_mem(t, b);
+	h = (struct slot_header *)mem;
+	tok_bytes = (size_t)t->block_tokens * sizeof(uint32_t);
+
+	/* Of the copy, not of data: it is what reaches the disk. */
+	data_xxh3 = copy_and_hash(mem + t->header_bytes, data, t->block_bytes);
+	/* Zero padding: no stale bytes of other blocks reach the disk. */
+	memset(mem + t->header_bytes + t->block_bytes, 0, t->data_bytes - t->block_bytes);
+	*h = (struct slot_header){
+		.magic = SLOT_MAGIC,
+		.version = SLOT_VERSION,
+		.header_bytes = t->header_bytes,
+		.block_bytes = t->block_bytes,
+		.block_tokens = t->block_tokens,
+		.slot = slot,
+		.geometry = t->geometry,
+		.hash_lo = key->hash_lo,
+		.hash_hi = key->hash_hi,
+		.parent_lo = key->parent_lo,
+		.parent_hi = key->parent_hi,
+		.salt = key->salt,
+		.extra = key->extra,
+		.data_xxh3 = data_xxh3,
+	};
+	memcpy(mem + sizeof(*h), key->tokens, tok_bytes);
+	memset(mem + sizeof(*h) + tok_bytes, 0, t->header_bytes - sizeof(*h) - tok_bytes);
+	h->header_xxh3 = header_checksum(t, mem);
+
+	t->bufs[b] = (struct staging){
+		.state = BUF_WRITE,
+		.slot = slot,
+		.gen = t->slot_gen[slot],
+	};
+	t->slot_buf[slot] = b;
+	t->writes_in_flight++;
+	prep_io(t, b, true, slot, (uint32_t)t->slot_bytes);
+	/*
+	 * On failure the write stays queued in the ring and goes with the next submit; the
+	 * caller is told so it does not count on the slot.
+	 */
+	return submit(t);
+}
+
+void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
+		    const struct tier_key *keys, void *const *dsts, int *results)
+{
+	struct batch batch = { .slots = slots, .keys = keys, .dsts = dsts, .results = results };
+	uint32_t next = 0;
+
+	assert(!t->batch);
+	t->batch = &batch;
+	while (next < n || t->reads_in_flight > 0) {
+		bool queued = false;
+
+		while (next < n) {
+			uint32_t i = next, slot = slots[i], b;
+
+			if (slot >= t->nslots) {
+				results[i] = -EINVAL;
+				next++;
+				continue;
+			}
+			/* Not on disk yet, but the staging buffer holds exactly what will be. */
+			if (t->slot_buf[slot] != NO_BUF) {
+				results[i] = verify_and_copy(t, buf_mem(t, t->slot_buf[slot]), slot,
+							     &keys[i], dsts[i]);
+				next++;
+				continue;
+			}
+			b = take_buf(t, false);
+			if (b == NO_BUF)
+				break;
+			t->bufs[b] = (struct staging){
+				.state = BUF_READ_SLOT,
+				.slot = slot,
+				.index = i,
+			};
+			t->reads_in_flight++;
+			prep_io(t, b, false, slot, (uint32_t)t->slot_bytes);
+			queued = true;
+			next++;
+		}
+		/* A failed submit leaves the reads queued; reap_wait submits them again. */
+		if (queued)
+			(void)submit(t);
+		if (t->reads_in_flight > 0 || (next < n && t->writes_in_flight > 0))
+			reap_wait(t);
+	}
+	t->batch = NULL;
+}
+
+int file_tier_poll(struct file_tier *t)
+{
+	return (int)reap_ready(t);
+}
+
+void file_tier_flush(struct file_tier *t)
+{
+	while (t->writes_in_flight > 0)
+		reap_wait(t);
+}
+
+int file_tier_scan(struct file_tier *t,
+		   void (*found)(void *ctx, uint32_t slot, const struct tier_key *key), void *ctx)
+{
+	struct batch batch = { .found = found, .found_ctx = ctx };
+	uint32_t next = 0;
+
+	if (!found)
+		return -EINVAL;
+	assert(!t->batch);
+	/* Headers are read from the files: what is still in staging is not there yet. */
+	file_tier_flush(t);
+	t->batch = &batch;
+	while (next < t->nslots || t->reads_in_flight > 0) {
+		bool queued = false;
+
+		while (next < t->nslots) {
+			uint32_t b = take_buf(t, false);
+
+			if (b == NO_BUF)
+				break;
+			t->bufs[b] = (struct staging){
+				.state = BUF_READ_HEADER,
+				.slot = next,
+				.index = next,
+			};
+			t->reads_in_flight++;
+			prep_io(t, b, false, next, t->header_bytes);
+			queued = true;
+			next++;
+		}
+		if (queued)
+			(void)submit(t);
+		if (t->reads_in_flight > 0)
+			reap_wait(t);
+	}
+	t->batch = NULL;
+	if (batch.scan_error < 0)
+		return log_error_errno(batch.scan_error, "tier: reading slot headers: %m");
+	return (int)batch.found_count;
+}
+
+void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret)
+{
+	*ret = t->stats;
+}
+
+uint64_t file_tier_slot_bytes(const struct file_tier *t)
+{
+	return t->slot_bytes;
+}

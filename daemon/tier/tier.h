@@ -1,0 +1,127 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Storage for the tiers below the pool: bounded host RAM (host.c) and swap files driven by
+ * io_uring (file.c).  These modules move bytes and check them; which block goes where is
+ * decided by daemon/core (tiers in core.h), which never does I/O itself.
+ *
+ * Every stored block carries its identity (struct tier_key).  A load is given the identity the
+ * caller expects and fails with -EBADMSG unless the stored one (hashes, salt, extra key, every
+ * token id) and, for files, the checksums match: a tier never hands back wrong data.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* A full block's identity: its chain hash, its parent's chain hash, namespace and tokens. */
+struct tier_key {
+	uint64_t hash_lo, hash_hi;
+	uint64_t parent_lo, parent_hi; /* both 0 for the first block of a chain */
+	uint64_t salt;
+	uint64_t extra;
+	const uint32_t *tokens; /* block_tokens token ids */
+};
+
+/* ---- host tier: slots of host memory ------------------------------------------------------ */
+
+struct host_tier;
+
+/* nslots slots of block_bytes each (plus the tokens).  0, -EINVAL or -ENOMEM. */
+int host_tier_new(uint32_t nslots, uint64_t block_bytes, uint32_t block_tokens,
+		  struct host_tier **ret);
+struct host_tier *host_tier_free(struct host_tier *t);
+
+/*
+ * Copies a block's bytes and identity into a slot (slot < nslots).  Not thread-safe: one owner
+ * stores and loads; the arena is committed page by page as slots are first written.
+ */
+void host_tier_store(struct host_tier *t, uint32_t slot, const struct tier_key *key,
+		     const void *data);
+/* Copies a slot's bytes to dst if its identity is key's: 0, else -EBADMSG (nothing copied). */
+int host_tier_load(struct host_tier *t, uint32_t slot, const struct tier_key *key, void *dst);
+/* The slot's stored identity (tokens point into the tier) and bytes. */
+void host_tier_key(const struct host_tier *t, uint32_t slot, struct tier_key *ret);
+const void *host_tier_data(const struct host_tier *t, uint32_t slot);
+
+/* ---- file tier: slots in swap files, O_DIRECT through io_uring ---------------------------- */
+
+struct file_tier;
+
+struct file_tier_config {
+	const char *const *paths; /* one or more files; slots are striped across them */
+	uint32_t npaths;
+	uint32_t nslots;          /* slots in all */
+	uint64_t block_bytes;
+	uint32_t block_tokens;
+	uint64_t geometry;        /* fingerprint of the pool's layout; a slot written under
+				     another geometry is never used */
+	bool persist;             /* keep what the files hold across restarts (see scan) */
+	uint32_t queue_depth;     /* staging buffers = I/Os in flight at most; >= 1 */
+	/*
+	 * Told about each queued write that failed after store returned (slot unusable; err is
+	 * -errno, -EIO for a short write), unless the slot was stored again since.  Called from
+	 * within store, load, poll, flush, scan or close: it must not call into the tier.
+	 */
+	void (*lost)(void *ctx, uint32_t slot, int err);
+	void *lost_ctx;
+};
+
+/* I/O counts are of the files: a load served from a staging buffer reads nothing. */
+struct file_tier_stats {
+	uint64_t writes, write_bytes, write_errors; /* errors: every failed write, lost or not */
+	uint64_t reads, read_bytes, read_errors;
+	uint64_t checksum_errors; /* header or data checksum wrong, or a torn slot */
+	uint64_t identity_errors; /* checksums right, but another block than expected */
+};
+
+/*
+ * Opens (creating when missing) and sizes the files, registers them and the staging buffers
+ * with a private io_uring.  Without persist, whatever the files held is forgotten.  Files on
+ * a file system without O_DIRECT are opened buffered (logged); staging buffers that
+ * RLIMIT_MEMLOCK does not let the ring register are used unregistered (logged).  Each file is
+ * locked (flock): -EBUSY when another tier holds it.  0, -EINVAL or another -errno.
+ *
+ * A tier is not thread-safe: one owner calls everything below.
+ */
+int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret);
+/* Waits for queued writes (with persist, fdatasyncs), then closes.  Accepts NULL; returns NULL. */
+struct file_tier *file_tier_close(struct file_tier *t);
+
+/*
+ * Queues the write of one slot: header (identity, checksums) and data are copied into a
+ * staging buffer before it returns, so data may be reused at once.  Waits only when every
+ * staging buffer is in flight, or when this slot's previous write is (two writes of one slot
+ * in flight could land in either order).  0, -EINVAL (slot out of range), or -errno when the
+ * write could not be submitted.  A load of a slot whose write is still in flight is served
+ * from the staging buffer.
+ */
+int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *key,
+		    const void *data);
+
+/*
+ * Reads n slots in one batch (up to queue_depth in flight), verifies each (header checksum,
+ * identity against keys[i], data checksum) and copies its data to dsts[i].  results[i]: 0,
+ * -EBADMSG (corrupt, never written, or another block: counted, nothing copied), -EIO (read
+ * failed or short) or -EINVAL (slot out of range).  Returns when all are done.
+ */
+void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
+		    const struct tier_key *keys, void *const *dsts, int *results);
+
+/* Reaps finished writes without waiting (calling lost for failed ones).  Returns how many. */
+int file_tier_poll(struct file_tier *t);
+/* Waits until no write is in flight. */
+void file_tier_flush(struct file_tier *t);
+
+/*
+ * With persist: reads every slot header (after waiting for queued writes) and calls found for
+ * each one that is intact (header checksum, magic, version, sizes, geometry, and the slot it
+ * was written as).  key->tokens points into a buffer valid only during the call; found must
+ * not call into the tier.  The data checksum is checked when the slot is loaded.  Returns the
+ * number found or -errno (a read failed; found may have been called for some slots).
+ */
+int file_tier_scan(struct file_tier *t,
+		   void (*found)(void *ctx, uint32_t slot, const struct tier_key *key), void *ctx);
+
+void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret);
+/* Bytes one slot takes in a file (header and data, each rounded up for O_DIRECT). */
+uint64_t file_tier_slot_bytes(const struct file_tier *t);

@@ -1,0 +1,410 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The tiers below the pool on the real daemon: swap of a parked sequence through the host tier
+ * into a swap file and back, byte for byte; a corrupted swap file; a full file system; and
+ * persistence across a SIGKILL, with a corrupted slot header.
+ */
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
+
+#include "tests/integration/harness.h"
+
+static struct daemon d;
+
+/*
+ * 1 layer, 1 head, dim 4, f32, 16 tokens: 512-byte blocks.  A small pool over a host tier of 4
+ * blocks over one swap file.
+ */
+#define POOL_FMT                                                                               \
+	"[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"             \
+	"block_tokens = 16\ncapacity_blocks = %u\nhost_tier_blocks = %u\n"                     \
+	"file_tier_blocks = %u\nswap_files = %s\nfile_tier_persist = %s\n"
+
+static char pools[1024];
+static char swap_path[256];
+
+/* Every byte depends on the block's tag and its offset, so misplaced bytes show. */
+static uint8_t pattern(uint8_t tag, uint64_t i)
+{
+	return (uint8_t)(tag * 131 + i * 7 + (i >> 8));
+}
+
+static void write_block(struct kvp_client *c, uint32_t block, uint8_t tag)
+{
+	const struct kvp_pool_info *p = kvp_pool(c);
+	uint8_t *b = (uint8_t *)kvp_pool_base(c) + (uint64_t)block * p->block_stride;
+
+	for (uint64_t i = 0; i < p->block_bytes; i++)
+		b[i] = pattern(tag, i);
+}
+
+static bool block_is(struct kvp_client *c, uint32_t block, uint8_t tag)
+{
+	const struct kvp_pool_info *p = kvp_pool(c);
+	const uint8_t *b = (uint8_t *)kvp_pool_base(c) + (uint64_t)block * p->block_stride;
+
+	for (uint64_t i = 0; i < p->block_bytes; i++)
+		if (b[i] != pattern(tag, i))
+			return false;
+	return true;
+}
+
+static char swap_dir[64];
+
+/* The swap files live in a directory of their own, which outlives a daemon restart. */
+static void make_swap_dir(void)
+{
+	strcpy(swap_dir, "/tmp/kvpaged-swap-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(swap_dir));
+}
+
+static void remove_swap_dir(void)
+{
+	unlink(swap_path);
+	rmdir(swap_dir);
+}
+
+static void setup_pools(unsigned capacity, unsigned host, unsigned file, bool persist)
+{
+	snprintf(swap_path, sizeof(swap_path), "%s/swap0", swap_dir);
+	snprintf(pools, sizeof(pools), POOL_FMT, capacity, host, file, swap_path,
+		 persist ? "yes" : "no");
+}
+
+/* Opens a prompt of n tokens, writes each block's pattern (tag + i), commits, returns the id. */
+static uint64_t fill(struct kvp_client *c, const uint32_t *t, uint32_t n, uint8_t tag,
+		     struct kvp_table *tab)
+{
+	uint32_t cached = 0;
+	uint64_t s;
+
+	ck_assert_int_eq(kvp_open(c, t, n, 0, KVP_OPEN_PRIORITY(5), &s, &cached, tab), 0);
+	for (uint32_t i = cached / 16; i < tab->len; i++)
+		write_block(c, tab->blocks[i], (uint8_t)(tag + i));
+	ck_assert_int_eq(kvp_commit(c, s, n, tab), 0);
+	return s;
+}
+
+/* Where "key": "value" first occurs in JSON text (any spacing), or NULL. */
+static const char *json_find_str(const char *text, const char *key, const char *value)
+{
+	char pat[64];
+	size_t vlen = strlen(value);
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	for (const char *p = strstr(text, pat); p; p = strstr(p + 1, pat)) {
+		const char *v = p + strlen(pat);
+
+		v += strspn(v, " \t\n");
+		if (*v == '"' && !strncmp(v + 1, value, vlen) && v[vlen + 1] == '"')
+			return p;
+	}
+	return NULL;
+}
+
+/* A tier's field from kvpagedctl --json stats ("host" or "file"). */
+static long long tier_int(const char *out, const char *tier, const char *key)
+{
+	const char *p = json_find_str(out, "tier", tier);
+
+	ck_assert_msg(p != NULL, "no %s tier in %s", tier, out);
+	return json_int(p, key);
+}
+
+/* Offset of the first 512-byte run in the swap file equal to block pattern tag, or -1. */
+static off_t find_in_swap(uint8_t tag)
+{
+	uint8_t want[512], buf[512];
+	int fd = open(swap_path, O_RDONLY | O_CLOEXEC);
+	off_t off = -1;
+
+	ck_assert_int_ge(fd, 0);
+	for (int i = 0; i < 512; i++)
+		want[i] = pattern(tag, (uint64_t)i);
+	for (off_t o = 0; pread(fd, buf, sizeof(buf), o) == (ssize_t)sizeof(buf); o += 4096)
+		if (!memcmp(buf, want, sizeof(buf))) {
+			off = o;
+			break;
+		}
+	close(fd);
+	return off;
+}
+
+static void flip_byte(off_t off)
+{
+	int fd = open(swap_path, O_RDWR | O_CLOEXEC);
+	uint8_t b;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &b, 1, off), 1);
+	b ^= 0x5a;
+	ck_assert_int_eq(pwrite(fd, &b, 1, off), 1);
+	close(fd);
+}
+
+/*
+ * a (4 blocks) is parked and preempted by b: it is swapped (no cost model: a transfer loses no
+ * work), its blocks go to the host tier as b takes their memory; c's prompt then pushes b's
+ * blocks into the host tier and a's on into the swap file.  Resuming a brings its blocks back
+ * from the file, byte for byte; b's prompt, reopened, comes back whole from the tiers.
+ */
+START_TEST(test_swap_through_host_and_file)
+{
+	uint32_t ta[64], tb[128], tc[128], rec = 99, cached = 0;
+	struct kvp_table tab_a = { 0 }, tab_b = { 0 }, tab_c = { 0 }, tr = { 0 };
+	struct kvp_client *c1, *c2;
+	uint64_t sa, sb, sc;
+	char out[16384];
+
+	make_swap_dir();
+	setup_pools(8, 4, 64, false);
+	daemon_start(&d, pools);
+	prompt(ta, 64, 100);
+	prompt(tb, 128, 3000);
+	prompt(tc, 128, 6000);
+	c1 = connect_ns(NULL, 0);
+	c2 = connect_ns(NULL, 0);
+
+	sa = fill(c1, ta, 64, 0x10, &tab_a);
+	ck_assert_int_eq(kvp_park(c1, sa), 0);
+	sb = fill(c2, tb, 128, 0x30, &tab_b); /* 8 blocks: a must go */
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "preemptions"), 1);
+	ck_assert_int_eq(json_int(out, "swaps"), 1);
+	ck_assert_msg(json_find_str(out, "decision", "swap") != NULL, "%s", out);
+	ck_assert_int_eq(tier_int(out, "host", "demotions"), 4);
+	ck_assert_int_eq(kvp_close(c2, sb), 0);
+
+	sc = fill(c2, tc, 128, 0x50, &tab_c); /* b's 8 blocks go down, pushing a's to the file */
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "host", "demotions"), 12);
+	ck_assert_int_eq(tier_int(out, "file", "demotions"), 8);
+	ck_assert_int_eq(kvp_close(c2, sc), 0);
+	assert_verified(&d);
+
+	ck_assert_int_eq(kvp_resume(c1, sa, &rec, &tr), 0);
+	ck_assert_uint_eq(rec, 16); /* the last block holds the last token: recomputed */
+	ck_assert_uint_eq(tr.len, 4);
+	for (uint32_t i = 0; i < 3; i++)
+		ck_assert_msg(block_is(c1, tr.blocks[i], (uint8_t)(0x10 + i)),
+			      "block %u of the resumed sequence differs", i);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 3);
+
+	/* b's prompt comes back whole from the tiers, wherever its blocks went. */
+	ck_assert_int_eq(kvp_close(c1, sa), 0);
+	ck_assert_int_eq(kvp_open(c2, tb, 128, 0, 0, &sb, &cached, &tab_b), 0);
+	ck_assert_uint_eq(cached, 128);
+	for (uint32_t i = 0; i < 8; i++)
+		ck_assert_msg(block_is(c2, tab_b.blocks[i], (uint8_t)(0x30 + i)),
+			      "block %u of the reopened prompt differs", i);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "host", "promotions") + tier_int(out, "file", "promotions"),
+			 3 + 8);
+	assert_verified(&d);
+	kvp_disconnect(c1);
+	kvp_disconnect(c2);
+	kvp_table_free(&tab_a);
+	kvp_table_free(&tab_b);
+	kvp_table_free(&tab_c);
+	kvp_table_free(&tr);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/* Waits (up to 2 s) until the swap file holds block pattern tag; returns its offset. */
+static off_t wait_in_swap(uint8_t tag)
+{
+	off_t off = -1;
+
+	for (int i = 0; i < 200 && (off = find_in_swap(tag)) < 0; i++)
+		msleep(10);
+	ck_assert_msg(off >= 0, "block %#x never reached the swap file", tag);
+	return off;
+}
+
+/*
+ * A byte flipped in a swapped block is caught by the checksum: the load is a counted miss,
+ * the block and everything after it are recomputed, and nothing wrong reaches the client.
+ */
+START_TEST(test_corrupt_swap_file_is_recomputed)
+{
+	uint32_t ta[64], tb[128], rec = 0;
+	struct kvp_table tab_a = { 0 }, tab_b = { 0 }, tr = { 0 };
+	struct kvp_client *c1, *c2;
+	uint64_t sa, sb;
+	char out[16384];
+
+	make_swap_dir();
+	setup_pools(8, 0, 64, false); /* no host tier: the pool demotes straight to the file */
+	daemon_start(&d, pools);
+	prompt(ta, 64, 100);
+	prompt(tb, 128, 3000);
+	c1 = connect_ns(NULL, 0);
+	c2 = connect_ns(NULL, 0);
+	sa = fill(c1, ta, 64, 0x10, &tab_a);
+	ck_assert_int_eq(kvp_park(c1, sa), 0);
+	sb = fill(c2, tb, 128, 0x30, &tab_b);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "demotions"), 4);
+
+	flip_byte(wait_in_swap(0x11) + 100);
+	ck_assert_int_eq(kvp_close(c2, sb), 0);
+	ck_assert_int_eq(kvp_resume(c1, sa, &rec, &tr), 0);
+	ck_assert_uint_eq(rec, 48); /* block 0 came back; block 1 was bad, so 1..3 recompute */
+	ck_assert(block_is(c1, tr.blocks[0], 0x10));
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 1);
+	ck_assert_int_eq(tier_int(out, "file", "load_errors"), 1);
+	ck_assert_int_eq(tier_int(out, "file", "checksum_errors"), 1);
+	assert_verified(&d);
+	kvp_disconnect(c1);
+	kvp_disconnect(c2);
+	kvp_table_free(&tab_a);
+	kvp_table_free(&tab_b);
+	kvp_table_free(&tr);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+static void kill_daemon(struct daemon *dm)
+{
+	int status;
+
+	kill(dm->pid, SIGKILL);
+	ck_assert_int_eq(waitpid(dm->pid, &status, 0), dm->pid);
+	unlink(dm->sock);
+	unlink(dm->admin);
+	unlink(dm->conf);
+	unlink(dm->log);
+	rmdir(dm->dir);
+}
+
+/*
+ * With file_tier_persist, cached blocks in the swap file survive a SIGKILL: the restarted
+ * daemon finds them, checks each slot, and serves the prefix from them.  A slot whose header
+ * was damaged is dropped, so the prefix ends there.
+ */
+START_TEST(test_persistence_across_sigkill)
+{
+	uint32_t tp[80], tq[128], cached = 0;
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	uint64_t s;
+	char out[16384];
+
+	make_swap_dir();
+	setup_pools(8, 0, 64, true);
+	daemon_start(&d, pools);
+	prompt(tp, 80, 100);
+	prompt(tq, 128, 3000);
+	c = connect_ns(NULL, 0);
+	s = fill(c, tp, 80, 0x10, &tab);
+	ck_assert_int_eq(kvp_close(c, s), 0);
+	s = fill(c, tq, 128, 0x30, &tab); /* pushes the 5 blocks of p into the swap file */
+	ck_assert_int_eq(kvp_close(c, s), 0);
+	for (uint8_t i = 0; i < 5; i++)
+		wait_in_swap((uint8_t)(0x10 + i));
+	kvp_disconnect(c);
+	kill_daemon(&d);
+
+	/* Damage the header of the slot holding block 3 (it sits in front of the data). */
+	flip_byte(find_in_swap(0x13) - 4096 + 8);
+
+	daemon_start(&d, pools);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, tp, 80, 0, 0, &s, &cached, &tab), 0);
+	ck_assert_uint_eq(cached, 48); /* blocks 0..2 came back; block 3's slot was dropped */
+	for (uint32_t i = 0; i < 3; i++)
+		ck_assert_msg(block_is(c, tab.blocks[i], (uint8_t)(0x10 + i)),
+			      "block %u differs after the restart", i);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 3);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
+ * A tiny file system that fills up: the writes that fail are forgotten (counted as lost), a
+ * parked sequence swapped there is recomputed on resume, and no error reaches the client.  A
+ * real 64 KiB tmpfs when the test may mount one (root, in a mount namespace of its own);
+ * otherwise a file size limit on the daemon, which fails writes the same way (EFBIG).
+ */
+START_TEST(test_full_file_system_falls_back_to_recompute)
+{
+	uint32_t t[128], ta[64], tb[128], rec = 0;
+	struct kvp_table tab = { 0 }, tr = { 0 };
+	struct kvp_client *c1, *c2;
+	uint64_t s, sa;
+	char out[16384];
+	bool tmpfs = false;
+
+	make_swap_dir();
+	if (unshare(CLONE_NEWNS) == 0 && mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+	    mount("kvpaged-test", swap_dir, "tmpfs", 0, "size=64k") == 0)
+		tmpfs = true;
+	if (!tmpfs) {
+		struct rlimit rl = { .rlim_cur = 64 * 1024, .rlim_max = RLIM_INFINITY };
+
+		/* Inherited by the daemon: writes past 64 KiB fail with EFBIG, not a signal. */
+		signal(SIGXFSZ, SIG_IGN);
+		ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+	}
+	printf("full file system: %s\n", tmpfs ? "a 64 KiB tmpfs" : "RLIMIT_FSIZE 64 KiB");
+	setup_pools(8, 0, 64, false);
+	daemon_start(&d, pools);
+	c1 = connect_ns(NULL, 0);
+	c2 = connect_ns(NULL, 0);
+	/* 40 blocks pushed into 64 KiB of 8 KiB slots: most of the writes fail. */
+	for (uint32_t k = 0; k < 5; k++) {
+		prompt(t, 128, 10000 + k * 1000);
+		s = fill(c2, t, 128, (uint8_t)(0x80 + k * 8), &tab);
+		ck_assert_int_eq(kvp_close(c2, s), 0);
+	}
+	prompt(ta, 64, 100);
+	prompt(tb, 128, 3000);
+	sa = fill(c1, ta, 64, 0x10, &tab);
+	ck_assert_int_eq(kvp_park(c1, sa), 0);
+	s = fill(c2, tb, 128, 0x30, &tab); /* a is swapped: its writes fail too */
+	for (int i = 0; i < 200; i++) {
+		ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+		if (tier_int(out, "file", "lost") + tier_int(out, "file", "store_errors") >= 36)
+			break;
+		msleep(10);
+	}
+	ck_assert_int_ge(tier_int(out, "file", "lost") + tier_int(out, "file", "store_errors"), 36);
+	ck_assert_int_eq(kvp_close(c2, s), 0);
+	ck_assert_int_eq(kvp_resume(c1, sa, &rec, &tr), 0);
+	ck_assert_uint_eq(rec, 64); /* nothing of a survived: all recomputed, no error */
+	assert_verified(&d);
+	kvp_disconnect(c1);
+	kvp_disconnect(c2);
+	kvp_table_free(&tab);
+	kvp_table_free(&tr);
+	daemon_stop(&d);
+	if (tmpfs)
+		umount2(swap_dir, MNT_DETACH);
+	remove_swap_dir();
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("tiers");
+	TCase *tc = tcase_create("tiers");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_swap_through_host_and_file);
+	tcase_add_test(tc, test_corrupt_swap_file_is_recomputed);
+	tcase_add_test(tc, test_persistence_across_sigkill);
+	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}

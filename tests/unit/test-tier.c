@@ -1,0 +1,824 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The storage tiers on real memory and real files: round trips, loads of writes still in
+ * flight, corruption found by the checksums, persistence across reopen, and a file system that
+ * refuses writes (RLIMIT_FSIZE) reported through the lost callback.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <linux/capability.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "daemon/tier/tier.h"
+#include "tests/check-runner.h"
+
+#define TOKENS 16
+#define MAX_SLOTS 256
+/* Not a multiple of 4096, so the data region's padding is exercised. */
+#define BLOCK_BYTES (3 * 4096 + 100)
+#define GEOMETRY UINT64_C(0x7b0000000000a1)
+
+static uint64_t mix(uint64_t z)
+{
+	z += 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	return z ^ (z >> 31);
+}
+
+/* Block `id`: a key derived from id, its tokens and its bytes (version changes the bytes). */
+struct block {
+	struct tier_key key;
+	uint32_t tokens[TOKENS];
+};
+
+static void make_block(struct block *b, uint32_t id)
+{
+	for (uint32_t i = 0; i < TOKENS; i++)
+		b->tokens[i] = (uint32_t)(mix(id * 131 + i) % 32000);
+	b->key = (struct tier_key){
+		.hash_lo = mix(id),
+		.hash_hi = mix(id + 1000000),
+		.parent_lo = id ? mix(id - 1) : 0,
+		.parent_hi = id ? mix(id - 1 + 1000000) : 0,
+		.salt = 42,
+		.extra = id % 3,
+		.tokens = b->tokens,
+	};
+}
+
+static void fill_data(uint8_t *d, size_t n, uint32_t id, uint32_t version)
+{
+	uint64_t seed = mix(((uint64_t)id << 32) | version);
+
+	for (size_t i = 0; i < n; i += 8) {
+		uint64_t v = mix(seed + i);
+
+		memcpy(d + i, &v, n - i < 8 ? n - i : 8);
+	}
+}
+
+/* No Check asserts here: these also run in forked children, where Check must not be used. */
+static uint8_t *data_of(uint32_t id, uint32_t version, size_t n)
+{
+	uint8_t *d = malloc(n);
+
+	if (!d)
+		abort();
+	fill_data(d, n, id, version);
+	return d;
+}
+
+/* ---- host tier ---------------------------------------------------------------------------- */
+
+START_TEST(test_host_round_trip)
+{
+	enum { SLOTS = 8, BYTES = 4096 + 17 };
+	struct host_tier *t = NULL;
+	struct block b[SLOTS];
+	uint8_t src[BYTES], dst[BYTES], junk[BYTES];
+	struct tier_key k;
+
+	ck_assert_int_eq(host_tier_new(0, BYTES, TOKENS, &t), -EINVAL);
+	ck_assert_int_eq(host_tier_new(SLOTS, BYTES, TOKENS, &t), 0);
+
+	/* A slot never stored matches nothing, not even an all-zero key. */
+	{
+		uint32_t zeros[TOKENS] = { 0 };
+		struct tier_key zero = { .tokens = zeros };
+
+		ck_assert_int_eq(host_tier_load(t, 3, &zero, dst), -EBADMSG);
+	}
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		make_block(&b[i], i);
+		fill_data(src, BYTES, i, 0);
+		host_tier_store(t, i, &b[i].key, src);
+	}
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		fill_data(src, BYTES, i, 0);
+		memset(dst, 0, BYTES);
+		ck_assert_int_eq(host_tier_load(t, i, &b[i].key, dst), 0);
+		ck_assert_mem_eq(dst, src, BYTES);
+		ck_assert_mem_eq(host_tier_data(t, i), src, BYTES);
+		host_tier_key(t, i, &k);
+		ck_assert_uint_eq(k.hash_lo, b[i].key.hash_lo);
+		ck_assert_uint_eq(k.hash_hi, b[i].key.hash_hi);
+		ck_assert_uint_eq(k.parent_lo, b[i].key.parent_lo);
+		ck_assert_uint_eq(k.parent_hi, b[i].key.parent_hi);
+		ck_assert_uint_eq(k.salt, b[i].key.salt);
+		ck_assert_uint_eq(k.extra, b[i].key.extra);
+		ck_assert_mem_eq(k.tokens, b[i].tokens, sizeof(b[i].tokens));
+	}
+
+	/* Each field of the identity is checked; a refused load leaves dst alone. */
+	memset(junk, 0xa5, BYTES);
+	for (int field = 0; field < 7; field++) {
+		struct block w = b[5];
+
+		w.key.tokens = w.tokens;
+		switch (field) {
+		case 0: w.key.hash_lo ^= 1; break;
+		case 1: w.key.hash_hi ^= 1; break;
+		case 2: w.key.parent_lo ^= 1; break;
+		case 3: w.key.parent_hi ^= 1; break;
+		case 4: w.key.salt ^= 1; break;
+		case 5: w.key.extra ^= 1; break;
+		case 6: w.tokens[TOKENS - 1] ^= 1; break;
+		}
+		memcpy(dst, junk, BYTES);
+		ck_assert_int_eq(host_tier_load(t, 5, &w.key, dst), -EBADMSG);
+		ck_assert_mem_eq(dst, junk, BYTES);
+	}
+	/* Another block's key in this slot. */
+	ck_assert_int_eq(host_tier_load(t, 5, &b[4].key, dst), -EBADMSG);
+
+	/* Overwritten: the new identity and bytes, the old key refused. */
+	{
+		struct block nb;
+
+		make_block(&nb, 100);
+		fill_data(src, BYTES, 100, 1);
+		host_tier_store(t, 5, &nb.key, src);
+		ck_assert_int_eq(host_tier_load(t, 5, &b[5].key, dst), -EBADMSG);
+		ck_assert_int_eq(host_tier_load(t, 5, &nb.key, dst), 0);
+		ck_assert_mem_eq(dst, src, BYTES);
+	}
+	ck_assert_ptr_null(host_tier_free(t));
+	ck_assert_ptr_null(host_tier_free(NULL));
+}
+END_TEST
+
+/* ---- file tier helpers -------------------------------------------------------------------- */
+
+struct dir {
+	char path[64];
+	char files[2][96];
+	const char *paths[2];
+};
+
+static void dir_make(struct dir *d, const char *base)
+{
+	snprintf(d->path, sizeof(d->path), "%s/kvpaged-tier.XXXXXX", base);
+	ck_assert_ptr_nonnull(mkdtemp(d->path));
+	for (int i = 0; i < 2; i++) {
+		snprintf(d->files[i], sizeof(d->files[i]), "%s/swap%d", d->path, i);
+		d->paths[i] = d->files[i];
+	}
+}
+
+static void dir_remove(struct dir *d)
+{
+	for (int i = 0; i < 2; i++)
+		unlink(d->files[i]);
+	ck_assert_int_eq(rmdir(d->path), 0);
+}
+
+struct lost_log {
+	uint32_t count;
+	bool slot[MAX_SLOTS];
+	int last_err;
+};
+
+static void on_lost(void *ctx, uint32_t slot, int err)
+{
+	struct lost_log *l = ctx;
+
+	if (slot >= MAX_SLOTS)
+		abort(); /* may run in a forked child: no Check there */
+	l->count++;
+	l->slot[slot] = true;
+	l->last_err = err;
+}
+
+static struct file_tier_config config(struct dir *d, uint32_t npaths, uint32_t nslots,
+				      uint32_t queue_depth, bool persist, struct lost_log *lost)
+{
+	return (struct file_tier_config){
+		.paths = d->paths,
+		.npaths = npaths,
+		.nslots = nslots,
+		.block_bytes = BLOCK_BYTES,
+		.block_tokens = TOKENS,
+		.geometry = GEOMETRY,
+		.persist = persist,
+		.queue_depth = queue_depth,
+		.lost = on_lost,
+		.lost_ctx = lost,
+	};
+}
+
+static struct file_tier *open_tier(const struct file_tier_config *cfg)
+{
+	struct file_tier *t = NULL;
+
+	ck_assert_int_eq(file_tier_open(cfg, &t), 0);
+	ck_assert_ptr_nonnull(t);
+	return t;
+}
+
+static int store_raw(struct file_tier *t, uint32_t slot, uint32_t id, uint32_t version)
+{
+	struct block b;
+	uint8_t *d = data_of(id, version, BLOCK_BYTES);
+	int r;
+
+	make_block(&b, id);
+	r = file_tier_store(t, slot, &b.key, d);
+	free(d);
+	return r;
+}
+
+static void store_block(struct file_tier *t, uint32_t slot, uint32_t id, uint32_t version)
+{
+	ck_assert_int_eq(store_raw(t, slot, id, version), 0);
+}
+
+/*
+ * Loads one slot expecting block id: its result, or 1000 when the bytes are wrong (a success
+ * with other bytes, or dst touched by a failure: nothing unverified may reach it).
+ */
+static int load_raw(struct file_tier *t, uint32_t slot, uint32_t id, uint32_t version)
+{
+	struct block b;
+	uint8_t *want = data_of(id, version, BLOCK_BYTES), *dst = data_of(0, 0, BLOCK_BYTES);
+	void *dsts[1] = { dst };
+	int result = 1;
+
+	make_block(&b, id);
+	memset(dst, 0x5a, BLOCK_BYTES);
+	file_tier_load(t, 1, &slot, &b.key, dsts, &result);
+	if (result == 0 && memcmp(dst, want, BLOCK_BYTES))
+		result = 1000;
+	for (size_t i = 0; result < 0 && i < BLOCK_BYTES; i++)
+		if (dst[i] != 0x5a)
+			result = 1000;
+	free(want);
+	free(dst);
+	return result;
+}
+
+static int load_block(struct file_tier *t, uint32_t slot, uint32_t id, uint32_t version)
+{
+	int r = load_raw(t, slot, id, version);
+
+	ck_assert_msg(r != 1000, "slot %u: wrong bytes", slot);
+	return r;
+}
+
+/* Loads n slots (block id = slot + id_base) in one batch and checks every byte. */
+static void load_all(struct file_tier *t, uint32_t n, uint32_t id_base, uint32_t version)
+{
+	struct block *b = calloc(n, sizeof(*b));
+	struct tier_key *keys = calloc(n, sizeof(*keys));
+	uint32_t *slots = calloc(n, sizeof(*slots));
+	void **dsts = calloc(n, sizeof(*dsts));
+	int *results = calloc(n, sizeof(*results));
+	uint8_t *want = malloc(BLOCK_BYTES);
+
+	for (uint32_t i = 0; i < n; i++) {
+		make_block(&b[i], i + id_base);
+		keys[i] = b[i].key;
+		slots[i] = i;
+		dsts[i] = malloc(BLOCK_BYTES);
+		results[i] = 1;
+	}
+	file_tier_load(t, n, slots, keys, dsts, results);
+	for (uint32_t i = 0; i < n; i++) {
+		ck_assert_msg(results[i] == 0, "slot %u: %d", i, results[i]);
+		fill_data(want, BLOCK_BYTES, i + id_base, version);
+		ck_assert_mem_eq(dsts[i], want, BLOCK_BYTES);
+		free(dsts[i]);
+	}
+	free(want);
+	free(results);
+	free(dsts);
+	free(slots);
+	free(keys);
+	free(b);
+}
+
+static uint64_t slot_offset(struct file_tier *t, uint32_t npaths, uint32_t slot)
+{
+	return (uint64_t)(slot / npaths) * file_tier_slot_bytes(t);
+}
+
+/* Flips one byte of a file through its own descriptor (buffered: O_DIRECT reads see it). */
+static void flip_byte(const char *path, uint64_t off)
+{
+	int fd = open(path, O_RDWR | O_CLOEXEC);
+	uint8_t c;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(pread(fd, &c, 1, (off_t)off), 1);
+	c ^= 0x10;
+	ck_assert_int_eq(pwrite(fd, &c, 1, (off_t)off), 1);
+	ck_assert_int_eq(fsync(fd), 0);
+	close(fd);
+}
+
+struct found_log {
+	uint32_t count;
+	bool slot[MAX_SLOTS];
+	uint32_t id_base;
+};
+
+static void on_found(void *ctx, uint32_t slot, const struct tier_key *key)
+{
+	struct found_log *f = ctx;
+	struct block b;
+
+	ck_assert_uint_lt(slot, MAX_SLOTS);
+	ck_assert(!f->slot[slot]);
+	f->slot[slot] = true;
+	f->count++;
+	/* The identity is the one stored there. */
+	make_block(&b, slot + f->id_base);
+	ck_assert_uint_eq(key->hash_lo, b.key.hash_lo);
+	ck_assert_uint_eq(key->hash_hi, b.key.hash_hi);
+	ck_assert_uint_eq(key->parent_lo, b.key.parent_lo);
+	ck_assert_uint_eq(key->parent_hi, b.key.parent_hi);
+	ck_assert_uint_eq(key->salt, b.key.salt);
+	ck_assert_uint_eq(key->extra, b.key.extra);
+	ck_assert_mem_eq(key->tokens, b.tokens, sizeof(b.tokens));
+}
+
+/* ---- file tier ---------------------------------------------------------------------------- */
+
+START_TEST(test_file_bad_config)
+{
+	struct dir d;
+	struct file_tier_config cfg;
+	struct file_tier *t = NULL;
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 2, 8, 4, false, NULL);
+	cfg.queue_depth = 0;
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	cfg = config(&d, 0, 8, 4, false, NULL);
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	cfg = config(&d, 1, 8, 4, false, NULL);
+	cfg.block_bytes = 0;
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	ck_assert_ptr_null(t);
+	ck_assert_ptr_null(file_tier_close(NULL));
+	/* Files in a directory that does not exist. */
+	d.paths[0] = "/nonexistent/kvpaged-swap";
+	cfg = config(&d, 1, 8, 4, false, NULL);
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -ENOENT);
+	d.paths[0] = d.files[0];
+	dir_remove(&d);
+}
+END_TEST
+
+static void round_trip(const char *base)
+{
+	enum { SLOTS = 200 };
+	struct lost_log lost = { 0 };
+	struct file_tier_stats st;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct stat sb;
+	struct dir d;
+
+	dir_make(&d, base);
+	cfg = config(&d, 2, SLOTS, 8, false, &lost);
+	t = open_tier(&cfg);
+	/* Header (104 + 64 bytes) and data each rounded up to 4096. */
+	ck_assert_uint_eq(file_tier_slot_bytes(t), 4096 + 4 * 4096);
+	/* Each file sized to its share of the slots. */
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(stat(d.files[i], &sb), 0);
+		ck_assert_uint_eq(sb.st_size, SLOTS / 2 * file_tier_slot_bytes(t));
+	}
+	for (uint32_t i = 0; i < SLOTS; i++)
+		store_block(t, i, i, 0);
+	/* Some still in flight, some on disk: all load whole. */
+	load_all(t, SLOTS, 0, 0);
+	file_tier_flush(t);
+	load_all(t, SLOTS, 0, 0);
+
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.writes, SLOTS);
+	ck_assert_uint_eq(st.write_bytes, SLOTS * file_tier_slot_bytes(t));
+	ck_assert_uint_eq(st.write_errors, 0);
+	ck_assert_uint_ge(st.reads, SLOTS);
+	ck_assert_uint_eq(st.read_errors, 0);
+	ck_assert_uint_eq(st.checksum_errors, 0);
+	ck_assert_uint_eq(st.identity_errors, 0);
+	ck_assert_uint_eq(lost.count, 0);
+
+	/* Overwrite half with other blocks: the old identity is refused, the new one loads. */
+	for (uint32_t i = 0; i < SLOTS; i += 2)
+		store_block(t, i, i + 1000, 1);
+	file_tier_flush(t);
+	ck_assert_int_eq(load_block(t, 4, 4, 0), -EBADMSG);
+	ck_assert_int_eq(load_block(t, 4, 1004, 1), 0);
+	ck_assert_int_eq(load_block(t, 5, 5, 0), 0);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.identity_errors, 1);
+	ck_assert_uint_eq(st.checksum_errors, 0);
+	/* Out of range. */
+	ck_assert_int_eq(load_block(t, SLOTS, 0, 0), -EINVAL);
+	ck_assert_int_eq(file_tier_store(t, SLOTS, &(struct tier_key){ 0 }, NULL), -EINVAL);
+	ck_assert_ptr_null(file_tier_close(t));
+	dir_remove(&d);
+}
+
+START_TEST(test_file_round_trip)
+{
+	round_trip("/tmp");
+}
+END_TEST
+
+/* tmpfs: O_DIRECT or its buffered fallback, whichever this kernel gives. */
+START_TEST(test_file_round_trip_shm)
+{
+	struct stat sb;
+
+	if (stat("/dev/shm", &sb) < 0 || !S_ISDIR(sb.st_mode))
+		return;
+	round_trip("/dev/shm");
+}
+END_TEST
+
+START_TEST(test_file_load_in_flight)
+{
+	struct file_tier_stats before, after;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	/* One buffer: the second store must wait for the first write. */
+	cfg = config(&d, 1, 16, 1, false, NULL);
+	t = open_tier(&cfg);
+	store_block(t, 3, 3, 0);
+	/* Not reaped yet: served from the staging buffer, no read of the file. */
+	file_tier_get_stats(t, &before);
+	ck_assert_int_eq(load_block(t, 3, 3, 0), 0);
+	file_tier_get_stats(t, &after);
+	ck_assert_uint_eq(after.reads, before.reads);
+	/* And verified the same way: another key is refused. */
+	ck_assert_int_eq(load_block(t, 3, 4, 0), -EBADMSG);
+
+	/* Stored again while in flight: the second version wins, on disk too. */
+	store_block(t, 3, 3, 1);
+	ck_assert_int_eq(load_block(t, 3, 3, 1), 0);
+	store_block(t, 4, 4, 0); /* waits for slot 3's write: the only buffer */
+	ck_assert_int_eq(load_block(t, 3, 3, 1), 0);
+	ck_assert_int_eq(load_block(t, 4, 4, 0), 0);
+	file_tier_flush(t);
+	ck_assert_int_eq(load_block(t, 3, 3, 1), 0);
+	ck_assert_int_eq(load_block(t, 4, 4, 0), 0);
+	file_tier_get_stats(t, &after);
+	ck_assert_uint_eq(after.writes, 3);
+	ck_assert_uint_eq(after.identity_errors, 1);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+START_TEST(test_file_corrupt_data)
+{
+	enum { SLOTS = 16 };
+	struct found_log found = { 0 };
+	struct file_tier_stats st;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct dir d;
+	uint64_t hdr;
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 2, SLOTS, 4, false, NULL);
+	t = open_tier(&cfg);
+	hdr = 4096;
+	for (uint32_t i = 0; i < SLOTS; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+
+	/* Slot 5 is in file 1: one bit of its data. */
+	flip_byte(d.files[1], slot_offset(t, 2, 5) + hdr + 777);
+	ck_assert_int_eq(load_block(t, 5, 5, 0), -EBADMSG);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.checksum_errors, 1);
+	ck_assert_uint_eq(st.identity_errors, 0);
+	ck_assert_int_eq(load_block(t, 4, 4, 0), 0);
+	ck_assert_int_eq(load_block(t, 6, 6, 0), 0);
+	/* The data checksum is the load's job: the header is intact, so scan still finds it. */
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), SLOTS);
+
+	/* Slot 8 (file 0): one bit of a token in its header. */
+	flip_byte(d.files[0], slot_offset(t, 2, 8) + 104 + 4 * 3);
+	memset(&found, 0, sizeof(found));
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), SLOTS - 1);
+	ck_assert(!found.slot[8]);
+	ck_assert_int_eq(load_block(t, 8, 8, 0), -EBADMSG);
+	/* And one bit of the parent hash in slot 9's header. */
+	flip_byte(d.files[1], slot_offset(t, 2, 9) + 56);
+	memset(&found, 0, sizeof(found));
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), SLOTS - 2);
+	ck_assert(!found.slot[8] && !found.slot[9] && found.slot[5]);
+	ck_assert_int_eq(load_block(t, 9, 9, 0), -EBADMSG);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.identity_errors, 0);
+	ck_assert_uint_ge(st.checksum_errors, 3);
+
+	/* Stored again, the slot is whole again. */
+	store_block(t, 5, 5, 0);
+	file_tier_flush(t);
+	ck_assert_int_eq(load_block(t, 5, 5, 0), 0);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+START_TEST(test_file_persist)
+{
+	enum { SLOTS = 64 };
+	struct found_log found = { .id_base = 500 };
+	struct file_tier_stats st;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 2, SLOTS, 4, false, NULL);
+	t = open_tier(&cfg);
+	/* Every third slot, block id = slot + 500. */
+	for (uint32_t i = 0; i < SLOTS; i += 3)
+		store_block(t, i, i + 500, 0);
+	ck_assert_ptr_null(file_tier_close(t)); /* waits for the writes */
+
+	cfg.persist = true;
+	t = open_tier(&cfg);
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), (SLOTS + 2) / 3);
+	ck_assert_uint_eq(found.count, (SLOTS + 2) / 3);
+	for (uint32_t i = 0; i < SLOTS; i++)
+		ck_assert_msg(found.slot[i] == (i % 3 == 0), "slot %u", i);
+	for (uint32_t i = 0; i < SLOTS; i += 3)
+		ck_assert_int_eq(load_block(t, i, i + 500, 0), 0);
+	ck_assert_int_eq(load_block(t, 1, 501, 0), -EBADMSG); /* never written */
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.read_errors, 0);
+	file_tier_close(t);
+
+	/* Another geometry: the slots are someone else's, never used. */
+	cfg.geometry = GEOMETRY + 1;
+	t = open_tier(&cfg);
+	memset(&found, 0, sizeof(found));
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), 0);
+	ck_assert_int_eq(load_block(t, 0, 500, 0), -EBADMSG);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.identity_errors, 1);
+	ck_assert_uint_eq(st.checksum_errors, 0);
+	file_tier_close(t);
+
+	/*
+	 * Striped differently (file 0 alone): its slot j was written as slot 2j, and the slot
+	 * field says so.  Only slot 0 is where it was.
+	 */
+	cfg.geometry = GEOMETRY;
+	cfg.npaths = 1;
+	cfg.nslots = SLOTS / 2;
+	t = open_tier(&cfg);
+	memset(&found, 0, sizeof(found));
+	found.id_base = 500;
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), 1);
+	ck_assert(found.slot[0]);
+	ck_assert_int_eq(load_block(t, 3, 506, 0), -EBADMSG);
+	file_tier_close(t);
+
+	/* The geometry unchanged, the slots still there. */
+	cfg = config(&d, 2, SLOTS, 4, true, NULL);
+	t = open_tier(&cfg);
+	memset(&found, 0, sizeof(found));
+	found.id_base = 500;
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), (SLOTS + 2) / 3);
+	file_tier_close(t);
+
+	/* Without persist: forgotten. */
+	cfg.persist = false;
+	t = open_tier(&cfg);
+	memset(&found, 0, sizeof(found));
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), 0);
+	ck_assert_int_eq(load_block(t, 0, 500, 0), -EBADMSG);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+START_TEST(test_file_locked)
+{
+	struct file_tier_config cfg;
+	struct file_tier *t, *t2 = NULL;
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 1, 4, 2, false, NULL);
+	t = open_tier(&cfg);
+	/* A second owner of the same file would overwrite the first one's slots. */
+	ck_assert_int_eq(file_tier_open(&cfg, &t2), -EBUSY);
+	file_tier_close(t);
+	t = open_tier(&cfg);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/*
+ * The child's checks: a file system that takes only the first 4 slots of each file.  Returns
+ * 0 or the number of the check that failed (Check's asserts do not cross this fork).
+ */
+static int full_fs_child(struct dir *d)
+{
+	enum { SLOTS = 32, LIMIT_SLOTS = 4 };
+	struct lost_log lost = { 0 };
+	struct file_tier_config cfg = config(d, 2, SLOTS, 4, false, &lost);
+	struct file_tier_stats st;
+	struct file_tier *t = NULL;
+	struct rlimit rl;
+
+	/* Opened (and the files sized) before the limit, as on a disk that fills up later. */
+	if (file_tier_open(&cfg, &t) < 0)
+		return 1;
+	rl.rlim_cur = rl.rlim_max = LIMIT_SLOTS * file_tier_slot_bytes(t);
+	if (signal(SIGXFSZ, SIG_IGN) == SIG_ERR || setrlimit(RLIMIT_FSIZE, &rl) < 0)
+		return 2;
+	for (uint32_t i = 0; i < SLOTS; i++)
+		if (store_raw(t, i, i, 0) < 0)
+			return 10;
+	file_tier_flush(t);
+	file_tier_get_stats(t, &st);
+	if (st.writes != 2 * LIMIT_SLOTS || st.write_errors != SLOTS - 2 * LIMIT_SLOTS)
+		return 3;
+	if (lost.count != SLOTS - 2 * LIMIT_SLOTS || lost.last_err != -EFBIG)
+		return 4;
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		bool fits = i < 2 * LIMIT_SLOTS;
+		int r = load_raw(t, i, i, 0);
+
+		if (lost.slot[i] == fits)
+			return 5;
+		if (fits ? r != 0 : r != -EBADMSG && r != -EIO)
+			return 6;
+	}
+	/* A slot lost then stored again (still refused) is reported again, not silently kept. */
+	if (store_raw(t, 20, 20, 1) < 0)
+		return 11;
+	file_tier_flush(t);
+	if (lost.count != SLOTS - 2 * LIMIT_SLOTS + 1)
+		return 7;
+	file_tier_close(t);
+	return 0;
+}
+
+START_TEST(test_file_full)
+{
+	struct dir d;
+	pid_t pid;
+	int status;
+
+	dir_make(&d, "/tmp");
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		_exit(full_fs_child(&d));
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "child failed check %d (status 0x%x)", WEXITSTATUS(status), status);
+	dir_remove(&d);
+}
+END_TEST
+
+/* A failure of a write that a newer store of the slot replaced is not reported. */
+START_TEST(test_file_lost_superseded)
+{
+	struct lost_log lost = { 0 };
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct dir d;
+	struct rlimit rl;
+	pid_t pid;
+	int status;
+
+	dir_make(&d, "/tmp");
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		cfg = config(&d, 1, 8, 4, false, &lost);
+		t = NULL;
+		if (file_tier_open(&cfg, &t) < 0)
+			_exit(1);
+		/* Slot 4 onwards does not fit. */
+		rl.rlim_cur = rl.rlim_max = 4 * file_tier_slot_bytes(t);
+		signal(SIGXFSZ, SIG_IGN);
+		if (setrlimit(RLIMIT_FSIZE, &rl) < 0)
+			_exit(2);
+		/* Stored again before the failure was reaped: only the newest write counts. */
+		if (store_raw(t, 5, 5, 0) < 0 || store_raw(t, 5, 5, 1) < 0)
+			_exit(4);
+		file_tier_flush(t);
+		_exit(lost.count == 1 && lost.slot[5] ? 0 : 3);
+	}
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child status 0x%x", status);
+	dir_remove(&d);
+}
+END_TEST
+
+/* Drops CAP_IPC_LOCK, under which io_uring does not charge RLIMIT_MEMLOCK. */
+static int drop_ipc_lock(void)
+{
+	struct __user_cap_header_struct hdr = { .version = _LINUX_CAPABILITY_VERSION_3 };
+	struct __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3];
+
+	if (syscall(SYS_capget, &hdr, data) < 0)
+		return -errno;
+	data[CAP_TO_INDEX(CAP_IPC_LOCK)].effective &= ~CAP_TO_MASK(CAP_IPC_LOCK);
+	return syscall(SYS_capset, &hdr, data) < 0 ? -errno : 0;
+}
+
+static int no_memlock_child(struct dir *d, const char *log_path)
+{
+	struct file_tier_config cfg = config(d, 2, 32, 4, false, NULL);
+	/* Room for the ring itself (recent kernels charge it too), not for 4 x 20 KiB buffers. */
+	struct rlimit rl = { 64 << 10, 64 << 10 };
+	struct file_tier *t = NULL;
+	char log[4096] = "";
+	int fd;
+
+	fd = open(log_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0 || dup2(fd, STDERR_FILENO) < 0)
+		return 1;
+	if (drop_ipc_lock() < 0 || setrlimit(RLIMIT_MEMLOCK, &rl) < 0)
+		return 2;
+	if (file_tier_open(&cfg, &t) < 0)
+		return 3;
+	/* The ring could not pin the staging buffers, and said so. */
+	if (pread(fd, log, sizeof(log) - 1, 0) < 0 || !strstr(log, "unregistered buffers"))
+		return 4;
+	for (uint32_t i = 0; i < 32; i++)
+		if (store_raw(t, i, i, 0) < 0)
+			return 5;
+	for (uint32_t i = 0; i < 32; i++)
+		if (load_raw(t, i, i, 0) != 0)
+			return 6;
+	file_tier_flush(t);
+	for (uint32_t i = 0; i < 32; i++)
+		if (load_raw(t, i, i, 0) != 0)
+			return 7;
+	file_tier_close(t);
+	return 0;
+}
+
+/* An unprivileged daemon without LimitMEMLOCK: plain reads and writes, the same results. */
+START_TEST(test_file_no_memlock)
+{
+	char log_path[96];
+	struct dir d;
+	pid_t pid;
+	int status;
+
+	dir_make(&d, "/tmp");
+	snprintf(log_path, sizeof(log_path), "%s/log", d.path);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		_exit(no_memlock_child(&d, log_path));
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+		      "child failed check %d (status 0x%x)", WEXITSTATUS(status), status);
+	unlink(log_path);
+	dir_remove(&d);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("tier");
+	TCase *host = tcase_create("host"), *file = tcase_create("file");
+
+	tcase_add_test(host, test_host_round_trip);
+	tcase_add_test(file, test_file_bad_config);
+	tcase_add_test(file, test_file_round_trip);
+	tcase_add_test(file, test_file_round_trip_shm);
+	tcase_add_test(file, test_file_load_in_flight);
+	tcase_add_test(file, test_file_corrupt_data);
+	tcase_add_test(file, test_file_persist);
+	tcase_add_test(file, test_file_locked);
+	tcase_add_test(file, test_file_full);
+	tcase_add_test(file, test_file_lost_superseded);
+	tcase_add_test(file, test_file_no_memlock);
+	suite_add_tcase(s, host);
+	suite_add_tcase(s, file);
+	return run_suite(s);
+}
