@@ -19,10 +19,18 @@ fail() {
 
 tmp=$(mktemp -d /tmp/kvpaged-engine-XXXXXX)
 daemon_pid=
+# Engines a test runs in the background (llama_bg): stopped on exit, so none outlives a
+# failed test.
+engine_pids=()
 
 cleanup() {
-	local rc=$?
+	local rc=$? pid
 
+	for pid in ${engine_pids[@]+"${engine_pids[@]}"}; do
+		# TERM, which timeout(1) passes on to the engine; KILL would leave the engine behind.
+		kill -TERM "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
 	if [ -n "$daemon_pid" ]; then
 		kill -KILL "$daemon_pid" 2>/dev/null || true
 		wait "$daemon_pid" 2>/dev/null || true
@@ -40,8 +48,13 @@ ctl() {
 	timeout 10 "$KVPAGEDCTL" --socket "$tmp/admin.sock" "$@"
 }
 
-# start_daemon [LAYERS]: one pool "main" of 16-token blocks (LAYERS overrides the model's 5).
+# start_daemon [LAYERS [POOL-LINES]]: one pool "main" of 16-token blocks (LAYERS, if not empty,
+# overrides the model's 5).  POOL-LINES are more keys of the pool, one a line; one that sets
+# capacity_blocks replaces the default 4096.
 start_daemon() {
+	local capacity='capacity_blocks = 4096'
+
+	case "${2:-}" in *capacity_blocks*) capacity= ;; esac
 	cat >"$tmp/kvpaged.conf" <<-EOF
 	[daemon]
 	socket = $tmp/kvpaged.sock
@@ -52,7 +65,8 @@ start_daemon() {
 	head_dim = 8
 	element_bytes = 4
 	block_tokens = 16
-	capacity_blocks = 4096
+	$capacity
+	${2:-}
 	EOF
 	"$KVPAGED" --config "$tmp/kvpaged.conf" --verbose 2>"$tmp/kvpaged.log" &
 	daemon_pid=$!
@@ -83,6 +97,30 @@ stop_daemon() {
 
 llama() {
 	timeout 120 "$LLAMA" --model "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" "$@"
+}
+
+# llama_bg OUT ERR [ARGS]: the same in the background, stdout to OUT and stderr to ERR.  Its
+# pid (timeout's, in $!) goes to engine_pids, so that cleanup stops it.
+llama_bg() {
+	local out=$1 err=$2
+
+	shift 2
+	timeout 120 "$LLAMA" --model "$DATA/stories260K.bin" --tokenizer "$DATA/tok512.bin" "$@" \
+		>"$out" 2>"$err" &
+	engine_pids+=($!)
+}
+
+# llama_wait PID: waits for an engine llama_bg started, and returns its exit status.
+llama_wait() {
+	local pid=$1 status=0 p left=()
+
+	wait "$pid" || status=$?
+	# Reaped: its pid may be reused, and must not be signalled on exit.
+	for p in ${engine_pids[@]+"${engine_pids[@]}"}; do
+		[ "$p" = "$pid" ] || left+=("$p")
+	done
+	engine_pids=(${left[@]+"${left[@]}"})
+	return $status
 }
 
 # field JSON-LINE KEY

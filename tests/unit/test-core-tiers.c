@@ -274,7 +274,7 @@ END_TEST
 /* Restored slots (a persisted file tier) serve lookups; lost ones are forgotten. */
 START_TEST(test_restore_and_lose)
 {
-	struct core *c = tiered(4, 0, 8, NULL), *ref = tiered(4, 0, 0, NULL);
+	struct core *c, *ref = tiered(4, 0, 0, NULL);
 	uint32_t p[8];
 	struct core_key k0, k1;
 	uint64_t s;
@@ -294,6 +294,8 @@ START_TEST(test_restore_and_lose)
 						.parent = ref->pool.blocks[blk->parent].hash };
 	}
 	core_free(ref);
+	free(mem.slots);
+	c = tiered(4, 0, 8, NULL);
 	fs.file[5] = 100;
 	fs.file[2] = 104;
 	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 5, &k0), 0);

@@ -14,6 +14,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tools/llama/engine.h"
 
@@ -78,10 +79,15 @@ static int ring_reap(struct engine *e, struct kvp_completion *done, unsigned n)
 	return 0;
 }
 
+/* Every operation goes on the rings with its opcode as user_data. */
 static int completion_fail(const struct kvp_completion *c)
 {
-	fprintf(stderr, "kvpaged-llama: %s: %s\n", c->user_data == KVP_COMMIT ? "commit" : "append",
-		strerror(-c->res));
+	const char *what = c->user_data == KVP_COMMIT ? "commit"
+			   : c->user_data == KVP_PARK ? "park"
+			   : c->user_data == KVP_RESUME ? "resume"
+							: "append";
+
+	fprintf(stderr, "kvpaged-llama: %s: %s\n", what, strerror(-c->res));
 	return c->res;
 }
 
@@ -249,6 +255,82 @@ int seq_fork(struct engine *e, struct seq *parent, uint32_t ntokens, struct seq 
 	return kv_paged_check_table(&child->paged, ntokens) < 0 ? table_fail() : 0;
 }
 
+/* One operation over the rings, waited for, after the deferred step before it. */
+static int ring_call(struct engine *e, struct seq *s, const struct kvp_op *op,
+		     struct kvp_completion *ret)
+{
+	int r;
+
+	r = ring_settle(e, s);
+	if (r < 0)
+		return r;
+	r = kvp_submit(e->client, op, 1);
+	if (r < 0)
+		return paged_fail(e, r, "ring submit");
+	if (r == 0) /* nothing else of ours is in flight */
+		return paged_fail(e, -EAGAIN, "ring submit");
+	r = ring_reap(e, ret, 1);
+	if (r < 0)
+		return r;
+	return ret->res < 0 ? completion_fail(ret) : 0;
+}
+
+int seq_park(struct engine *e, struct seq *s)
+{
+	struct kvp_op op = { .opcode = KVP_PARK, .user_data = KVP_PARK, .seq = s->id };
+	struct kvp_completion done;
+	int r;
+
+	if (!e->client)
+		return -EOPNOTSUPP;
+	if (e->rings)
+		return ring_call(e, s, &op, &done);
+	r = kvp_park(e->client, s->id);
+	return r < 0 ? paged_fail(e, r, "park") : 0;
+}
+
+int seq_resume(struct engine *e, struct seq *s, uint32_t ntokens, uint32_t *ret_recompute)
+{
+	struct kvp_op op = { .opcode = KVP_RESUME, .user_data = KVP_RESUME, .seq = s->id,
+			     .table_cap = e->ring_table_cap, .table_out = e->ring_tables[1] };
+	struct kvp_completion done;
+	uint32_t recompute;
+	int r;
+
+	if (!e->client)
+		return -EOPNOTSUPP;
+	if (e->rings) {
+		r = ring_call(e, s, &op, &done);
+		if (r < 0)
+			return r;
+		if (done.flags & KVP_COMPLETION_TRUNCATED)
+			return table_fail();
+		recompute = done.aux;
+		/* The whole table: blocks that were dropped or swapped come back elsewhere. */
+		r = kv_paged_table_set(&s->paged, 0, e->ring_tables[1], done.table_len);
+		if (r < 0)
+			return r == -ENOMEM ? r : table_fail();
+	} else {
+		r = kvp_resume(e->client, s->id, &recompute, &s->paged.table);
+		if (r < 0)
+			return paged_fail(e, r, "resume");
+	}
+	if (recompute > ntokens) {
+		fprintf(stderr, "kvpaged-llama: resume: the daemon says %u tokens must be "
+				"recomputed; the sequence has %u\n", recompute, ntokens);
+		return -EPROTO;
+	}
+	if (kv_paged_check_table(&s->paged, ntokens) < 0)
+		return table_fail();
+	/*
+	 * What came back (kept, cached, or loaded from a tier) is committed and may be shared
+	 * now; what is left is in fresh blocks of our own.
+	 */
+	s->paged.readonly_below = ntokens - recompute;
+	*ret_recompute = recompute;
+	return 0;
+}
+
 void seq_close(struct engine *e, struct seq *s)
 {
 	if (e->client) {
@@ -407,6 +489,94 @@ static int dump_logits(FILE *f, const float *logits, uint32_t n)
 	return 0;
 }
 
+#define PARK_WAIT_TIMEOUT_MS 60000
+#define PARK_POLL_MS 10
+
+/* Waits for path to exist, polling: the go-ahead is a file a test or a script creates. */
+static int wait_for_file(const char *path)
+{
+	const struct timespec poll = { .tv_nsec = PARK_POLL_MS * 1000000L };
+
+	for (uint32_t waited = 0;; waited += PARK_POLL_MS) {
+		if (access(path, F_OK) == 0)
+			return 0;
+		if (errno != ENOENT) {
+			int r = -errno;
+
+			fprintf(stderr, "kvpaged-llama: --park-wait: %s: %s\n", path, strerror(errno));
+			return r;
+		}
+		if (waited >= PARK_WAIT_TIMEOUT_MS) {
+			fprintf(stderr, "kvpaged-llama: --park-wait: %s did not appear within %d s\n",
+				path, PARK_WAIT_TIMEOUT_MS / 1000);
+			return -ETIMEDOUT;
+		}
+		nanosleep(&poll, NULL);
+	}
+}
+
+/*
+ * --park-at: parks the sequence with every token committed, says so on stdout (whoever waits
+ * for the line may now make the daemon preempt it), waits for the go-ahead and resumes.  The
+ * tokens whose K/V did not come back are run again from the history into the new table; the
+ * last of them is the token whose logits the next step samples from, so they must come out
+ * bitwise as they were before the park.  Returns 0 or -errno.
+ */
+static int park_and_resume(struct engine *e, const struct generate_options *o,
+			   struct continuation *c, const uint32_t *history,
+			   uint32_t *ret_recompute, uint64_t *ret_resume_ns)
+{
+	const struct llama_config *cfg = &e->model.cfg;
+	const float *logits = NULL;
+	uint32_t recompute;
+	uint64_t t_go;
+	int r;
+
+	/*
+	 * Only committed full blocks go down the tiers on a swap, or stay findable after a drop;
+	 * the partial last block is recomputed either way.
+	 */
+	if (c->uncommitted) {
+		r = seq_commit(e, &c->seq, c->uncommitted);
+		if (r < 0)
+			return r;
+		c->uncommitted = 0;
+	}
+	r = seq_park(e, &c->seq);
+	if (r < 0)
+		return r;
+	printf("parked: %u tokens, %u generated\n", c->ntokens, c->generated);
+	if (fflush(stdout) != 0) {
+		fprintf(stderr, "kvpaged-llama: writing output: %s\n", strerror(errno));
+		return -EIO;
+	}
+	if (o->park_wait) {
+		r = wait_for_file(o->park_wait);
+		if (r < 0)
+			return r;
+	}
+	t_go = now_ns();
+	r = seq_resume(e, &c->seq, c->ntokens, &recompute);
+	if (r < 0)
+		return r;
+	for (uint32_t pos = c->ntokens - recompute; pos < c->ntokens; pos++)
+		logits = llama_forward(&e->model, &e->st, c->seq.kv, history[pos], pos);
+	if (logits && memcmp(logits, c->logits, cfg->vocab_size * sizeof(float)) != 0) {
+		fprintf(stderr, "kvpaged-llama: resume: the last token's logits, recomputed over "
+				"the blocks that came back, differ from before the park\n");
+		return -EBADMSG;
+	}
+	if (recompute) {
+		r = seq_commit(e, &c->seq, c->ntokens);
+		if (r < 0)
+			return r;
+	}
+	*ret_resume_ns = now_ns() - t_go;
+	printf("resumed: %u of %u tokens recomputed\n", recompute, c->ntokens);
+	*ret_recompute = recompute;
+	return 0;
+}
+
 static double rate(uint64_t n, uint64_t ns)
 {
 	return ns ? (double)n * 1e9 / (double)ns : 0.0;
@@ -417,8 +587,10 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 {
 	const struct llama_config *cfg = &e->model.cfg;
 	struct continuation *conts = NULL;
-	uint32_t *tokens = NULL, n, cached = 0, steps = o->steps, forwards = 0;
-	uint64_t t_start, t_prefilled, t_first = 0, t_end;
+	uint32_t *tokens = NULL, *history = NULL, n, cached = 0, steps = o->steps, forwards = 0;
+	uint64_t t_start, t_prefilled, t_first = 0, t_end, t_parked = 0, resume_ns = 0;
+	uint32_t recompute = 0;
+	bool parked = false;
 	const float *logits = NULL;
 	float *probs = NULL;
 	int r;
@@ -440,6 +612,20 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 	/* Generated token i sits at position n + i and is run only if another one follows. */
 	if (steps > cfg->seq_len - n + 1)
 		steps = cfg->seq_len - n + 1;
+	if (o->park) {
+		if (o->forks != 1 || !e->client) {
+			fprintf(stderr, "kvpaged-llama: --park-at parks one paged sequence\n");
+			r = -EINVAL;
+			goto out;
+		}
+		/* The tokens to run again on resume: the prompt's, then every one run after it. */
+		history = malloc((size_t)(n + steps) * sizeof(*history));
+		if (!history) {
+			r = -ENOMEM;
+			goto out;
+		}
+		memcpy(history, tokens, (size_t)n * sizeof(*history));
+	}
 
 	/* Forks share their last block until copy-on-write: their steps always wait. */
 	e->defer = e->rings && !e->no_defer && o->forks == 1;
@@ -494,6 +680,16 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 
 			if (c->done)
 				continue;
+			/* Every generated token so far has been run: its K/V is in the pool. */
+			if (o->park && !parked && c->generated == o->park_at) {
+				uint64_t t_park = now_ns();
+
+				r = park_and_resume(e, o, c, history, &recompute, &resume_ns);
+				if (r < 0)
+					goto out;
+				parked = true;
+				t_parked = now_ns() - t_park;
+			}
 			r = dump_logits(c->dump, c->logits, cfg->vocab_size);
 			if (r < 0)
 				goto out;
@@ -514,6 +710,8 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 			r = seq_step(e, &c->seq, c->uncommitted, next, c->ntokens);
 			if (r < 0)
 				goto out;
+			if (history)
+				history[c->ntokens] = next;
 			logits = llama_forward(&e->model, &e->st, c->seq.kv, next, c->ntokens);
 			c->ntokens++;
 			c->uncommitted = c->ntokens;
@@ -534,8 +732,11 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 	for (uint32_t i = 0; i < o->forks; i++)
 		generated += conts[i].generated;
 	const double prefill_rate = rate(n - cached, t_prefilled - t_start);
-	const double decode_rate = rate(forwards, t_end - t_prefilled);
-	const double ttft_ms = (double)((t_first ? t_first : t_end) - t_start) / 1e6;
+	/* A park's wait and recompute are not decoding. */
+	const double decode_rate = rate(forwards, t_end - t_prefilled - t_parked);
+	/* Nor is a park before the first token (--park-at 0) part of the time to it. */
+	const double ttft_ms =
+		(double)((t_first ? t_first : t_end) - t_start - (o->park_at ? 0 : t_parked)) / 1e6;
 	const char *mode = e->client ? "paged" : "contiguous";
 
 	if (ret)
@@ -556,10 +757,14 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 		printf("{\"mode\":\"%s\",\"prompt_tokens\":%u,\"prefilled\":%u,\"reused\":%u,"
 		       "\"generated\":%llu,\"continuations\":%u,\"decode_forwards\":%u,"
 		       "\"prefill_tok_s\":%.1f,\"decode_tok_s\":%.1f,\"ttft_ms\":%.3f,"
-		       "\"replaced_blocks\":%llu,\"texts\":[",
+		       "\"replaced_blocks\":%llu,",
 		       mode, n, n - cached, cached, (unsigned long long)generated, o->forks,
 		       forwards, prefill_rate, decode_rate, ttft_ms,
 		       (unsigned long long)e->replaced);
+		if (o->park)
+			printf("\"parked\":%s,\"resumed_recompute\":%u,\"resume_ms\":%.3f,",
+			       parked ? "true" : "false", recompute, (double)resume_ns / 1e6);
+		printf("\"texts\":[");
 		for (uint32_t i = 0; i < o->forks; i++) {
 			if (i)
 				putchar(',');
@@ -568,9 +773,15 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 		printf("]}\n");
 	} else if (!o->quiet) {
 		printf("[%s] prefilled %u tokens, reused %u (cached); prefill %.1f tok/s, "
-		       "decode %.1f tok/s (%llu tokens), first token %.3f ms\n",
+		       "decode %.1f tok/s (%llu tokens), first token %.3f ms",
 		       mode, n - cached, cached, prefill_rate, decode_rate,
 		       (unsigned long long)generated, ttft_ms);
+		if (o->park && parked)
+			printf("; parked after %u tokens, resumed recomputing %u in %.3f ms",
+			       o->park_at, recompute, (double)resume_ns / 1e6);
+		else if (o->park)
+			printf("; not parked (ended before %u tokens)", o->park_at);
+		putchar('\n');
 	}
 	r = 0;
 out:
@@ -589,6 +800,7 @@ out:
 	}
 	free(conts);
 	free(probs);
+	free(history);
 	free(tokens);
 	return r;
 }

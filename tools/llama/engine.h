@@ -49,6 +49,9 @@ struct generate_options {
 	const char *dump_logits;
 	bool json;
 	bool quiet; /* print nothing (--bench) */
+	bool park;             /* --park-at: park and resume the sequence once */
+	uint32_t park_at;      /* after this many generated tokens have been run */
+	const char *park_wait; /* resume once this file exists (NULL: at once) */
 };
 
 /* What a generation measured. */
@@ -84,6 +87,17 @@ int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t 
 	     uint32_t ntokens);
 int seq_commit(struct engine *e, struct seq *s, uint32_t ntokens);
 int seq_fork(struct engine *e, struct seq *parent, uint32_t ntokens, struct seq *child);
+/*
+ * Parks a paged sequence whose every token is committed (over the rings when the engine uses
+ * them), so that the daemon may swap or drop its blocks while it waits.
+ */
+int seq_park(struct engine *e, struct seq *s);
+/*
+ * Resumes a parked sequence of ntokens tokens: s's table becomes the daemon's new one, and
+ * *ret_recompute gets how many trailing tokens' K/V the caller must compute again and commit
+ * (their blocks came back empty).  Positions before those are committed and never written.
+ */
+int seq_resume(struct engine *e, struct seq *s, uint32_t ntokens, uint32_t *ret_recompute);
 void seq_close(struct engine *e, struct seq *s);
 
 /* ret (may be NULL) gets the timings. */

@@ -61,6 +61,9 @@ static void usage(FILE *f)
 	      "  --pool NAME           the pool (default: the daemon's first)\n"
 	      "  --no-rings            decode with socket calls, not the shared-memory rings\n"
 	      "  --no-defer            wait for every decode step's ring operations\n"
+	      "  --park-at N           after N generated tokens, park the sequence, print\n"
+	      "                        'parked', resume and recompute what the daemon dropped\n"
+	      "  --park-wait FILE      with --park-at: resume once FILE exists (within 60 s)\n"
 	      "  --bench N             generate N times with each cache, alternating, and compare\n"
 	      "  --json                end with one JSON summary line\n",
 	      f);
@@ -229,6 +232,8 @@ int main(int argc, char **argv)
 		{ "no-rings", no_argument, NULL, 'R' },
 		{ "no-defer", no_argument, NULL, 'D' },
 		{ "bench", required_argument, NULL, 'B' },
+		{ "park-at", required_argument, NULL, 'A' },
+		{ "park-wait", required_argument, NULL, 'W' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
@@ -293,6 +298,15 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'A':
+			if (parse_u32(optarg, &g.park_at) < 0) {
+				fprintf(stderr, "kvpaged-llama: --park-at: not a count: %s\n",
+					optarg);
+				return 2;
+			}
+			g.park = true;
+			break;
+		case 'W': g.park_wait = optarg; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -313,6 +327,16 @@ int main(int argc, char **argv)
 	if (bench_reps && (perplexity || contiguous || g.forks > 1 || g.dump_logits)) {
 		fprintf(stderr, "kvpaged-llama: --bench runs both caches itself, one continuation, "
 				"no dumps, no --perplexity\n");
+		return 2;
+	}
+
+	if (g.park_wait && !g.park) {
+		fprintf(stderr, "kvpaged-llama: --park-wait needs --park-at\n");
+		return 2;
+	}
+	if (g.park && (contiguous || g.forks > 1 || perplexity || bench_reps)) {
+		fprintf(stderr, "kvpaged-llama: --park-at parks one paged generation: not with "
+				"--contiguous, --fork, --perplexity or --bench\n");
 		return 2;
 	}
 
