@@ -28,26 +28,30 @@ enum {
 	CORE_BLOCK_PINNED = 1u << 2,  /* transient, inside one call: a hit the caller will take */
 	CORE_BLOCK_NODEMOTE = 1u << 3, /* cached, but dropped rather than moved below the pool when
 					  evicted (a victim the cost model chose to recompute) */
+	CORE_BLOCK_PRUNED = 1u << 4,   /* released by a sequence's retention policy while it kept
+					  later blocks: may be cached before its children */
 };
 
 /*
- * One per physical block, and one per slot of each tier below the pool (there parent and
- * children are unused: the tier keeps the parent's hash instead).  Kept at 64 bytes or less so
- * a 1M-block pool's metadata is 64 MiB.  prev/next link the block into exactly one of the free
+ * One per physical block, and one per slot of each tier below the pool.  Kept at 64 bytes so a
+ * 1M-block pool's metadata is 64 MiB.  prev/next link the block into exactly one of the free
  * list (doubly linked) or the LRU list, or neither while it is referenced.
+ *
+ * A block names its parent by hash, not by block id: a lookup verifies the link by content
+ * whether or not the parent is still in the pool, so a block whose parent was evicted (after
+ * a sequence pruned the parent, say) is merely unreachable, never misattributed.
  */
 struct core_block {
-	struct core_hash hash; /* chain hash; valid in state READY */
-	uint64_t salt;         /* namespace salt of the chain (READY) */
-	uint64_t extra;        /* extra key of the chain, e.g. adapter id (READY) */
-	uint32_t prev;         /* LRU: towards older */
-	uint32_t next;         /* LRU: towards newer; free list: next free */
-	uint32_t parent;       /* previous block of the chain or CORE_NONE (READY) */
-	uint32_t refcount;     /* block-table references */
-	uint32_t children;     /* indexed blocks whose parent is this block */
-	uint8_t state;         /* enum core_block_state */
-	uint8_t flags;         /* CORE_BLOCK_* */
+	struct core_hash hash;   /* chain hash; valid in state READY */
+	struct core_hash parent; /* the previous block's chain hash; zero for the first (READY) */
+	uint64_t salt;           /* namespace salt of the chain (READY) */
+	uint64_t extra;          /* extra key of the chain, e.g. adapter id (READY) */
+	uint32_t prev;           /* LRU: towards older */
+	uint32_t next;           /* LRU: towards newer; free list: next free */
+	uint32_t refcount;       /* block-table references */
+	uint8_t state;           /* enum core_block_state */
+	uint8_t flags;           /* CORE_BLOCK_* */
 	uint16_t reserved;
 };
 
-static_assert(sizeof(struct core_block) <= 64, "block metadata must stay within 64 bytes");
+static_assert(sizeof(struct core_block) == 64, "block metadata must stay at 64 bytes");

@@ -21,13 +21,18 @@ struct core_seq {
 	uint32_t nblocks;
 	uint32_t cap_blocks;
 	uint32_t gen; /* bumped at close so stale ids are refused */
+	struct core_hash chain; /* hash of the last committed full block (zero: none) */
+	uint8_t retention;      /* enum core_retention */
+	bool pruned;            /* released a block, outside a window pool: commits stay private */
+	uint32_t n_sink, recent;
+	uint32_t prune_from;    /* table entries below this were looked at by prune() */
+	uint32_t freed;         /* table entries released (CORE_NONE) */
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */
 struct tier {
 	struct pool pool;
 	struct prefix_index index;
-	struct core_hash *parents; /* per slot: the parent block's hash */
 	struct core *c;
 	uint32_t id;
 	bool promote; /* a hit here is worth a transfer */
@@ -40,6 +45,7 @@ struct core {
 	struct prefix_index index;
 	uint32_t *tokens;       /* token id per slot: capacity_blocks * block_tokens */
 	uint32_t *walk;         /* hits of core_lookup: one sequence's worth of blocks */
+	uint32_t walk_cap;      /* entries of walk, hit_tier, hit_slot and loads, less one */
 	struct core_seq *seqs;  /* max_sequences slots */
 	uint32_t *free_slots;   /* stack of unused slots */
 	uint32_t nfree_slots;
@@ -94,5 +100,5 @@ uint32_t tiers_drop_all(struct core *c);
 int tiers_verify(const struct core *c, char *why, size_t why_len);
 
 /* The chain hash a block with this parent, salt, extra key and tokens has. */
-struct core_hash core_chain_hash(const struct core *c, uint32_t parent, uint64_t salt,
+struct core_hash core_chain_hash(const struct core *c, struct core_hash parent, uint64_t salt,
 				 uint64_t extra, const uint32_t *tokens);

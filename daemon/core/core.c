@@ -18,10 +18,8 @@ static void on_evict(void *ctx, uint32_t b)
 	struct core_block *blk = &c->pool.blocks[b];
 
 	tier_demote_block(c, b);
-	/* Only indexed blocks are ever cached, and an indexed block's parent is indexed. */
+	/* Only indexed blocks are ever cached. */
 	index_remove(&c->index, blk->hash, b);
-	if (blk->parent != CORE_NONE)
-		c->pool.blocks[blk->parent].children--;
 	blk->flags &= ~CORE_BLOCK_INDEXED;
 }
 
@@ -72,6 +70,7 @@ int core_new(const struct core_config *cfg, struct core **ret)
 	walk = (cfg->max_seq_tokens / cfg->block_tokens < cfg->capacity_blocks
 			? cfg->max_seq_tokens / cfg->block_tokens
 			: cfg->capacity_blocks) + 1;
+	c->walk_cap = (uint32_t)walk - 1;
 	c->walk = malloc(walk * sizeof(*c->walk));
 	c->hit_tier = malloc(walk * sizeof(*c->hit_tier));
 	c->hit_slot = malloc(walk * sizeof(*c->hit_slot));
@@ -119,14 +118,10 @@ struct core *core_free(struct core *c)
 	return NULL;
 }
 
-struct core_hash core_chain_hash(const struct core *c, uint32_t parent, uint64_t salt,
+struct core_hash core_chain_hash(const struct core *c, struct core_hash parent, uint64_t salt,
 				 uint64_t extra, const uint32_t *tokens)
 {
-	struct core_hash ph = { 0, 0 };
-
-	if (parent != CORE_NONE)
-		ph = c->pool.blocks[parent].hash;
-	return core_hash_block(c->cfg.hash_fn, ph, core_hash_ns(salt, extra), tokens,
+	return core_hash_block(c->cfg.hash_fn, parent, core_hash_ns(salt, extra), tokens,
 			       c->cfg.block_tokens);
 }
 
@@ -195,7 +190,7 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 	const uint32_t B = c->cfg.block_tokens;
 	const core_hash_fn fn = c->cfg.hash_fn;
 	const uint64_t ns = core_hash_ns(o->salt, o->extra);
-	uint32_t limit = o->ntokens / B, parent = CORE_NONE, n = 0, ntier = 0;
+	uint32_t limit = o->ntokens / B, n = 0, ntier = 0;
 	struct core_hash ph = { 0, 0 }, h = { 0, 0 };
 
 	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
@@ -212,20 +207,25 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 		if (b == CORE_NONE)
 			break;
 		blk = &c->pool.blocks[b];
-		if (blk->parent != parent || blk->salt != o->salt || blk->extra != o->extra ||
+		if (!core_hash_eq(blk->parent, ph) || blk->salt != o->salt || blk->extra != o->extra ||
 		    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) != 0) {
 			(*ret_collisions)++;
 			return n;
 		}
 		hits[n] = b;
-		parent = b;
 		ph = h;
 	}
 	if (n == limit || !c->first_tier)
 		return n;
 
-	/* h is block n's hash, which the pool does not have. */
+	/*
+	 * h is block n's hash, which the pool does not have.  A chain longer than the pool could
+	 * not be opened anyway (a persisted file tier may hold one from a larger pool): the walk
+	 * arrays stop there.
+	 */
 	c->hit_hash[0] = ph;
+	if (limit > c->walk_cap)
+		limit = c->walk_cap;
 	for (uint32_t k = n; k < limit; k++) {
 		uint32_t slot, t;
 
@@ -284,6 +284,52 @@ static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from
 	}
 }
 
+/*
+ * Releases every block a table holds, back to front: a child becomes cached before its parent,
+ * which keeps the LRU list leaf-first (see pool_alloc).
+ */
+static void release_table(struct core *c, struct core_seq *s)
+{
+	for (uint32_t i = s->nblocks; i-- > 0;)
+		if (s->table[i] != CORE_NONE)
+			pool_unref(&c->pool, s->table[i]);
+}
+
+/*
+ * The retention policy: releases the blocks wholly inside [n_sink, ncommitted - recent).
+ * They were committed (or will never be), so the next token's attention needs none of them.
+ */
+static void prune(struct core *c, struct core_seq *s)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	uint32_t first, end;
+
+	if (s->retention == CORE_RETAIN_FULL || s->ncommitted <= s->recent)
+		return;
+	first = (uint32_t)(((uint64_t)s->n_sink + B - 1) / B);
+	end = (s->ncommitted - s->recent) / B;
+	if (first < s->prune_from)
+		first = s->prune_from;
+	for (uint32_t i = first; i < end; i++) {
+		struct core_block *blk;
+
+		if (s->table[i] == CORE_NONE)
+			continue;
+		blk = &c->pool.blocks[s->table[i]];
+		/* Cached (if findable) before the blocks this sequence keeps after it. */
+		blk->flags |= CORE_BLOCK_PRUNED;
+		pool_unref(&c->pool, s->table[i]);
+		s->table[i] = CORE_NONE;
+		s->freed++;
+		c->stats.pruned_blocks++;
+		c->stats.pruned_tokens += B;
+		if (!c->cfg.window)
+			s->pruned = true;
+	}
+	if (end > s->prune_from)
+		s->prune_from = end;
+}
+
 /* Chooses between swapping a victim's blocks to the tiers and dropping them, and logs it. */
 static void decide(struct core *c, const struct core_seq *s, struct core_preemption *p)
 {
@@ -291,8 +337,11 @@ static void decide(struct core *c, const struct core_seq *s, struct core_preempt
 	uint32_t swap_blocks = 0;
 
 	for (uint32_t i = 0; i < s->nblocks; i++) {
-		const struct core_block *blk = &c->pool.blocks[s->table[i]];
+		const struct core_block *blk;
 
+		if (s->table[i] == CORE_NONE)
+			continue;
+		blk = &c->pool.blocks[s->table[i]];
 		swap_blocks += blk->refcount == 1 && (blk->flags & CORE_BLOCK_INDEXED);
 	}
 	*p = (struct core_preemption){
@@ -347,15 +396,17 @@ static void drop(struct core *c, struct core_seq *s)
 	decide(c, s, p);
 	if (p->decision == CORE_DECISION_DROP)
 		for (uint32_t i = 0; i < s->nblocks; i++) {
-			struct core_block *blk = &c->pool.blocks[s->table[i]];
+			struct core_block *blk;
 
+			if (s->table[i] == CORE_NONE)
+				continue;
+			blk = &c->pool.blocks[s->table[i]];
 			if (blk->refcount == 1)
 				blk->flags |= CORE_BLOCK_NODEMOTE;
 		}
 	else
 		c->stats.swaps++;
-	for (uint32_t i = s->nblocks; i-- > 0;)
-		pool_unref(&c->pool, s->table[i]);
+	release_table(c, s);
 	free(s->table);
 	s->table = NULL;
 	s->cap_blocks = s->nblocks = 0;
@@ -417,8 +468,11 @@ static int make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t 
 		if (c->cfg.policy == CORE_POLICY_PRIORITY && s->priority > priority)
 			continue;
 		for (uint32_t i = 0; i < s->nblocks; i++) {
-			const struct core_block *blk = &c->pool.blocks[s->table[i]];
+			const struct core_block *blk;
 
+			if (s->table[i] == CORE_NONE)
+				continue;
+			blk = &c->pool.blocks[s->table[i]];
 			freeable += blk->refcount == 1 && !(blk->flags & CORE_BLOCK_PINNED);
 		}
 		if (freeable == 0)
@@ -466,33 +520,41 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 
 	for (uint32_t k = 0; k < good; k++) {
 		const struct core_load *l = &c->loads[k];
-		uint32_t b = l->block, i = nhit + k;
+		uint32_t b = l->block;
 		struct core_block *blk = &c->pool.blocks[b];
 
 		memcpy(c->tokens + (size_t)b * B, l->key.tokens, (size_t)B * sizeof(uint32_t));
 		blk->hash = l->key.hash;
 		blk->salt = o->salt;
 		blk->extra = o->extra;
-		blk->parent = i > 0 ? table[i - 1] : CORE_NONE;
+		blk->parent = l->key.parent;
 		blk->state = CORE_BLOCK_READY;
 		/* Like a commit: findable only through a findable parent, and never twice. */
 		if (findable && index_find(&c->index, c->pool.blocks, blk->hash) == CORE_NONE) {
 			index_insert(&c->index, blk->hash, b);
 			blk->flags |= CORE_BLOCK_INDEXED;
-			if (blk->parent != CORE_NONE)
-				c->pool.blocks[blk->parent].children++;
 		} else {
 			findable = false;
 		}
 		tier_release(c, l->tier, l->slot);
 		c->tiers[l->tier].stats.promotions++;
 	}
-	if (good < ntier) {
-		c->tiers[c->loads[good].tier].stats.load_errors++;
-		tier_release(c, c->loads[good].tier, c->loads[good].slot);
-	}
-	for (uint32_t k = good + 1; k < ntier; k++)
+	/*
+	 * Back to the LRU leaf first, so children stay older than their parents.  A slot that
+	 * holds something else or is damaged (-EBADMSG) is thrown away; after an I/O or memory
+	 * error the block may still be good, and stays.
+	 */
+	for (uint32_t k = ntier; k-- > good + 1;)
 		tier_put(c, c->loads[k].tier, c->loads[k].slot);
+	if (good < ntier) {
+		const struct core_load *l = &c->loads[good];
+
+		c->tiers[l->tier].stats.load_errors++;
+		if (l->result == -EBADMSG)
+			tier_release(c, l->tier, l->slot);
+		else
+			tier_put(c, l->tier, l->slot);
+	}
 	return good;
 }
 
@@ -503,7 +565,7 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
  */
 static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
-		  uint32_t *ret_ready)
+		  uint32_t *ret_ready, struct core_hash *ret_chain)
 {
 	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier, skipped, collisions;
 	uint32_t cached_hits = 0, good = 0;
@@ -518,18 +580,19 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		cached_hits += c->pool.blocks[table[i]].refcount == 0;
 		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
 	}
-	/* Held, so the demotions that allocating causes cannot push them out. */
-	for (uint32_t k = 0; k < ntier; k++)
-		tier_hold(c, c->hit_tier[k], c->hit_slot[k]);
 	r = make_room(c, nblocks - nhit, cached_hits, priority);
 	for (uint32_t i = 0; i < nhit; i++)
 		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
 	if (r < 0) {
-		for (uint32_t k = 0; k < ntier; k++)
-			tier_put(c, c->hit_tier[k], c->hit_slot[k]);
 		free(table);
 		return r;
 	}
+	/*
+	 * Held, so the demotions that allocating causes cannot push them out.  (make_room only
+	 * releases blocks; nothing moves down before the allocations below.)
+	 */
+	for (uint32_t k = 0; k < ntier; k++)
+		tier_hold(c, c->hit_tier[k], c->hit_slot[k]);
 
 	/* Nothing can fail from here on.  Take the hits first so allocating cannot evict them. */
 	for (uint32_t i = 0; i < nhit; i++)
@@ -541,6 +604,8 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	if (skipped)
 		c->tiers[skipped].stats.skipped++;
 	c->stats.collisions += collisions;
+	*ret_chain = nhit + good ? c->pool.blocks[table[nhit + good - 1]].hash
+				 : (struct core_hash){ 0, 0 };
 	*ret_table = table;
 	*ret_pool_hits = nhit;
 	*ret_nblocks = nblocks;
@@ -548,10 +613,23 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	return 0;
 }
 
+/* A window pool decides for its sequences; elsewhere sinks need a recent window. */
+static int retention_check(const struct core *c, const struct core_open *o)
+{
+	switch (o->retention) {
+	case CORE_RETAIN_FULL:
+		return 0;
+	case CORE_RETAIN_SINKS:
+		return c->cfg.window || o->recent == 0 ? -EINVAL : 0;
+	}
+	return -EINVAL;
+}
+
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		  uint32_t *ret_cached)
 {
 	uint32_t nblocks, nhit, ready, slot;
+	struct core_hash chain;
 	struct core_seq *s;
 	uint32_t *table;
 	int r;
@@ -561,11 +639,14 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		return r;
 	if (o->flags & ~CORE_OPEN_RECOMPUTE_LAST)
 		return -EINVAL;
+	r = retention_check(c, o);
+	if (r < 0)
+		return r;
 	if (o->ntokens > c->cfg.max_seq_tokens)
 		return -E2BIG;
 	if (c->nfree_slots == 0)
 		return -EMFILE;
-	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready);
+	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain);
 	if (r < 0)
 		return r;
 
@@ -582,7 +663,20 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	s->nblocks = nblocks;
 	s->ntokens = o->ntokens;
 	s->ncommitted = ready * c->cfg.block_tokens;
+	s->chain = chain;
+	s->pruned = false;
+	s->freed = s->prune_from = 0;
+	if (c->cfg.window) {
+		s->retention = CORE_RETAIN_SINKS;
+		s->n_sink = 0;
+		s->recent = c->cfg.window;
+	} else {
+		s->retention = (uint8_t)o->retention;
+		s->n_sink = o->n_sink;
+		s->recent = o->recent;
+	}
 	write_tokens(c, s, s->ncommitted, o->tokens + s->ncommitted, o->ntokens - s->ncommitted);
+	prune(c, s);
 
 	c->stats.lookups++;
 	c->stats.query_blocks += nblocks;
@@ -666,33 +760,39 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 {
 	uint32_t b = s->table[i], parent = i > 0 ? s->table[i - 1] : CORE_NONE, found;
-	struct core_block *blk = &c->pool.blocks[b], *pb;
+	struct core_block *blk = &c->pool.blocks[b];
 
-	if (blk->state == CORE_BLOCK_READY)
-		return 0; /* a fork sibling committed this shared block already */
-	blk->hash = core_chain_hash(c, parent, s->salt, s->extra, core_slot_tokens(c, b));
+	if (blk->state == CORE_BLOCK_READY) {
+		s->chain = blk->hash; /* a fork sibling committed this shared block already */
+		return 0;
+	}
+	/* s->chain is block i - 1's hash (blocks are committed in order). */
+	blk->hash = core_chain_hash(c, s->chain, s->salt, s->extra, core_slot_tokens(c, b));
 	blk->salt = s->salt;
 	blk->extra = s->extra;
-	blk->parent = parent;
+	blk->parent = s->chain;
 	blk->state = CORE_BLOCK_READY;
+	s->chain = blk->hash;
 	c->stats.commits++;
 
-	/* A block is findable only through its parent, so an unfindable parent ends the chain. */
-	pb = parent != CORE_NONE ? &c->pool.blocks[parent] : NULL;
-	if (pb && !(pb->flags & CORE_BLOCK_INDEXED))
+	/* Computed over a pruned cache: its K/V is this sequence's own. */
+	if (s->pruned)
 		return 0;
+	/* A block is findable only through its parent, so an unfindable parent ends the chain. */
+	if (parent != CORE_NONE && !(c->pool.blocks[parent].flags & CORE_BLOCK_INDEXED))
+		return 0;
+	if (i > 0 && parent == CORE_NONE)
+		return 0; /* the parent was pruned from this sequence */
 
 	found = index_find(&c->index, c->pool.blocks, blk->hash);
 	if (found == CORE_NONE) {
 		index_insert(&c->index, blk->hash, b);
 		blk->flags |= CORE_BLOCK_INDEXED;
-		if (pb)
-			pb->children++;
 		return 0;
 	}
 
 	const struct core_block *fb = &c->pool.blocks[found];
-	if (fb->parent != parent || fb->salt != s->salt || fb->extra != s->extra ||
+	if (!core_hash_eq(fb->parent, blk->parent) || fb->salt != s->salt || fb->extra != s->extra ||
 	    memcmp(core_slot_tokens(c, found), core_slot_tokens(c, b),
 		   (size_t)c->cfg.block_tokens * sizeof(uint32_t)) != 0) {
 		c->stats.collisions++;
@@ -729,6 +829,7 @@ int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 		replaced += commit_block(c, s, i);
 	s->ncommitted = ntokens;
 	s->last_use = ++c->tick;
+	prune(c, s);
 	return replaced;
 }
 
@@ -748,7 +849,8 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 		return -ENOMEM;
 	memcpy(table, s->table, (size_t)s->nblocks * sizeof(*table));
 	for (uint32_t i = 0; i < s->nblocks; i++)
-		pool_ref(&c->pool, table[i]);
+		if (table[i] != CORE_NONE)
+			pool_ref(&c->pool, table[i]);
 
 	slot = c->free_slots[--c->nfree_slots];
 	child = &c->seqs[slot];
@@ -763,6 +865,13 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->nblocks = s->nblocks;
 	child->ntokens = s->ntokens;
 	child->ncommitted = s->ncommitted;
+	child->chain = s->chain;
+	child->retention = s->retention;
+	child->pruned = s->pruned;
+	child->n_sink = s->n_sink;
+	child->recent = s->recent;
+	child->prune_from = s->prune_from;
+	child->freed = s->freed;
 	*ret_child = seq_id(c, slot);
 	return 0;
 }
@@ -777,6 +886,9 @@ int core_seq_park(struct core *c, uint64_t id)
 	r = seq_get_active(c, id, &s);
 	if (r < 0)
 		return r;
+	/* Its released blocks' tokens are gone: it could not be recomputed. */
+	if (s->retention != CORE_RETAIN_FULL)
+		return -EINVAL;
 	/* Keep the token ids now: once dropped, its blocks may be reused by anyone. */
 	history = malloc((size_t)s->ntokens * sizeof(*history));
 	if (!history)
@@ -818,7 +930,7 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
 				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
-	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready);
+	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain);
 	if (r < 0)
 		return r;
 	s->table = table;
@@ -840,12 +952,7 @@ int core_seq_close(struct core *c, uint64_t id)
 
 	if (!s)
 		return -ENOENT;
-	/*
-	 * Back to front: a child becomes cached before its parent, which keeps the LRU list
-	 * leaf-first (see pool_alloc).
-	 */
-	for (uint32_t i = s->nblocks; i-- > 0;)
-		pool_unref(&c->pool, s->table[i]);
+	release_table(c, s);
 	free(s->table);
 	free(s->history);
 	s->table = s->history = NULL;
@@ -870,6 +977,11 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 		.ncommitted = s->ncommitted,
 		.nblocks = s->nblocks,
 		.table = s->table,
+		.retention = s->retention,
+		.n_sink = s->n_sink,
+		.recent = s->recent,
+		.held_blocks = s->nblocks - s->freed,
+		.freed_blocks = s->freed,
 	};
 	return 0;
 }

@@ -116,6 +116,11 @@ struct core_config {
 	const struct core_tier_ops *tier_ops; /* required when any tier has slots */
 	void *tier_ctx;
 	struct core_cost_config cost;
+	/*
+	 * A sliding-window pool: every sequence keeps only the blocks that hold its last window
+	 * tokens (0: no window).  See core_open.retention for what is kept and when.
+	 */
+	uint32_t window;
 };
 
 struct core_stats {
@@ -131,6 +136,8 @@ struct core_stats {
 	uint64_t commits;      /* blocks that became READY */
 	uint64_t preemptions;  /* parked sequences dropped to make room */
 	uint64_t swaps;        /* of those, the ones whose blocks go to the tiers */
+	uint64_t pruned_blocks; /* blocks released by retention policies and windows */
+	uint64_t pruned_tokens; /* their tokens */
 	uint64_t dropped_tokens; /* their tokens, to be recomputed on resume (less what stays cached) */
 };
 
@@ -192,6 +199,25 @@ struct core_open {
 	uint32_t ntokens; /* >= 1 */
 	uint32_t flags;   /* CORE_OPEN_* */
 	uint32_t priority; /* higher is more important (CORE_POLICY_PRIORITY) */
+	uint32_t retention; /* enum core_retention */
+	uint32_t n_sink;    /* CORE_RETAIN_SINKS: leading tokens always kept */
+	uint32_t recent;    /* CORE_RETAIN_SINKS: trailing tokens kept, >= 1 */
+};
+
+/*
+ * What a sequence keeps as it grows.  With sinks (StreamingLLM's attention sinks), once tokens
+ * are committed every block wholly inside [n_sink, ncommitted - recent) is released: the next
+ * token's attention needs the first n_sink tokens and the last recent ones.  The table keeps
+ * its length, with CORE_NONE where a block was released, so table[i] still holds tokens
+ * [i * B, (i + 1) * B) (the position map is the table).  Blocks a sequence commits after it
+ * first released one were computed over a pruned cache: they are never findable by others.
+ * A sliding-window pool applies sinks with n_sink = 0 and recent = window to every sequence,
+ * and its blocks stay findable (every sequence of the pool computes K/V the same way).  A
+ * sequence with a retention policy cannot be parked (its history is gone): -EINVAL.
+ */
+enum core_retention {
+	CORE_RETAIN_FULL = 0,
+	CORE_RETAIN_SINKS = 1,
 };
 
 /*
@@ -213,8 +239,12 @@ struct core_seq_info {
 	uint64_t extra;
 	uint32_t ntokens;    /* tokens with a slot */
 	uint32_t ncommitted; /* leading tokens whose K/V is written */
-	uint32_t nblocks;
+	uint32_t nblocks;      /* table entries: blocks held and released (CORE_NONE) */
 	const uint32_t *table; /* block table, valid until the next call that changes the core */
+	uint32_t retention;    /* enum core_retention (a window pool's sequences: SINKS) */
+	uint32_t n_sink, recent;
+	uint32_t held_blocks;  /* table entries that are not CORE_NONE */
+	uint32_t freed_blocks; /* entries released by the retention policy */
 };
 
 /* Creates a core.  Returns 0, -EINVAL (bad config) or -ENOMEM. */

@@ -32,7 +32,6 @@ int pool_init(struct pool *p, uint32_t capacity, pool_evict_fn evict, void *evic
 	for (uint32_t i = 0; i < capacity; i++) {
 		blocks[i].next = i + 1 < capacity ? i + 1 : CORE_NONE;
 		blocks[i].prev = i > 0 ? i - 1 : CORE_NONE;
-		blocks[i].parent = CORE_NONE;
 	}
 	return 0;
 }
@@ -82,7 +81,6 @@ static void push_free(struct pool *p, uint32_t b)
 	*blk = (struct core_block){
 		.next = p->free_head,
 		.prev = CORE_NONE,
-		.parent = CORE_NONE,
 		.state = CORE_BLOCK_FREE,
 	};
 	if (p->free_head != CORE_NONE)
@@ -117,7 +115,6 @@ uint32_t pool_alloc(struct pool *p)
 	p->blocks[b] = (struct core_block){
 		.prev = CORE_NONE,
 		.next = CORE_NONE,
-		.parent = CORE_NONE,
 		.refcount = 1,
 		.state = CORE_BLOCK_FILLING,
 	};
@@ -141,7 +138,6 @@ int pool_claim(struct pool *p, uint32_t b)
 	*blk = (struct core_block){
 		.prev = CORE_NONE,
 		.next = CORE_NONE,
-		.parent = CORE_NONE,
 		.refcount = 1,
 		.state = CORE_BLOCK_FILLING,
 	};

@@ -13,13 +13,11 @@
 #include "daemon/core/core-internal.h"
 #include "daemon/core/cost.h"
 
-static const struct core_hash zero_hash;
-
 static struct core_key slot_key(const struct tier *t, uint32_t slot)
 {
 	const struct core_block *e = &t->pool.blocks[slot];
 
-	return (struct core_key){ .hash = e->hash, .parent = t->parents[slot], .salt = e->salt,
+	return (struct core_key){ .hash = e->hash, .parent = e->parent, .salt = e->salt,
 				  .extra = e->extra };
 }
 
@@ -76,9 +74,9 @@ static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t
 	e->hash = key->hash;
 	e->salt = key->salt;
 	e->extra = key->extra;
+	e->parent = key->parent;
 	e->state = CORE_BLOCK_READY;
 	e->flags |= CORE_BLOCK_INDEXED;
-	t->parents[slot] = key->parent;
 	index_insert(&t->index, key->hash, slot);
 	pool_unref(&t->pool, slot); /* cached: newest on the LRU */
 	t->stats.demotions++;
@@ -93,8 +91,7 @@ void tier_demote_block(struct core *c, uint32_t b)
 		return;
 	key = (struct core_key){
 		.hash = blk->hash,
-		/* An indexed block's parent is indexed, so its hash is still valid here. */
-		.parent = blk->parent != CORE_NONE ? c->pool.blocks[blk->parent].hash : zero_hash,
+		.parent = blk->parent,
 		.salt = blk->salt,
 		.extra = blk->extra,
 		.tokens = core_slot_tokens(c, b),
@@ -117,7 +114,7 @@ uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash pa
 			continue;
 		e = &tr->pool.blocks[slot];
 		/* The tokens are checked by the load, against the prompt. */
-		if (!core_hash_eq(tr->parents[slot], parent) || e->salt != salt || e->extra != extra)
+		if (!core_hash_eq(e->parent, parent) || e->salt != salt || e->extra != extra)
 			return 0;
 		*ret_slot = slot;
 		return t;
@@ -180,9 +177,6 @@ int tiers_init(struct core *c)
 		r = index_init(&tr->index, c->cfg.tier_slots[t]);
 		if (r < 0)
 			return r;
-		tr->parents = calloc(c->cfg.tier_slots[t], sizeof(*tr->parents));
-		if (!tr->parents)
-			return -ENOMEM;
 		/* Unknown figures promote: a transfer loses no work. */
 		tr->promote = cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
 			      cost->bandwidth[t] <= 0 ||
@@ -197,8 +191,6 @@ void tiers_done(struct core *c)
 	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
 		pool_done(&c->tiers[t].pool);
 		index_done(&c->tiers[t].index);
-		free(c->tiers[t].parents);
-		c->tiers[t].parents = NULL;
 	}
 }
 
@@ -249,9 +241,9 @@ int core_tier_restore(struct core *c, uint32_t t, uint32_t slot, const struct co
 	e->hash = key->hash;
 	e->salt = key->salt;
 	e->extra = key->extra;
+	e->parent = key->parent;
 	e->state = CORE_BLOCK_READY;
 	e->flags |= CORE_BLOCK_INDEXED;
-	tr->parents[slot] = key->parent;
 	index_insert(&tr->index, key->hash, slot);
 	pool_unref(&tr->pool, slot);
 	return 0;

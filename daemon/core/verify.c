@@ -17,7 +17,6 @@ struct verify {
 	size_t why_len;
 	uint32_t *refs;   /* expected refcount per block */
 	uint32_t *lru_pos;/* position on the LRU list + 1, 0 when not on it */
-	uint32_t *kids;   /* expected indexed children per block */
 	uint8_t *on_free;
 };
 
@@ -66,7 +65,8 @@ static int check_lists(struct verify *v)
 			return fail(v, "LRU back link of block %u is %u, expected %u", b, blk->prev,
 				    prev);
 		if (blk->refcount || blk->state != CORE_BLOCK_READY ||
-		    (blk->flags & ~CORE_BLOCK_NODEMOTE) != (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
+		    (blk->flags & ~(CORE_BLOCK_NODEMOTE | CORE_BLOCK_PRUNED)) !=
+			    (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
 			return fail(v, "cached block %u has refcount %u state %u flags %#x", b,
 				    blk->refcount, blk->state, blk->flags);
 	}
@@ -102,10 +102,21 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 		    s->nblocks > s->cap_blocks || s->ncommitted > s->ntokens)
 			return fail(v, "sequence slot %u: %u tokens, %u committed, %u blocks", slot,
 				    s->ntokens, s->ncommitted, s->nblocks);
+		uint32_t holes = 0;
+
 		for (uint32_t i = 0; i < s->nblocks; i++) {
 			uint32_t b = s->table[i];
 			const struct core_block *blk;
 
+			if (b == CORE_NONE) {
+				/* Released by the retention policy: only where prune() may have. */
+				if (s->retention == CORE_RETAIN_FULL ||
+				    (uint64_t)(i + 1) * B > s->ncommitted)
+					return fail(v, "sequence slot %u: entry %u released, but its "
+						    "policy keeps it", slot, i);
+				holes++;
+				continue;
+			}
 			if (b >= c->pool.capacity)
 				return fail(v, "sequence slot %u entry %u: block %u out of range",
 					    slot, i, b);
@@ -118,15 +129,17 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 				if (blk->salt != s->salt || blk->extra != s->extra)
 					return fail(v, "sequence slot %u: block %u has another "
 						    "namespace or extra key", slot, b);
-				if ((blk->flags & CORE_BLOCK_INDEXED) &&
-				    blk->parent != (i ? s->table[i - 1] : CORE_NONE))
-					return fail(v, "sequence slot %u: indexed block %u's parent "
-						    "is %u, table says %u", slot, b, blk->parent,
-						    i ? s->table[i - 1] : CORE_NONE);
+				if (i > 0 && s->table[i - 1] != CORE_NONE &&
+				    !core_hash_eq(blk->parent, c->pool.blocks[s->table[i - 1]].hash))
+					return fail(v, "sequence slot %u: block %u does not chain to "
+						    "block %u before it", slot, b, s->table[i - 1]);
 			} else if (blk->state == CORE_BLOCK_FREE) {
 				return fail(v, "sequence slot %u holds free block %u", slot, b);
 			}
 		}
+		if (holes != s->freed)
+			return fail(v, "sequence slot %u: %u entries released, %u counted", slot,
+				    holes, s->freed);
 	}
 	if (*nseqs != c->cfg.max_sequences - c->nfree_slots)
 		return fail(v, "%u sequences open, slot stack says %u", *nseqs,
@@ -160,27 +173,20 @@ static int check_blocks(struct verify *v, uint32_t *nindexed)
 		if (!core_hash_eq(blk->hash, core_chain_hash(c, blk->parent, blk->salt, blk->extra,
 							      core_slot_tokens(c, b))))
 			return fail(v, "block %u: stored hash does not match its content", b);
-		if (blk->parent != CORE_NONE) {
-			const struct core_block *pb;
+		if (blk->parent.lo || blk->parent.hi) {
+			uint32_t pb = index_find(&c->index, p->blocks, blk->parent);
 
-			if (blk->parent >= p->capacity)
-				return fail(v, "block %u: parent %u out of range", b, blk->parent);
-			pb = &p->blocks[blk->parent];
-			if (!(pb->flags & CORE_BLOCK_INDEXED))
-				return fail(v, "indexed block %u has an unindexed parent %u", b,
-					    blk->parent);
-			v->kids[blk->parent]++;
-			/* Leaf-first: a cached child must be evicted before its cached parent. */
-			if (v->lru_pos[b] && v->lru_pos[blk->parent] &&
-			    v->lru_pos[blk->parent] < v->lru_pos[b])
+			/*
+			 * Leaf-first: a cached child must be evicted before its cached parent,
+			 * unless a retention policy released the parent while keeping the child.
+			 */
+			if (pb != CORE_NONE && v->lru_pos[b] && v->lru_pos[pb] &&
+			    v->lru_pos[pb] < v->lru_pos[b] &&
+			    !(p->blocks[pb].flags & CORE_BLOCK_PRUNED))
 				return fail(v, "cached block %u is older on the LRU than its child %u",
-					    blk->parent, b);
+					    pb, b);
 		}
 	}
-	for (uint32_t b = 0; b < p->capacity; b++)
-		if (p->blocks[b].children != v->kids[b])
-			return fail(v, "block %u: %u indexed children recorded, %u found", b,
-				    p->blocks[b].children, v->kids[b]);
 	return 0;
 }
 
@@ -218,9 +224,8 @@ int core_verify(const struct core *c, char *why, size_t why_len)
 
 	v.refs = calloc(cap, sizeof(*v.refs));
 	v.lru_pos = calloc(cap, sizeof(*v.lru_pos));
-	v.kids = calloc(cap, sizeof(*v.kids));
 	v.on_free = calloc(cap, 1);
-	if (!v.refs || !v.lru_pos || !v.kids || !v.on_free)
+	if (!v.refs || !v.lru_pos || !v.on_free)
 		goto out;
 
 	r = check_lists(&v);
@@ -237,7 +242,6 @@ int core_verify(const struct core *c, char *why, size_t why_len)
 out:
 	free(v.refs);
 	free(v.lru_pos);
-	free(v.kids);
 	free(v.on_free);
 	return r;
 }

@@ -195,17 +195,21 @@ static void reply_refused(struct session *s, uint32_t seq, int r, const char *wh
 	session_reply_error(s, seq, -r, "%s: %s", op, why ? why : strerror(-r));
 }
 
+/* A wait_ms the daemon does not allow: refused before the operation runs. */
+static int wait_ok(struct session *s, uint32_t wait_ms, const char **why)
+{
+	if (wait_ms <= s->srv->cfg->limits.max_wait_ms)
+		return 0;
+	*why = "wait_ms is above the daemon's max_wait_ms";
+	return -EINVAL;
+}
+
 /*
- * A request that may wait for memory: a bad wait_ms is refused; -ENOSPC with time left makes
- * it wait (true: do not reply, the frame is dispatched again when blocks free up).
+ * A request that may wait for memory: -ENOSPC with time left makes it wait (true: do not
+ * reply, the frame is dispatched again when blocks free up).
  */
 static bool waits(struct session *s, int *r, uint32_t wait_ms, const char **why)
 {
-	if (wait_ms > s->srv->cfg->limits.max_wait_ms) {
-		*r = -EINVAL;
-		*why = "wait_ms is above the daemon's max_wait_ms";
-		return false;
-	}
 	if (*r != -ENOSPC || !wait_ms)
 		return false;
 	if (session_wait(s, wait_ms))
@@ -235,7 +239,7 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 	UNPACK(open, m);
 	if (m->n_tokens > UINT32_MAX)
 		r = -E2BIG;
-	else
+	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
 		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
 			     &res, &why);
 	if (waits(s, &r, m->wait_ms, &why)) {
@@ -265,7 +269,7 @@ static void on_append(struct session *s, const struct kvp_frame_header *h, const
 	UNPACK(append, m);
 	if (m->n_tokens > UINT32_MAX)
 		r = -E2BIG;
-	else
+	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
 		r = ops_append(s, m->seq, m->tokens, (uint32_t)m->n_tokens, &res, &why);
 	if (waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__append__free_unpacked(m, NULL);
@@ -411,7 +415,9 @@ static void on_resume(struct session *s, const struct kvp_frame_header *h, const
 	int r;
 
 	UNPACK(resume, m);
-	r = ops_resume(s, m->seq, &res, &why);
+	r = wait_ok(s, m->wait_ms, &why);
+	if (r == 0)
+		r = ops_resume(s, m->seq, &res, &why);
 	if (waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__resume__free_unpacked(m, NULL);
 		return;

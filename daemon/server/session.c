@@ -133,6 +133,10 @@ void session_arm_recv(struct session *s)
 {
 	struct io_uring_sqe *sqe;
 
+	/*
+	 * A session waiting for memory is not read: its request stays at the head of the buffer
+	 * (which a receive in flight must not see moved) and later ones wait in the socket.
+	 */
 	if (s->closing || s->recv_armed || s->waiting)
 		return;
 	/* Backpressure: a peer that does not read its replies is not read either. */
@@ -217,10 +221,11 @@ void session_dispatch(struct session *s)
 						&h);
 
 		if (r < 0 || h.nfds != 0) {
+			/* h is meaningful only when the header decoded. */
 			session_reply_error(s, 0, r == -EMSGSIZE ? EMSGSIZE : EPROTO,
 					    r == -EMSGSIZE ? "frame larger than max_frame_bytes"
-					    : h.nfds ? "frame header announces file descriptors"
-						     : "bad frame header");
+					    : r < 0	   ? "bad frame header"
+							   : "frame header announces file descriptors");
 			session_close(s, "bad frame header");
 			break;
 		}
@@ -280,11 +285,17 @@ void dpool_retry_waiters(struct dpool *p, uint64_t now)
 	list = p->waiters;
 	p->waiters = p->waiters_tail = NULL;
 	for (s = list; s; s = next) {
+		char byte;
+
 		next = s->wait_next;
 		s->wait_prev = s->wait_next = NULL;
 		s->waiting = false;
 		s->refs++; /* dispatching may close it */
-		session_dispatch(s);
+		/* Not read while it waited: a peer that hung up must not be given memory. */
+		if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			session_close(s, "peer closed the connection while waiting");
+		else
+			session_dispatch(s);
 		session_unref(s);
 	}
 }

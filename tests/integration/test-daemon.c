@@ -655,6 +655,8 @@ START_TEST(test_wait_for_memory)
 	struct kvp_client *a, *b, *c;
 	struct timespec t0;
 	uint64_t sa, sb;
+	long long lookups;
+	char out[8192];
 	pid_t child;
 
 	daemon_start(&d, pools);
@@ -683,6 +685,15 @@ START_TEST(test_wait_for_memory)
 	kvp_set_wait(b, 6000);
 	ck_assert_int_eq(kvp_open(b, tb, 80, 0, 0, &sb, NULL, NULL), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(kvp_last_error(b), "max_wait_ms"));
+
+	/* Refused before it runs: with memory free, no sequence appears. */
+	ck_assert_int_eq(kvp_close(a, sa), 0);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	lookups = json_int(out, "lookups");
+	ck_assert_int_eq(kvp_open(b, tb, 80, 0, 0, &sb, NULL, NULL), -EINVAL);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "lookups"), lookups);
+	ck_assert_int_eq(kvp_open(a, ta, 200, 0, 0, &sa, NULL, NULL), 0);
 
 	/* A waiter killed while it waits: nothing is left behind. */
 	child = waiting_opener(5000);

@@ -16,6 +16,7 @@ struct fake_store {
 	uint32_t host[64], file[64]; /* first token of the block stored; 0: none */
 	uint32_t stores[CORE_NTIERS], batches, loaded;
 	int fail_load_at; /* 1-based index in a batch that fails, 0: none */
+	int fail_code;    /* and how */
 	const struct core *c;
 };
 
@@ -48,7 +49,7 @@ static void load(void *ctx, struct core_load *loads, uint32_t n)
 
 		loads[i].result = first == loads[i].key.tokens[0] ? 0 : -EBADMSG;
 		if (fs->fail_load_at && i + 1 == (uint32_t)fs->fail_load_at)
-			loads[i].result = -EIO;
+			loads[i].result = fs->fail_code;
 		fs->loaded += loads[i].result == 0;
 	}
 }
@@ -167,7 +168,10 @@ START_TEST(test_demote_then_promote_in_one_batch)
 }
 END_TEST
 
-/* A load that fails ends the reused prefix there: counted, its slot freed, nothing after. */
+/*
+ * A load that fails ends the reused prefix there and is counted.  A damaged slot (-EBADMSG) is
+ * thrown away; after an I/O error the slot stays, and a later lookup may load it.
+ */
 START_TEST(test_failed_load_is_a_counted_miss)
 {
 	struct core *c = tiered(4, 0, 8, NULL);
@@ -180,6 +184,20 @@ START_TEST(test_failed_load_is_a_counted_miss)
 	cache_prompt(c, q, 16);
 	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 3);
 	fs.fail_load_at = 2;
+	fs.fail_code = -EIO;
+	ck_assert_uint_eq(open_cached(c, p, 12, &s), 4);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).load_errors, 1);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 2 + 3); /* p1 and p2 stay */
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	assert_verified(c);
+	core_free(c);
+	free(mem.slots);
+
+	c = tiered(4, 0, 8, NULL);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	fs.fail_load_at = 2;
+	fs.fail_code = -EBADMSG;
 	cached = open_cached(c, p, 12, &s);
 	ck_assert_uint_eq(cached, 4);
 	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).load_errors, 1);
@@ -287,11 +305,10 @@ START_TEST(test_restore_and_lose)
 
 		if (!(blk->flags & CORE_BLOCK_INDEXED))
 			continue;
-		if (blk->parent == CORE_NONE)
-			k0 = (struct core_key){ .hash = blk->hash, .salt = 0, .extra = 0 };
+		if (!blk->parent.lo && !blk->parent.hi)
+			k0 = (struct core_key){ .hash = blk->hash };
 		else
-			k1 = (struct core_key){ .hash = blk->hash,
-						.parent = ref->pool.blocks[blk->parent].hash };
+			k1 = (struct core_key){ .hash = blk->hash, .parent = blk->parent };
 	}
 	core_free(ref);
 	free(mem.slots);
@@ -312,6 +329,31 @@ START_TEST(test_restore_and_lose)
 	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).lost, 1);
 	ck_assert_uint_eq(open_cached(c, p, 8, &s), 4);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/*
+ * A persisted file tier can hold a chain longer than the pool it is restored under: a lookup
+ * walks no further than a sequence could hold (ASan would see the walk arrays overrun).
+ */
+START_TEST(test_restored_chain_longer_than_the_pool)
+{
+	struct core *c = tiered(4, 0, 32, NULL);
+	struct core_hash parent = { 0, 0 };
+	uint32_t p[64];
+
+	fill_tokens(p, 64, 100);
+	for (uint32_t i = 0; i < 16; i++) {
+		struct core_key k = { .parent = parent };
+
+		k.hash = core_hash_block(NULL, parent, core_hash_ns(0, 0), p + i * B, B);
+		ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, i, &k), 0);
+		fs.file[i] = p[i * B];
+		parent = k.hash;
+	}
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 64 }),
+			  4 * B);
 	done(c);
 }
 END_TEST
@@ -351,6 +393,7 @@ int main(void)
 	tcase_add_test(tc, test_slow_tier_is_not_promoted_from);
 	tcase_add_test(tc, test_restore_and_lose);
 	tcase_add_test(tc, test_drop_cache_empties_the_tiers);
+	tcase_add_test(tc, test_restored_chain_longer_than_the_pool);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
