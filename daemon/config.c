@@ -129,6 +129,7 @@ static const struct config_key schema[] = {
 	{ .name = "policy", .section = SECTION_POOL, .type = TYPE_POLICY, .def = KVPD_POLICY_LRU,
 	  .offset = offsetof(struct kvpd_pool_config, policy) },
 	POOL_NUMBER(TYPE_U64, namespace_seed, 0, 0, UINT64_MAX, 0),
+	POOL_NUMBER(TYPE_U32, window, 0, 1, UINT64_C(1) << 31, 0),
 	POOL_NUMBER(TYPE_U32, host_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
 	POOL_NUMBER(TYPE_U32, file_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
 	{ .name = "swap_files", .section = SECTION_POOL, .type = TYPE_FILES,
@@ -1218,7 +1219,11 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			continue;
 		switch (key->type) {
 		case TYPE_U32:
-			fprintf(f, "%s = %" PRIu32 "\n", key->name, *(const uint32_t *)field);
+			/* 0 below the key's range is the default "not set" (window). */
+			if (*(const uint32_t *)field == 0 && key->min > 0)
+				fprintf(f, "# %s is not set\n", key->name);
+			else
+				fprintf(f, "%s = %" PRIu32 "\n", key->name, *(const uint32_t *)field);
 			break;
 		case TYPE_U64:
 			fprintf(f, "%s = %" PRIu64 "\n", key->name, *(const uint64_t *)field);

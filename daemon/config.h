@@ -46,6 +46,7 @@ struct kvpd_pool_config {
 	double model_params;
 	double engine_flops;
 	uint64_t host_tier_bandwidth; /* bytes per second */
+	uint32_t window;              /* sliding-window pool: tokens each sequence keeps; 0: none */
 	uint64_t file_tier_bandwidth;
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;

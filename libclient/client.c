@@ -267,10 +267,25 @@ KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n
 			uint64_t extra_key, uint32_t flags, uint64_t *ret_seq, uint32_t *ret_cached,
 			struct kvp_table *table)
 {
+	return kvp_open_retained(c, tokens, n, extra_key, flags, NULL, ret_seq, ret_cached, table);
+}
+
+KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
+				 uint64_t extra_key, uint32_t flags,
+				 const struct kvp_retention *retention, uint64_t *ret_seq,
+				 uint32_t *ret_cached, struct kvp_table *table)
+{
 	Kvpaged__V1__Open req = KVPAGED__V1__OPEN__INIT;
 	Kvpaged__V1__OpenReply *rep;
 	int r;
 
+	if (retention) {
+		if (retention->size < sizeof(*retention))
+			return client_fail(c, -EINVAL, "struct kvp_retention: size not set");
+		req.retention = retention->policy;
+		req.n_sink = retention->n_sink;
+		req.recent = retention->recent;
+	}
 	req.tokens = (uint32_t *)tokens;
 	req.n_tokens = n;
 	req.extra_key = extra_key;

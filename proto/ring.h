@@ -66,7 +66,8 @@ struct kvp_ring_indices {
 enum kvp_ring_op {
 	KVP_OP_NOP = 0,      /* completes with res 0: measures the round trip */
 	KVP_OP_OPEN = 1,     /* in: tokens; extra; arg: flags | priority << 8; out: table;
-				value: seq; aux: cached */
+				value: seq; aux: cached.  With flag 2 (sinks retention), seq
+				carries n_sink << 32 | recent */
 	KVP_OP_APPEND = 2,   /* seq; in: tokens; out: table from aux; aux: first changed entry */
 	KVP_OP_COMMIT = 3,   /* seq; arg: tokens written; out: table if aux > 0; aux: replaced */
 	KVP_OP_FORK = 4,     /* seq; out: child's table; value: child seq */

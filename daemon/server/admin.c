@@ -138,6 +138,8 @@ static void metrics_text(struct server *srv, struct text *t)
 		  offsetof(struct core_stats, preemptions) },
 		{ "swaps", "Preempted sequences whose blocks go to the tiers below the pool.",
 		  offsetof(struct core_stats, swaps) },
+		{ "pruned_tokens", "Tokens released by retention policies and sliding windows.",
+		  offsetof(struct core_stats, pruned_tokens) },
 	};
 	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
 		text_printf(t, "# HELP kvpaged_%s_total %s\n# TYPE kvpaged_%s_total counter\n",
@@ -485,6 +487,13 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				infos[n].tokens = info.ntokens;
 				infos[n].committed = info.ncommitted;
 				infos[n].blocks = info.nblocks;
+				infos[n].retention = (char *)(info.retention == CORE_RETAIN_FULL ? "full"
+							      : p->cfg->window		     ? "window"
+											     : "sinks");
+				infos[n].held_blocks = info.held_blocks;
+				infos[n].freed_blocks = info.freed_blocks;
+				infos[n].n_sink = info.n_sink;
+				infos[n].recent = info.recent;
 				ptrs[n] = &infos[n];
 				n++;
 			}
@@ -530,6 +539,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->preemptions = st.preemptions;
 				x->dropped_tokens = st.dropped_tokens;
 				x->swaps = st.swaps;
+				x->pruned_blocks = st.pruned_blocks;
+				x->pruned_tokens = st.pruned_tokens;
 				tier_stats_fill(p, x);
 				pp[rep.n_pools++] = x;
 				for (uint32_t j = 0; j < p->nns; j++) {

@@ -241,6 +241,8 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 		r = -E2BIG;
 	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
 		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
+			     &(struct core_open){ .retention = m->retention, .n_sink = m->n_sink,
+						  .recent = m->recent },
 			     &res, &why);
 	if (waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__open__free_unpacked(m, NULL);
@@ -385,6 +387,11 @@ static void on_seq_info(struct session *s, const struct kvp_frame_header *h, con
 		rep.state = info.state;
 		rep.n_table = info.nblocks;
 		rep.table = (uint32_t *)info.table;
+		rep.retention = info.retention;
+		rep.n_sink = info.n_sink;
+		rep.recent = info.recent;
+		rep.held_blocks = info.held_blocks;
+		rep.freed_blocks = info.freed_blocks;
 		REPLY(SEQ_INFO_REPLY, rep);
 	}
 	kvpaged__v1__seq_info__free_unpacked(m, NULL);

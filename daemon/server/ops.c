@@ -89,13 +89,20 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 }
 
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, struct seq_result *res, const char **why)
+	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     struct seq_result *res, const char **why)
 {
 	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
 			       .flags = flags, .priority = priority };
+	struct core_seq_info info;
 	uint32_t nblocks = blocks_for(s, n);
 	int r;
 
+	if (retention) {
+		o.retention = retention->retention;
+		o.n_sink = retention->n_sink;
+		o.recent = retention->recent;
+	}
 	/* Arguments first: a bad request is -EINVAL whatever the session's usage. */
 	if (n == 0 || !tokens || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
 		*why = "empty prompt or unknown flags";
@@ -117,10 +124,15 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	if (r < 0)
 		return r;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
+	if (r == -EINVAL)
+		*why = s->pool->cfg->window ? "the pool's window decides what its sequences keep"
+					    : "unknown retention policy, or sinks without recent";
 	if (r < 0)
 		return r;
 	own(s, res->seq);
-	s->blocks += nblocks;
+	/* The quota counts blocks held: a window or sinks may have released some already. */
+	core_seq_info(s->pool->core, res->seq, &info);
+	s->blocks += info.held_blocks;
 	s->stats->lookups++;
 	s->stats->query_blocks += nblocks;
 	s->stats->hit_blocks += res->cached / s->pool->cfg->block_tokens;
@@ -169,6 +181,15 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 	r = core_seq_commit(s->pool->core, seq, ntokens);
 	if (r < 0)
 		return r;
+	if (info.retention != CORE_RETAIN_FULL) {
+		struct core_seq_info after;
+
+		/* The retention policy may have released blocks. */
+		core_seq_info(s->pool->core, seq, &after);
+		s->blocks -= info.held_blocks - after.held_blocks;
+		if (after.held_blocks < info.held_blocks)
+			s->pool->epoch++;
+	}
 	res->seq = seq;
 	res->replaced = (uint32_t)r;
 	res->table_len = 0;
@@ -191,7 +212,7 @@ int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char
 		*why = "session has max_sequences sequences open";
 		return -EMFILE;
 	}
-	if (s->blocks + info.nblocks > session_max_blocks(s)) {
+	if (s->blocks + info.held_blocks > session_max_blocks(s)) {
 		*why = "session would exceed its max_blocks quota";
 		return -EDQUOT;
 	}
@@ -202,7 +223,7 @@ int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char
 	if (r < 0)
 		return r;
 	own(s, res->seq);
-	s->blocks += info.nblocks;
+	s->blocks += info.held_blocks;
 	fill_table(s, res->seq, 0, res);
 	return 0;
 }
@@ -219,7 +240,7 @@ int ops_close(struct session *s, uint64_t seq, const char **why)
 	if (r < 0)
 		return r;
 	disown(s, seq);
-	s->blocks -= info.nblocks; /* 0 for a dropped sequence */
+	s->blocks -= info.held_blocks; /* 0 for a dropped sequence */
 	s->pool->epoch++;
 	return 0;
 }
@@ -235,6 +256,8 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 	r = core_seq_park(s->pool->core, seq);
 	if (r == -EBUSY)
 		*why = "the sequence is already parked";
+	if (r == -EINVAL)
+		*why = "a sequence with a retention policy cannot be parked";
 	if (r == 0)
 		s->pool->epoch++; /* its blocks may be preempted now */
 	return r;

@@ -345,6 +345,7 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		.policy = (enum core_policy)cfg->policy,
 		.on_drop = on_drop,
 		.drop_ctx = p,
+		.window = cfg->window,
 	};
 	int r;
 
@@ -470,4 +471,5 @@ void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d)
 	d->host_tier_promotes = core_tier_promotes(p->core, CORE_TIER_HOST);
 	d->file_tier_promotes = core_tier_promotes(p->core, CORE_TIER_FILE);
 	d->file_tier_persist = c->file_tier_persist;
+	d->window = c->window;
 }

@@ -214,7 +214,13 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_NOP:
 		break;
 	case KVP_OP_OPEN:
-		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xff, e->arg >> 8, &res, &why);
+		/* Flag 2: sinks retention, with n_sink << 32 | recent in seq. */
+		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xfd, e->arg >> 8,
+			      e->arg & 2 ? &(struct core_open){ .retention = CORE_RETAIN_SINKS,
+								.n_sink = (uint32_t)(e->seq >> 32),
+								.recent = (uint32_t)e->seq }
+					 : NULL,
+			      &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
 			c->aux = res.cached;

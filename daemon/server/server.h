@@ -223,8 +223,10 @@ struct seq_result {
 	const uint32_t *table; /* valid until the next core call */
 	uint32_t table_len;
 };
+/* retention: NULL is full; else policy, n_sink and recent as in core_open. */
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, struct seq_result *res, const char **why);
+	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     struct seq_result *res, const char **why);
 int ops_park(struct session *s, uint64_t seq, const char **why);
 /* res->recompute gets the tokens to recompute; res->table the whole table. */
 int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const char **why);

@@ -36,6 +36,30 @@ extern "C" {
 /* Open flag bits 8..31: the sequence's priority (pools with policy = priority; higher is more
  * important, so dropped later and never for a less important request). */
 #define KVP_OPEN_PRIORITY(p) ((uint32_t)(p) << 8)
+/*
+ * Rings only: open with sinks retention; the op's seq carries KVP_SINKS(n_sink, recent).  (The
+ * socket call is kvp_open_retained().)
+ */
+#define KVP_OPEN_SINKS (1u << 1)
+#define KVP_SINKS(n_sink, recent) ((uint64_t)(n_sink) << 32 | (uint32_t)(recent))
+
+/* A table entry whose block the sequence's retention policy released. */
+#define KVP_TABLE_HOLE UINT32_MAX
+
+/*
+ * What a sequence keeps (docs/retention.md).  KVP_RETAIN_SINKS keeps the first n_sink tokens
+ * and the last recent ones (recent >= 1): once tokens are committed, every block wholly
+ * between them is released and its table entry becomes KVP_TABLE_HOLE, so entry i still holds
+ * tokens [i * block_tokens, (i + 1) * block_tokens).  Such a sequence cannot be parked.
+ */
+struct kvp_retention {
+	uint32_t size;   /* sizeof(struct kvp_retention) */
+	uint32_t policy; /* KVP_RETAIN_* */
+	uint32_t n_sink;
+	uint32_t recent;
+};
+#define KVP_RETAIN_FULL 0
+#define KVP_RETAIN_SINKS 1
 
 struct kvp_client;
 
@@ -106,6 +130,12 @@ KVP_EXPORT void kvp_table_free(struct kvp_table *t);
 KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
 			uint64_t extra_key, uint32_t flags, uint64_t *ret_seq, uint32_t *ret_cached,
 			struct kvp_table *table);
+
+/* kvp_open() with a retention policy (NULL: full). */
+KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
+				 uint64_t extra_key, uint32_t flags,
+				 const struct kvp_retention *retention, uint64_t *ret_seq,
+				 uint32_t *ret_cached, struct kvp_table *table);
 
 /* Gives n more tokens slots; table (the sequence's, as last returned) is updated in place. */
 KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *tokens,

@@ -95,6 +95,7 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_double_eq(a->model_params, b->model_params);
 	ck_assert_double_eq(a->engine_flops, b->engine_flops);
 	ck_assert_uint_eq(a->host_tier_bandwidth, b->host_tier_bandwidth);
+	ck_assert_uint_eq(a->window, b->window);
 	ck_assert_uint_eq(a->file_tier_bandwidth, b->file_tier_bandwidth);
 }
 
@@ -445,6 +446,23 @@ START_TEST(test_tiers)
 	expect_pool_error("engine_flops = -1", "'-1' is not a non-negative number");
 	expect_pool_error("host_tier_bandwidth = fast", "'fast' is not a size");
 	expect_pool_error("file_tier_queue_depth = 0", "0 is out of range 1..4096");
+	expect_pool_error("window = 0", "[pool main] window: 0 is out of range 1..2147483648");
+
+	/* A window pool; without the key, the printed file says it is not set. */
+	load_ok(POOL_MAIN "window = 4096\n", &a);
+	ck_assert_uint_eq(a.pools[0].window, 4096);
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "\nwindow = 4096\n"));
+	free(text);
+	config_free(&a);
+	load_ok(POOL_MAIN, &a);
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "\n# window is not set\n"));
+	load_ok(text, &b);
+	ck_assert_uint_eq(b.pools[0].window, 0);
+	free(text);
+	config_free(&a);
+	config_free(&b);
 	expect_error(POOL_MAIN "file_tier_blocks = 1\nswap_files = /s\n"
 		     "[pool b]\nlayers = 1\nkv_heads = 1\nhead_dim = 1\nelement_bytes = 1\n"
 		     "block_tokens = 1\ncapacity_blocks = 1\nfile_tier_blocks = 1\n"

@@ -286,17 +286,30 @@ static int cmd_sequences(int fd, const char *pool)
 			jadd_u(o, "tokens", q->tokens);
 			jadd_u(o, "committed", q->committed);
 			jadd_u(o, "blocks", q->blocks);
+			jadd_s(o, "retention", q->retention);
+			jadd_u(o, "n_sink", q->n_sink);
+			jadd_u(o, "recent", q->recent);
+			jadd_u(o, "held_blocks", q->held_blocks);
+			jadd_u(o, "freed_blocks", q->freed_blocks);
 			json_object_array_add(arr, o);
 		}
 		print_json(arr);
 	} else {
-		printf("%20s %8s %-12s %10s %10s %8s\n", "SEQ", "SESSION", "POOL", "TOKENS",
-		       "COMMITTED", "BLOCKS");
+		printf("%20s %8s %-12s %10s %10s %8s %-18s %8s %8s\n", "SEQ", "SESSION", "POOL",
+		       "TOKENS", "COMMITTED", "BLOCKS", "RETENTION", "HELD", "FREED");
 		for (size_t i = 0; i < ss->n_sequences; i++) {
 			Kvpaged__V1__SequenceInfo *q = ss->sequences[i];
+			char ret[40];
 
-			printf("%20" PRIu64 " %8" PRIu64 " %-12s %10u %10u %8u\n", q->seq, q->session,
-			       q->pool, q->tokens, q->committed, q->blocks);
+			if (!strcmp(q->retention, "sinks"))
+				snprintf(ret, sizeof(ret), "sinks %u+%u", q->n_sink, q->recent);
+			else if (!strcmp(q->retention, "window"))
+				snprintf(ret, sizeof(ret), "window %u", q->recent);
+			else
+				snprintf(ret, sizeof(ret), "%s", q->retention);
+			printf("%20" PRIu64 " %8" PRIu64 " %-12s %10u %10u %8u %-18s %8u %8u\n", q->seq,
+			       q->session, q->pool, q->tokens, q->committed, q->blocks, ret,
+			       q->held_blocks, q->freed_blocks);
 		}
 	}
 	kvpaged__v1__sequences__free_unpacked(ss, NULL);
@@ -334,6 +347,8 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "preemptions", p->preemptions);
 			jadd_u(x, "dropped_tokens", p->dropped_tokens);
 			jadd_u(x, "swaps", p->swaps);
+			jadd_u(x, "pruned_blocks", p->pruned_blocks);
+			jadd_u(x, "pruned_tokens", p->pruned_tokens);
 			json_object *ta = json_object_new_array(), *ra = json_object_new_array();
 			for (size_t k = 0; k < p->n_tiers; k++) {
 				Kvpaged__V1__TierStats *t = p->tiers[k];

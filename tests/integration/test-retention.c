@@ -1,0 +1,132 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Retention through the real daemon: a sequence with attention sinks and a sliding-window pool
+ * stream tokens with memory held flat, tables show holes, kvpagedctl shows the policy, and bad
+ * policies are refused with a reason.
+ */
+#include "tests/integration/harness.h"
+
+static struct daemon d;
+
+#define POOL(extra)                                                                            \
+	"[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"             \
+	"block_tokens = 16\ncapacity_blocks = 64\n" extra
+
+/* Appends and commits tokens one at a time up to total; returns the most blocks ever held. */
+static uint32_t stream(struct kvp_client *c, uint64_t s, uint32_t from, uint32_t total)
+{
+	struct kvp_table t = { 0 };
+	uint32_t most = 0, ntok, ncom;
+
+	for (uint32_t k = from; k < total; k++) {
+		uint32_t tok = (k * 7919u) % 512, held = 0;
+
+		ck_assert_int_ge(kvp_append(c, s, &tok, 1, NULL), 0);
+		ck_assert_int_eq(kvp_commit(c, s, k + 1, NULL), 0);
+		if ((k + 1) % 100)
+			continue;
+		ck_assert_int_eq(kvp_seq_info(c, s, &ntok, &ncom, &t), 0);
+		ck_assert_uint_eq(ntok, k + 1);
+		ck_assert_uint_eq(t.len, (k + 1 + 15) / 16);
+		for (uint32_t i = 0; i < t.len; i++)
+			held += t.blocks[i] != KVP_TABLE_HOLE;
+		if (held > most)
+			most = held;
+	}
+	kvp_table_free(&t);
+	return most;
+}
+
+START_TEST(test_sinks_over_the_socket)
+{
+	struct kvp_retention keep = { .size = sizeof(keep), .policy = KVP_RETAIN_SINKS,
+				      .n_sink = 16, .recent = 32 };
+	uint32_t p[20], cached;
+	struct kvp_table t = { 0 };
+	struct kvp_client *c;
+	uint64_t s;
+	char out[16384];
+
+	daemon_start(&d, POOL(""));
+	prompt(p, 20, 1);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open_retained(c, p, 20, 0, 0, &keep, &s, &cached, &t), 0);
+	ck_assert_int_eq(kvp_commit(c, s, 20, NULL), 0);
+	/* A sink block, the blocks over the last 32 tokens, the one being filled. */
+	ck_assert_uint_le(stream(c, s, 20, 3000), 1 + 2 + 1);
+	ck_assert_int_eq(kvp_seq_info(c, s, NULL, NULL, &t), 0);
+	ck_assert_uint_ne(t.blocks[0], KVP_TABLE_HOLE);
+	ck_assert_uint_eq(t.blocks[1], KVP_TABLE_HOLE);
+	ck_assert_int_eq(ctl(&d, "sequences", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "\"sinks\""));
+	ck_assert_int_ge(json_int(out, "freed_blocks"), 3000 / 16 - 4);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_ge(json_int(out, "pruned_tokens"), (3000 / 16 - 4) * 16);
+	/* Its history is gone: it cannot be parked. */
+	ck_assert_int_eq(kvp_park(c, s), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "retention"));
+	assert_verified(&d);
+
+	/* Bad policies: a clear error, nothing opened. */
+	keep.recent = 0;
+	ck_assert_int_eq(kvp_open_retained(c, p, 20, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "sinks without recent"));
+	keep = (struct kvp_retention){ .size = sizeof(keep), .policy = 9, .recent = 4 };
+	ck_assert_int_eq(kvp_open_retained(c, p, 20, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	kvp_table_free(&t);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
+START_TEST(test_window_pool)
+{
+	struct kvp_retention keep = { .size = sizeof(keep), .policy = KVP_RETAIN_SINKS,
+				      .recent = 8 };
+	struct kvp_client *c, *r;
+	uint32_t p[1] = { 5 }, cached, table[64];
+	struct kvp_completion comp[2];
+	uint64_t s;
+	char out[16384];
+
+	daemon_start(&d, POOL("window = 64\n"));
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, p, 1, 0, 0, &s, &cached, NULL), 0);
+	/* ceil(64 / 16) + 1 */
+	ck_assert_uint_le(stream(c, s, 1, 2000), 5);
+	ck_assert_int_eq(ctl(&d, "sequences", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "\"window\""));
+	ck_assert_int_eq(kvp_open_retained(c, p, 1, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "window"));
+
+	/* Sinks over the rings: flag and parameters in the entry. */
+	daemon_stop(&d);
+	daemon_start(&d, POOL(""));
+	r = connect_ns(NULL, 64);
+	struct kvp_op op = { .opcode = KVP_OPEN, .arg = KVP_OPEN_SINKS, .user_data = 1,
+			     .seq = KVP_SINKS(0, 16), .tokens = p, .ntokens = 1, .table_cap = 64,
+			     .table_out = table };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 2, 1, 5000), 1);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_uint_le(stream(r, comp[0].value, 1, 500), 1 + 1 + 1);
+	ck_assert_int_eq(ctl(&d, "sequences", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "\"sinks\""));
+	assert_verified(&d);
+	kvp_disconnect(r);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("retention");
+	TCase *tc = tcase_create("retention");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_sinks_over_the_socket);
+	tcase_add_test(tc, test_window_pool);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
