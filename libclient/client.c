@@ -253,6 +253,24 @@ KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c)
 	return c->pool_base;
 }
 
+KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t first,
+				 const float *weights, uint32_t n)
+{
+	Kvpaged__V1__Scores req = KVPAGED__V1__SCORES__INIT;
+	Kvpaged__V1__ScoresReply *rep;
+	int r;
+
+	req.seq = seq;
+	req.first = first;
+	req.weights = (float *)weights;
+	req.n_weights = n;
+	r = CALL(c, SCORES, req, scores_reply, rep);
+	if (r < 0)
+		return r;
+	kvpaged__v1__scores_reply__free_unpacked(rep, NULL);
+	return 0;
+}
+
 KVP_EXPORT void kvp_set_wait(struct kvp_client *c, uint32_t ms)
 {
 	c->wait_ms = ms;
@@ -285,6 +303,9 @@ KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, u
 		req.retention = retention->policy;
 		req.n_sink = retention->n_sink;
 		req.recent = retention->recent;
+		req.budget = retention->budget;
+		req.granularity = retention->granularity;
+		req.decay = retention->decay;
 	}
 	req.tokens = (uint32_t *)tokens;
 	req.n_tokens = n;

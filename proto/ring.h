@@ -67,7 +67,8 @@ enum kvp_ring_op {
 	KVP_OP_NOP = 0,      /* completes with res 0: measures the round trip */
 	KVP_OP_OPEN = 1,     /* in: tokens; extra; arg: flags | priority << 8; out: table;
 				value: seq; aux: cached.  With flag 2 (sinks retention), seq
-				carries n_sink << 32 | recent */
+				carries n_sink << 32 | recent; with flag 4 (h2o), budget << 32 |
+				recent */
 	KVP_OP_APPEND = 2,   /* seq; in: tokens; out: table from aux; aux: first changed entry */
 	KVP_OP_COMMIT = 3,   /* seq; arg: tokens written; out: table if aux > 0; aux: replaced */
 	KVP_OP_FORK = 4,     /* seq; out: child's table; value: child seq */
@@ -76,6 +77,7 @@ enum kvp_ring_op {
 	KVP_OP_SEQ_INFO = 7, /* seq; out: table; value: tokens << 32 | committed */
 	KVP_OP_PARK = 8,     /* seq */
 	KVP_OP_RESUME = 9,   /* seq; out: table; aux: tokens to recompute */
+	KVP_OP_SCORES = 10,  /* seq; arg: first position; in: float32 weights (h2o) */
 	KVP_OP_MAX
 };
 

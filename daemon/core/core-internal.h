@@ -27,6 +27,9 @@ struct core_seq {
 	uint32_t n_sink, recent;
 	uint32_t prune_from;    /* table entries below this were looked at by prune() */
 	uint32_t freed;         /* table entries released (CORE_NONE) */
+	uint32_t budget;        /* H2O */
+	float decay;            /* H2O: 1 for none */
+	float *score;           /* H2O: running score of each table entry's tokens (cap_blocks) */
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */

@@ -100,6 +100,7 @@ struct core *core_free(struct core *c)
 	if (c->seqs)
 		for (uint32_t i = 0; i < c->cfg.max_sequences; i++) {
 			free(c->seqs[i].table);
+			free(c->seqs[i].score);
 			free(c->seqs[i].history);
 		}
 	pool_done(&c->pool);
@@ -257,6 +258,15 @@ static int table_reserve(struct core_seq *s, uint32_t nblocks)
 		return 0;
 	while (cap < nblocks)
 		cap = cap > UINT32_MAX / 2 ? nblocks : cap * 2;
+	if (s->score) {
+		/* Scores first: a table grown alone would be harmless, the reverse not. */
+		float *sc = realloc(s->score, (size_t)cap * sizeof(*sc));
+
+		if (!sc)
+			return -ENOMEM;
+		memset(sc + s->cap_blocks, 0, (size_t)(cap - s->cap_blocks) * sizeof(*sc));
+		s->score = sc;
+	}
 	t = realloc(s->table, (size_t)cap * sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -299,33 +309,70 @@ static void release_table(struct core *c, struct core_seq *s)
  * The retention policy: releases the blocks wholly inside [n_sink, ncommitted - recent).
  * They were committed (or will never be), so the next token's attention needs none of them.
  */
+/* Releases table entry i (retention policies): its block may stay cached for others. */
+static void release_entry(struct core *c, struct core_seq *s, uint32_t i)
+{
+	struct core_block *blk = &c->pool.blocks[s->table[i]];
+
+	/* Cached (if findable) before the blocks this sequence keeps after it. */
+	blk->flags |= CORE_BLOCK_PRUNED;
+	pool_unref(&c->pool, s->table[i]);
+	s->table[i] = CORE_NONE;
+	s->freed++;
+	c->stats.pruned_blocks++;
+	c->stats.pruned_tokens += c->cfg.block_tokens;
+	if (!c->cfg.window)
+		s->pruned = true;
+}
+
+/*
+ * H2O at block granularity: while more than budget tokens are held, releases the held block
+ * with the lowest score among those holding none of the last recent committed tokens (ties:
+ * the earliest).  Linear in the blocks held, which the budget bounds.
+ */
+static void prune_h2o(struct core *c, struct core_seq *s)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	uint32_t held = s->ntokens - s->freed * B, end;
+
+	if (s->ncommitted <= s->recent)
+		return;
+	end = (s->ncommitted - s->recent) / B; /* entries below hold no recent token */
+	while (held > s->budget) {
+		uint32_t victim = CORE_NONE;
+
+		for (uint32_t i = s->prune_from; i < end; i++)
+			if (s->table[i] != CORE_NONE &&
+			    (victim == CORE_NONE || s->score[i] < s->score[victim]))
+				victim = i;
+		if (victim == CORE_NONE)
+			return;
+		release_entry(c, s, victim);
+		held -= B;
+		/* Entries below the first held one need no more looking at. */
+		while (s->prune_from < end && s->table[s->prune_from] == CORE_NONE)
+			s->prune_from++;
+	}
+}
+
 static void prune(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
 	uint32_t first, end;
 
+	if (s->retention == CORE_RETAIN_H2O) {
+		prune_h2o(c, s);
+		return;
+	}
 	if (s->retention == CORE_RETAIN_FULL || s->ncommitted <= s->recent)
 		return;
 	first = (uint32_t)(((uint64_t)s->n_sink + B - 1) / B);
 	end = (s->ncommitted - s->recent) / B;
 	if (first < s->prune_from)
 		first = s->prune_from;
-	for (uint32_t i = first; i < end; i++) {
-		struct core_block *blk;
-
-		if (s->table[i] == CORE_NONE)
-			continue;
-		blk = &c->pool.blocks[s->table[i]];
-		/* Cached (if findable) before the blocks this sequence keeps after it. */
-		blk->flags |= CORE_BLOCK_PRUNED;
-		pool_unref(&c->pool, s->table[i]);
-		s->table[i] = CORE_NONE;
-		s->freed++;
-		c->stats.pruned_blocks++;
-		c->stats.pruned_tokens += B;
-		if (!c->cfg.window)
-			s->pruned = true;
-	}
+	for (uint32_t i = first; i < end; i++)
+		if (s->table[i] != CORE_NONE)
+			release_entry(c, s, i);
 	if (end > s->prune_from)
 		s->prune_from = end;
 }
@@ -621,6 +668,11 @@ static int retention_check(const struct core *c, const struct core_open *o)
 		return 0;
 	case CORE_RETAIN_SINKS:
 		return c->cfg.window || o->recent == 0 ? -EINVAL : 0;
+	case CORE_RETAIN_H2O:
+		if (c->cfg.window || o->recent == 0 || o->budget < o->recent ||
+		    !(o->decay >= 0 && o->decay <= 1))
+			return -EINVAL;
+		return 0;
 	}
 	return -EINVAL;
 }
@@ -632,6 +684,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	struct core_hash chain;
 	struct core_seq *s;
 	uint32_t *table;
+	float *score = NULL;
 	int r;
 
 	r = tokens_check(c, o->tokens, o->ntokens);
@@ -646,9 +699,16 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		return -E2BIG;
 	if (c->nfree_slots == 0)
 		return -EMFILE;
+	if (o->retention == CORE_RETAIN_H2O) {
+		score = calloc(blocks_for(c, o->ntokens), sizeof(*score));
+		if (!score)
+			return -ENOMEM;
+	}
 	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain);
-	if (r < 0)
+	if (r < 0) {
+		free(score);
 		return r;
+	}
 
 	slot = c->free_slots[--c->nfree_slots];
 	s = &c->seqs[slot];
@@ -672,9 +732,12 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->recent = c->cfg.window;
 	} else {
 		s->retention = (uint8_t)o->retention;
-		s->n_sink = o->n_sink;
+		s->n_sink = o->retention == CORE_RETAIN_SINKS ? o->n_sink : 0;
 		s->recent = o->recent;
+		s->budget = o->budget;
+		s->decay = o->decay > 0 ? o->decay : 1;
 	}
+	s->score = score;
 	write_tokens(c, s, s->ncommitted, o->tokens + s->ncommitted, o->ntokens - s->ncommitted);
 	prune(c, s);
 
@@ -837,6 +900,7 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 {
 	struct core_seq *s, *child;
 	uint32_t *table, slot;
+	float *score = NULL;
 	int r;
 
 	r = seq_get_active(c, id, &s);
@@ -844,9 +908,17 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 		return r;
 	if (c->nfree_slots == 0)
 		return -EMFILE;
+	if (s->score) {
+		score = malloc((size_t)s->nblocks * sizeof(*score) + 1);
+		if (!score)
+			return -ENOMEM;
+		memcpy(score, s->score, (size_t)s->nblocks * sizeof(*score));
+	}
 	table = malloc((size_t)s->nblocks * sizeof(*table));
-	if (!table)
+	if (!table) {
+		free(score);
 		return -ENOMEM;
+	}
 	memcpy(table, s->table, (size_t)s->nblocks * sizeof(*table));
 	for (uint32_t i = 0; i < s->nblocks; i++)
 		if (table[i] != CORE_NONE)
@@ -872,6 +944,9 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->recent = s->recent;
 	child->prune_from = s->prune_from;
 	child->freed = s->freed;
+	child->budget = s->budget;
+	child->decay = s->decay;
+	child->score = score;
 	*ret_child = seq_id(c, slot);
 	return 0;
 }
@@ -946,6 +1021,33 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	return 0;
 }
 
+int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *weights,
+		    uint32_t n)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	struct core_seq *s;
+	int r;
+
+	r = seq_get_active(c, id, &s);
+	if (r < 0)
+		return r;
+	if (s->retention != CORE_RETAIN_H2O || n == 0 || !weights ||
+	    (uint64_t)first + n > s->ntokens)
+		return -EINVAL;
+	/* Everything is checked before anything is added: a bad report changes nothing. */
+	for (uint32_t i = 0; i < n; i++)
+		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f) ||
+		    s->table[(first + i) / B] == CORE_NONE)
+			return -EINVAL;
+	if (s->decay < 1)
+		for (uint32_t i = 0; i < s->nblocks; i++)
+			s->score[i] *= s->decay;
+	for (uint32_t i = 0; i < n; i++)
+		s->score[(first + i) / B] += weights[i];
+	s->last_use = ++c->tick;
+	return 0;
+}
+
 int core_seq_close(struct core *c, uint64_t id)
 {
 	struct core_seq *s = seq_get(c, id);
@@ -955,6 +1057,8 @@ int core_seq_close(struct core *c, uint64_t id)
 	release_table(c, s);
 	free(s->table);
 	free(s->history);
+	free(s->score);
+	s->score = NULL;
 	s->table = s->history = NULL;
 	s->cap_blocks = s->nblocks = s->ntokens = s->ncommitted = 0;
 	s->state = 0;
@@ -980,6 +1084,7 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 		.retention = s->retention,
 		.n_sink = s->n_sink,
 		.recent = s->recent,
+		.budget = s->budget,
 		.held_blocks = s->nblocks - s->freed,
 		.freed_blocks = s->freed,
 	};

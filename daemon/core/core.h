@@ -201,7 +201,10 @@ struct core_open {
 	uint32_t priority; /* higher is more important (CORE_POLICY_PRIORITY) */
 	uint32_t retention; /* enum core_retention */
 	uint32_t n_sink;    /* CORE_RETAIN_SINKS: leading tokens always kept */
-	uint32_t recent;    /* CORE_RETAIN_SINKS: trailing tokens kept, >= 1 */
+	uint32_t recent;    /* SINKS, H2O: trailing tokens always kept, >= 1 */
+	uint32_t budget;    /* H2O: tokens kept in all (recent ones and heavy hitters), >= recent */
+	float decay;        /* H2O: running scores are multiplied by this at each report, in
+			       (0, 1]; 0 means 1 (no decay) */
 };
 
 /*
@@ -218,6 +221,7 @@ struct core_open {
 enum core_retention {
 	CORE_RETAIN_FULL = 0,
 	CORE_RETAIN_SINKS = 1,
+	CORE_RETAIN_H2O = 2, /* heavy hitters, block granularity: see core_seq_scores() */
 };
 
 /*
@@ -243,6 +247,7 @@ struct core_seq_info {
 	const uint32_t *table; /* block table, valid until the next call that changes the core */
 	uint32_t retention;    /* enum core_retention (a window pool's sequences: SINKS) */
 	uint32_t n_sink, recent;
+	uint32_t budget;       /* H2O */
 	uint32_t held_blocks;  /* table entries that are not CORE_NONE */
 	uint32_t freed_blocks; /* entries released by the retention policy */
 };
@@ -295,6 +300,20 @@ int core_seq_park(struct core *c, uint64_t seq);
  * its logits can be had).  A parked one that kept its blocks needs nothing: 0.
  */
 int core_seq_resume(struct core *c, uint64_t seq, uint32_t *ret_recompute);
+
+/*
+ * Heavy-hitter retention (H2O, block granularity).  A sequence opened with CORE_RETAIN_H2O
+ * accumulates the attention its tokens receive: each call adds weights[i] to the running
+ * score of position first + i (after multiplying every score by the sequence's decay).  The
+ * client sums a decode step's attention over heads and layers.  When tokens are committed and
+ * the sequence holds more than budget tokens, whole blocks that hold none of the last recent
+ * committed tokens are released lowest total score first (ties: the earliest block first)
+ * until it holds at most budget tokens or no such block is left.  Returns 0, -ENOENT,
+ * -EINVAL (not an H2O sequence, n == 0, a weight that is negative or not finite, or a
+ * position the sequence does not hold: beyond its tokens or released), -EBUSY (parked).
+ */
+int core_seq_scores(struct core *c, uint64_t seq, uint32_t first, const float *weights,
+		    uint32_t n);
 
 /* Releases every block reference of seq; committed full blocks stay cached. */
 int core_seq_close(struct core *c, uint64_t seq);

@@ -489,6 +489,7 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				infos[n].blocks = info.nblocks;
 				infos[n].retention = (char *)(info.retention == CORE_RETAIN_FULL ? "full"
 							      : p->cfg->window		     ? "window"
+							      : info.retention == CORE_RETAIN_H2O ? "h2o"
 											     : "sinks");
 				infos[n].held_blocks = info.held_blocks;
 				infos[n].freed_blocks = info.freed_blocks;

@@ -239,10 +239,13 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 	UNPACK(open, m);
 	if (m->n_tokens > UINT32_MAX)
 		r = -E2BIG;
+	else if (m->granularity != 0)
+		r = -EOPNOTSUPP, why = "h2o at token granularity is not supported yet";
 	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
 		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
 			     &(struct core_open){ .retention = m->retention, .n_sink = m->n_sink,
-						  .recent = m->recent },
+						  .recent = m->recent, .budget = m->budget,
+						  .decay = m->decay },
 			     &res, &why);
 	if (waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__open__free_unpacked(m, NULL);
@@ -392,6 +395,7 @@ static void on_seq_info(struct session *s, const struct kvp_frame_header *h, con
 		rep.recent = info.recent;
 		rep.held_blocks = info.held_blocks;
 		rep.freed_blocks = info.freed_blocks;
+		rep.budget = info.budget;
 		REPLY(SEQ_INFO_REPLY, rep);
 	}
 	kvpaged__v1__seq_info__free_unpacked(m, NULL);
@@ -411,6 +415,25 @@ static void on_park(struct session *s, const struct kvp_frame_header *h, const u
 	else
 		REPLY(PARK_REPLY, rep);
 	kvpaged__v1__park__free_unpacked(m, NULL);
+}
+
+static void on_scores(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	Kvpaged__V1__ScoresReply rep = KVPAGED__V1__SCORES_REPLY__INIT;
+	const char *why = NULL;
+	Kvpaged__V1__Scores *m;
+	int r;
+
+	UNPACK(scores, m);
+	if (m->n_weights > UINT32_MAX)
+		r = -E2BIG;
+	else
+		r = ops_scores(s, m->seq, m->first, m->weights, (uint32_t)m->n_weights, &why);
+	if (r < 0)
+		reply_refused(s, h->seq, r, why, "scores");
+	else
+		REPLY(SCORES_REPLY, rep);
+	kvpaged__v1__scores__free_unpacked(m, NULL);
 }
 
 static void on_resume(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
@@ -478,6 +501,9 @@ bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const 
 		break;
 	case KVPAGED__V1__MESSAGE_TYPE__RESUME:
 		on_resume(s, h, payload);
+		break;
+	case KVPAGED__V1__MESSAGE_TYPE__SCORES:
+		on_scores(s, h, payload);
 		break;
 	default:
 		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);

@@ -102,6 +102,8 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		o.retention = retention->retention;
 		o.n_sink = retention->n_sink;
 		o.recent = retention->recent;
+		o.budget = retention->budget;
+		o.decay = retention->decay;
 	}
 	/* Arguments first: a bad request is -EINVAL whatever the session's usage. */
 	if (n == 0 || !tokens || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
@@ -125,8 +127,10 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		return r;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
 	if (r == -EINVAL)
-		*why = s->pool->cfg->window ? "the pool's window decides what its sequences keep"
-					    : "unknown retention policy, or sinks without recent";
+		*why = s->pool->cfg->window
+			       ? "the pool's window decides what its sequences keep"
+			       : "bad retention: unknown policy, recent 0, budget below recent, or "
+				 "decay outside [0, 1]";
 	if (r < 0)
 		return r;
 	own(s, res->seq);
@@ -289,6 +293,28 @@ int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const ch
 	res->seq = seq;
 	fill_table(s, seq, 0, res);
 	return 0;
+}
+
+int ops_scores(struct session *s, uint64_t seq, uint32_t first, const float *weights,
+	       uint32_t n, const char **why)
+{
+	struct core_seq_info info;
+	int r;
+
+	r = check_owner(s, seq, &info);
+	if (r < 0)
+		return r;
+	if (n > s->srv->cfg->limits.max_tokens_per_request) {
+		*why = "more weights than max_tokens_per_request";
+		return -E2BIG;
+	}
+	r = core_seq_scores(s->pool->core, seq, first, weights, n);
+	if (r == -EINVAL)
+		*why = info.retention != CORE_RETAIN_H2O
+			       ? "scores apply to h2o sequences only"
+			       : "scores for tokens the sequence does not hold, none, or a weight "
+				 "that is negative or not finite";
+	return r;
 }
 
 int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,

@@ -214,11 +214,18 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_NOP:
 		break;
 	case KVP_OP_OPEN:
-		/* Flag 2: sinks retention, with n_sink << 32 | recent in seq. */
-		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xfd, e->arg >> 8,
-			      e->arg & 2 ? &(struct core_open){ .retention = CORE_RETAIN_SINKS,
-								.n_sink = (uint32_t)(e->seq >> 32),
-								.recent = (uint32_t)e->seq }
+		/* Flag 2: sinks, n_sink << 32 | recent in seq; flag 4: h2o, budget << 32 | recent. */
+		if ((e->arg & 6) == 6) {
+			rc = -EINVAL;
+			break;
+		}
+		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xf9, e->arg >> 8,
+			      e->arg & 6 ? &(struct core_open){
+						   .retention = e->arg & 2 ? CORE_RETAIN_SINKS
+									   : CORE_RETAIN_H2O,
+						   .n_sink = e->arg & 2 ? (uint32_t)(e->seq >> 32) : 0,
+						   .budget = e->arg & 4 ? (uint32_t)(e->seq >> 32) : 0,
+						   .recent = (uint32_t)e->seq }
 					 : NULL,
 			      &res, &why);
 		if (rc == 0) {
@@ -257,6 +264,10 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		break;
 	case KVP_OP_PARK:
 		rc = ops_park(s, e->seq, &why);
+		break;
+	case KVP_OP_SCORES:
+		/* The weights were copied with the tokens: the same 4-byte words. */
+		rc = ops_scores(s, e->seq, e->arg, (const float *)tokens, ntok, &why);
 		break;
 	case KVP_OP_RESUME:
 		rc = ops_resume(s, e->seq, &res, &why);

@@ -236,6 +236,9 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 	       const char **why);
 int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char **why);
 int ops_close(struct session *s, uint64_t seq, const char **why);
+/* h2o: adds a decode step's attention to the running scores (core_seq_scores). */
+int ops_scores(struct session *s, uint64_t seq, uint32_t first, const float *weights,
+	       uint32_t n, const char **why);
 int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
 	       uint32_t flags, uint32_t *cached, const char **why);
 int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why);

@@ -42,6 +42,9 @@ extern "C" {
  */
 #define KVP_OPEN_SINKS (1u << 1)
 #define KVP_SINKS(n_sink, recent) ((uint64_t)(n_sink) << 32 | (uint32_t)(recent))
+/* Rings only: open with h2o retention (no decay); the op's seq carries KVP_H2O(budget, recent). */
+#define KVP_OPEN_H2O (1u << 2)
+#define KVP_H2O(budget, recent) ((uint64_t)(budget) << 32 | (uint32_t)(recent))
 
 /* A table entry whose block the sequence's retention policy released. */
 #define KVP_TABLE_HOLE UINT32_MAX
@@ -51,15 +54,23 @@ extern "C" {
  * and the last recent ones (recent >= 1): once tokens are committed, every block wholly
  * between them is released and its table entry becomes KVP_TABLE_HOLE, so entry i still holds
  * tokens [i * block_tokens, (i + 1) * block_tokens).  Such a sequence cannot be parked.
+ *
+ * KVP_RETAIN_H2O keeps the last recent tokens plus, up to budget tokens in all, the blocks
+ * whose tokens received the most attention, as reported with kvp_report_scores(): whole
+ * blocks (granularity 0) are released lowest score first, the earliest among equals.
  */
 struct kvp_retention {
 	uint32_t size;   /* sizeof(struct kvp_retention) */
 	uint32_t policy; /* KVP_RETAIN_* */
-	uint32_t n_sink;
-	uint32_t recent;
+	uint32_t n_sink; /* sinks */
+	uint32_t recent; /* sinks, h2o: >= 1 */
+	uint32_t budget; /* h2o: >= recent */
+	uint32_t granularity; /* h2o: 0 (blocks); token granularity is not there yet */
+	float decay;     /* h2o: scores are multiplied by this at each report, (0, 1]; 0: 1 */
 };
 #define KVP_RETAIN_FULL 0
 #define KVP_RETAIN_SINKS 1
+#define KVP_RETAIN_H2O 2
 
 struct kvp_client;
 
@@ -137,6 +148,14 @@ KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, u
 				 const struct kvp_retention *retention, uint64_t *ret_seq,
 				 uint32_t *ret_cached, struct kvp_table *table);
 
+/*
+ * h2o: adds one decode step's attention to positions [first, first + n) (weights summed over
+ * heads and layers; every position must be one the sequence holds).  Over the rings: KVP_SCORES
+ * with arg = first and the weights as the op's tokens (n 32-bit floats).
+ */
+KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t first,
+				 const float *weights, uint32_t n);
+
 /* Gives n more tokens slots; table (the sequence's, as last returned) is updated in place. */
 KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *tokens,
 			  uint32_t n, struct kvp_table *table);
@@ -199,6 +218,7 @@ enum kvp_opcode {
 	KVP_SEQ_INFO = 7,
 	KVP_PARK = 8,
 	KVP_RESUME = 9, /* aux: tokens to recompute */
+	KVP_SCORES = 10, /* arg: first position; tokens: the float weights, ntokens of them */
 };
 
 /* One operation for kvp_submit().  tokens are copied at submission. */

@@ -70,7 +70,7 @@ START_TEST(test_sinks_over_the_socket)
 	/* Bad policies: a clear error, nothing opened. */
 	keep.recent = 0;
 	ck_assert_int_eq(kvp_open_retained(c, p, 20, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
-	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "sinks without recent"));
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "recent 0"));
 	keep = (struct kvp_retention){ .size = sizeof(keep), .policy = 9, .recent = 4 };
 	ck_assert_int_eq(kvp_open_retained(c, p, 20, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
 	kvp_table_free(&t);
@@ -119,6 +119,89 @@ START_TEST(test_window_pool)
 }
 END_TEST
 
+/* Which table entries are holes, as a bit mask. */
+static uint32_t holes(struct kvp_client *c, uint64_t s)
+{
+	struct kvp_table t = { 0 };
+	uint32_t m = 0;
+
+	ck_assert_int_eq(kvp_seq_info(c, s, NULL, NULL, &t), 0);
+	for (uint32_t i = 0; i < t.len; i++)
+		m |= (uint32_t)(t.blocks[i] == KVP_TABLE_HOLE) << i;
+	kvp_table_free(&t);
+	return m;
+}
+
+/*
+ * Heavy hitters: block 1 received the attention, so with a budget of 32 tokens (the last 16
+ * always kept) blocks 0 and 2 go.  Over the socket and over the rings.
+ */
+START_TEST(test_h2o)
+{
+	struct kvp_retention keep = { .size = sizeof(keep), .policy = KVP_RETAIN_H2O,
+				      .recent = 16, .budget = 32 };
+	float w[16], nan1 = __builtin_nanf("");
+	uint32_t p[64], table[8];
+	struct kvp_completion comp[4];
+	struct kvp_client *c, *r;
+	uint64_t s;
+	char out[16384];
+
+	daemon_start(&d, POOL(""));
+	prompt(p, 64, 1);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), 0);
+	for (uint32_t b = 0; b < 4; b++) {
+		for (int i = 0; i < 16; i++)
+			w[i] = b == 1 ? 1.0f : 0.01f;
+		ck_assert_int_eq(kvp_report_scores(c, s, b * 16, w, 16), 0);
+	}
+	ck_assert_int_eq(kvp_commit(c, s, 64, NULL), 0);
+	ck_assert_uint_eq(holes(c, s), 1u << 0 | 1u << 2);
+	ck_assert_int_eq(ctl(&d, "sequences", out, sizeof(out)), 0);
+	ck_assert_ptr_nonnull(strstr(out, "\"h2o\""));
+
+	/* Scores for what it no longer holds, or beyond it, or not a number: refused. */
+	ck_assert_int_eq(kvp_report_scores(c, s, 0, w, 4), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "does not hold"));
+	ck_assert_int_eq(kvp_report_scores(c, s, 60, w, 8), -EINVAL);
+	ck_assert_int_eq(kvp_report_scores(c, s, 16, &nan1, 1), -EINVAL);
+	keep.budget = 8;
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "budget below recent"));
+	keep.budget = 32;
+	keep.granularity = 1;
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EOPNOTSUPP);
+
+	/* The rings: open with KVP_OPEN_H2O, scores as a bulk entry in the data area. */
+	r = connect_ns(NULL, 64);
+	struct kvp_op op = { .opcode = KVP_OPEN, .arg = KVP_OPEN_H2O, .user_data = 1,
+			     .seq = KVP_H2O(32, 16), .tokens = p, .ntokens = 64, .table_cap = 8,
+			     .table_out = table };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 4, 1, 5000), 1);
+	ck_assert_int_eq(comp[0].res, 0);
+	s = comp[0].value;
+	for (int i = 0; i < 16; i++)
+		w[i] = 1.0f;
+	struct kvp_op ops[2] = {
+		{ .opcode = KVP_SCORES, .user_data = 2, .seq = s, .arg = 32,
+		  .tokens = (const uint32_t *)w, .ntokens = 16 },
+		{ .opcode = KVP_COMMIT, .user_data = 3, .seq = s, .arg = 64 },
+	};
+	ck_assert_int_eq(kvp_submit(r, ops, 2), 2);
+	ck_assert_int_eq(kvp_complete(r, comp, 4, 2, 5000), 2);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_int_eq(comp[1].res, 0);
+	/* Block 2 is the heavy hitter now; 0 and 1 (no scores) go, the earliest first. */
+	ck_assert_uint_eq(holes(r, s), 1u << 0 | 1u << 1);
+	assert_verified(&d);
+	kvp_disconnect(r);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("retention");
@@ -127,6 +210,7 @@ int main(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_sinks_over_the_socket);
 	tcase_add_test(tc, test_window_pool);
+	tcase_add_test(tc, test_h2o);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -220,6 +220,176 @@ START_TEST(test_bad_policies)
 }
 END_TEST
 
+static uint64_t open_h2o(struct core *c, const uint32_t *p, uint32_t n, uint32_t budget,
+			 uint32_t recent, float decay)
+{
+	struct core_open o = { .tokens = p, .ntokens = n, .retention = CORE_RETAIN_H2O,
+			       .budget = budget, .recent = recent, .decay = decay };
+	uint64_t s;
+
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	return s;
+}
+
+/*
+ * Reports weight hi for the tokens of the listed blocks, lo for the other held ones in
+ * [0, n): one report per held block, as released positions cannot be scored.
+ */
+static void report(struct core *c, uint64_t s, uint32_t n, uint32_t mask, float hi, float lo)
+{
+	struct core_seq_info si = info_of(c, s);
+	float w[B];
+
+	for (uint32_t i = 0; i * B < n; i++) {
+		uint32_t len = n - i * B < B ? n - i * B : B;
+
+		if (si.table[i] == CORE_NONE)
+			continue;
+		for (uint32_t j = 0; j < len; j++)
+			w[j] = mask & (1u << i) ? hi : lo;
+		ck_assert_int_eq(core_seq_scores(c, s, i * B, w, len), 0);
+	}
+}
+
+static uint32_t holes_mask(const struct core *c, uint64_t s)
+{
+	struct core_seq_info si = info_of(c, s);
+	uint32_t m = 0;
+
+	for (uint32_t i = 0; i < si.nblocks; i++)
+		m |= (uint32_t)(si.table[i] == CORE_NONE) << i;
+	return m;
+}
+
+/*
+ * Eight blocks, budget 64 tokens, the last 16 always kept.  Blocks 2 and 5 got the attention:
+ * the lowest-scoring blocks go, the earliest first among equals (0, 1, 3, 4), until 64 tokens
+ * are held: 2, 5, 6 and the recent 7.
+ */
+START_TEST(test_h2o_keeps_recent_and_heavy_hitters)
+{
+	struct core *c = pool_with(64, 0, 4096);
+	uint32_t p[128];
+	uint64_t s;
+	struct core_stats st;
+
+	fill_tokens(p, 128, 1);
+	s = open_h2o(c, p, 128, 64, 16, 0);
+	report(c, s, 128, 1u << 2 | 1u << 5, 1.0f, 0.01f);
+	ck_assert_int_eq(core_seq_commit(c, s, 128), 0);
+	ck_assert_uint_eq(holes_mask(c, s), 1u << 0 | 1u << 1 | 1u << 3 | 1u << 4);
+	ck_assert_uint_eq(info_of(c, s).held_blocks, 4);
+	ck_assert_uint_eq(info_of(c, s).budget, 64);
+	core_get_stats(c, &st);
+	ck_assert_uint_eq(st.pruned_tokens, 4 * B);
+	assert_verified(c);
+
+	/* The next block: the lowest of the older ones goes (6: nothing reported for it since). */
+	ck_assert_int_ge(core_seq_append(c, s, p, 16), 0);
+	report(c, s, 144, 1u << 2 | 1u << 5 | 1u << 7 | 1u << 8, 1.0f, 0.0f);
+	ck_assert_int_eq(core_seq_commit(c, s, 144), 0);
+	ck_assert_uint_eq(holes_mask(c, s), 1u << 0 | 1u << 1 | 1u << 3 | 1u << 4 | 1u << 6);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* With decay, old attention fades: a block that was hot long ago loses to a steadily warm one. */
+START_TEST(test_h2o_decay)
+{
+	struct core *c = pool_with(64, 0, 4096);
+	uint32_t p[64];
+	uint64_t s;
+
+	fill_tokens(p, 64, 1);
+	s = open_h2o(c, p, 64, 48, 16, 0.5f);
+	report(c, s, 64, 1u << 0, 1.0f, 0.0f); /* block 0: 16 */
+	for (int k = 0; k < 4; k++)
+		report(c, s, 64, 1u << 1, 0.5f, 0.0f); /* block 1: 8 a step */
+	/* block 0: 16 / 16 = 1; block 1: 8 + 4 + 2 + 1 = 15; block 2: 0 */
+	ck_assert_int_eq(core_seq_commit(c, s, 64), 0);
+	ck_assert_uint_eq(holes_mask(c, s), 1u << 2);
+	ck_assert_int_ge(core_seq_append(c, s, p, 16), 0);
+	/* One more step on the new tokens: block 0 halves to 0.5, block 1 to 7.5, block 3 8. */
+	report(c, s, 80, 1u << 3 | 1u << 4, 0.5f, 0.0f);
+	ck_assert_int_eq(core_seq_commit(c, s, 80), 0);
+	ck_assert_uint_eq(holes_mask(c, s), 1u << 0 | 1u << 2);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* A long stream with random attention: held tokens stay within budget plus one block. */
+START_TEST(test_h2o_stream_bounded)
+{
+	struct core *c = pool_with(32, 0, 1u << 20);
+	uint32_t t = 1, rng = 12345;
+	uint64_t s = open_h2o(c, &t, 1, 128, 32, 0.9f);
+
+	for (uint32_t k = 1; k < 100000; k++) {
+		struct core_seq_info si;
+		float w[B];
+
+		ck_assert_int_ge(core_seq_append(c, s, &t, 1), 0);
+		si = info_of(c, s);
+		/* Attention over one held block, as a decode step would report it. */
+		for (uint32_t i = 0; i < si.nblocks; i++) {
+			rng = rng * 1103515245u + 12345u;
+			if (si.table[i] == CORE_NONE || (i + 1) * B > k + 1 || rng % 3)
+				continue;
+			for (uint32_t j = 0; j < B; j++)
+				w[j] = (float)(rng >> 16 & 0xff) / 256.0f;
+			ck_assert_int_eq(core_seq_scores(c, s, i * B, w, B), 0);
+			break;
+		}
+		ck_assert_int_eq(core_seq_commit(c, s, k + 1), 0);
+		if ((k + 1) % 10000 == 0)
+			ck_assert_uint_le(info_of(c, s).held_blocks, 128 / B + 1);
+	}
+	assert_verified(c);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+START_TEST(test_h2o_bad_input)
+{
+	struct core *c = pool_with(64, 0, 4096);
+	struct core_open o = { .ntokens = 64, .retention = CORE_RETAIN_H2O, .budget = 16,
+			       .recent = 32 };
+	uint32_t p[64];
+	float w[4] = { 1, 1, 1, 1 }, bad[1];
+	uint64_t s, full;
+
+	fill_tokens(p, 64, 1);
+	o.tokens = p;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL); /* budget < recent */
+	o.budget = 32;
+	o.decay = 1.5f;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	o.decay = 0;
+	o.recent = 0;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	s = open_h2o(c, p, 64, 32, 16, 0);
+	ck_assert_int_eq(core_seq_scores(c, s, 62, w, 4), -EINVAL); /* beyond its tokens */
+	ck_assert_int_eq(core_seq_scores(c, s, 0, w, 0), -EINVAL);
+	bad[0] = -1;
+	ck_assert_int_eq(core_seq_scores(c, s, 0, bad, 1), -EINVAL);
+	bad[0] = __builtin_nanf("");
+	ck_assert_int_eq(core_seq_scores(c, s, 0, bad, 1), -EINVAL);
+	ck_assert_int_eq(core_seq_commit(c, s, 64), 0);
+	ck_assert_uint_eq(holes_mask(c, s), 1u << 0 | 1u << 1);
+	ck_assert_int_eq(core_seq_scores(c, s, 0, w, 4), -EINVAL); /* released */
+	ck_assert_int_eq(core_seq_scores(c, s, 60, w, 4), 0);
+	o = (struct core_open){ .tokens = p, .ntokens = 8 };
+	ck_assert_int_eq(core_seq_open(c, &o, &full, NULL), 0);
+	ck_assert_int_eq(core_seq_scores(c, full, 0, w, 4), -EINVAL); /* not an H2O sequence */
+	ck_assert_int_eq(core_seq_close(c, full), 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("core-retention");
@@ -231,6 +401,10 @@ int main(void)
 	tcase_add_test(tc, test_pruned_commits_are_private);
 	tcase_add_test(tc, test_window_pool_blocks_are_shared);
 	tcase_add_test(tc, test_bad_policies);
+	tcase_add_test(tc, test_h2o_keeps_recent_and_heavy_hitters);
+	tcase_add_test(tc, test_h2o_decay);
+	tcase_add_test(tc, test_h2o_stream_bounded);
+	tcase_add_test(tc, test_h2o_bad_input);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
