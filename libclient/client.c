@@ -444,6 +444,28 @@ KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_to
 	return r;
 }
 
+KVP_EXPORT int kvp_seq_packed(struct kvp_client *c, uint64_t seq, struct kvp_table *blocks,
+			      struct kvp_table *positions)
+{
+	Kvpaged__V1__SeqInfo req = KVPAGED__V1__SEQ_INFO__INIT;
+	Kvpaged__V1__SeqInfoReply *rep;
+	int r;
+
+	req.seq = seq;
+	r = CALL(c, SEQ_INFO, req, seq_info_reply, rep);
+	if (r < 0)
+		return r;
+	if (blocks)
+		blocks->len = 0;
+	if (positions)
+		positions->len = 0;
+	r = table_set(blocks, 0, rep->packed_table, rep->n_packed_table);
+	if (r == 0)
+		r = table_set(positions, 0, rep->packed_positions, rep->n_packed_positions);
+	kvpaged__v1__seq_info_reply__free_unpacked(rep, NULL);
+	return r;
+}
+
 KVP_EXPORT int kvp_park(struct kvp_client *c, uint64_t seq)
 {
 	Kvpaged__V1__Park req = KVPAGED__V1__PARK__INIT;

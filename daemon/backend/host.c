@@ -62,11 +62,28 @@ static int host_copy_block(struct backend_pool *p, uint32_t dst, uint32_t src)
 	return 0;
 }
 
+/* Per layer, the slot's K then its V: 2 * layers copies of slot_stride bytes. */
+static void host_copy_slot(struct backend_pool *p, uint32_t dst, uint32_t dst_slot, uint32_t src,
+			   uint32_t src_slot)
+{
+	uint8_t *d = (uint8_t *)p->base + (uint64_t)dst * p->block_bytes + dst_slot * p->slot_stride;
+	const uint8_t *s =
+		(const uint8_t *)p->base + (uint64_t)src * p->block_bytes + src_slot * p->slot_stride;
+
+	for (uint32_t l = 0; l < p->layers; l++)
+		for (uint32_t kv = 0; kv < 2; kv++) {
+			uint64_t off = l * p->layer_stride + kv * p->kv_stride;
+
+			memcpy(d + off, s + off, p->slot_stride);
+		}
+}
+
 const struct backend_ops backend_host = {
 	.name = "host",
 	.create = host_create,
 	.destroy = host_destroy,
 	.copy_block = host_copy_block,
+	.copy_slot = host_copy_slot,
 };
 
 int backend_copy_block(void *ctx, uint32_t dst, uint32_t src)
@@ -74,4 +91,12 @@ int backend_copy_block(void *ctx, uint32_t dst, uint32_t src)
 	struct backend_pool *p = ctx;
 
 	return p->ops->copy_block(p, dst, src);
+}
+
+void backend_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
+		       uint32_t src_slot)
+{
+	struct backend_pool *p = ctx;
+
+	p->ops->copy_slot(p, dst, dst_slot, src, src_slot);
 }

@@ -30,6 +30,14 @@ struct core_seq {
 	uint32_t budget;        /* H2O */
 	float decay;            /* H2O: 1 for none */
 	float *score;           /* H2O: running score of each table entry's tokens (cap_blocks) */
+	/* H2O at token granularity */
+	uint8_t granularity;
+	float *tscore;          /* score of every position (cap_blocks * B) */
+	uint32_t *packed;       /* packed blocks */
+	uint32_t *ppos;         /* position in each packed slot */
+	float *pscore;          /* score of each packed slot */
+	uint32_t npacked, packed_cap; /* slots used, slots allocated (a multiple of B) */
+	uint32_t table_block_tokens;  /* B, for table_reserve */
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */

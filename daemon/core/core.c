@@ -101,6 +101,10 @@ struct core *core_free(struct core *c)
 		for (uint32_t i = 0; i < c->cfg.max_sequences; i++) {
 			free(c->seqs[i].table);
 			free(c->seqs[i].score);
+			free(c->seqs[i].tscore);
+			free(c->seqs[i].packed);
+			free(c->seqs[i].ppos);
+			free(c->seqs[i].pscore);
 			free(c->seqs[i].history);
 		}
 	pool_done(&c->pool);
@@ -267,6 +271,15 @@ static int table_reserve(struct core_seq *s, uint32_t nblocks)
 		memset(sc + s->cap_blocks, 0, (size_t)(cap - s->cap_blocks) * sizeof(*sc));
 		s->score = sc;
 	}
+	if (s->tscore) {
+		size_t per = s->table_block_tokens;
+		float *sc = realloc(s->tscore, (size_t)cap * per * sizeof(*sc));
+
+		if (!sc)
+			return -ENOMEM;
+		memset(sc + s->cap_blocks * per, 0, (size_t)(cap - s->cap_blocks) * per * sizeof(*sc));
+		s->tscore = sc;
+	}
 	t = realloc(s->table, (size_t)cap * sizeof(*t));
 	if (!t)
 		return -ENOMEM;
@@ -310,7 +323,7 @@ static void release_table(struct core *c, struct core_seq *s)
  * They were committed (or will never be), so the next token's attention needs none of them.
  */
 /* Releases table entry i (retention policies): its block may stay cached for others. */
-static void release_entry(struct core *c, struct core_seq *s, uint32_t i)
+static void release_entry(struct core *c, struct core_seq *s, uint32_t i, uint32_t pruned_tokens)
 {
 	struct core_block *blk = &c->pool.blocks[s->table[i]];
 
@@ -320,9 +333,130 @@ static void release_entry(struct core *c, struct core_seq *s, uint32_t i)
 	s->table[i] = CORE_NONE;
 	s->freed++;
 	c->stats.pruned_blocks++;
-	c->stats.pruned_tokens += c->cfg.block_tokens;
+	c->stats.pruned_tokens += pruned_tokens;
 	if (!c->cfg.window)
 		s->pruned = true;
+}
+
+/* Room for n packed slots in all, allocating blocks as needed.  0, -ENOMEM or -ENOSPC. */
+static int packed_reserve(struct core *c, struct core_seq *s, uint32_t n)
+{
+	const uint32_t B = c->cfg.block_tokens;
+
+	while (s->packed_cap < n) {
+		uint32_t nb = s->packed_cap / B + 1, b;
+		uint32_t *pk = realloc(s->packed, (size_t)nb * sizeof(*pk)), *pp;
+		float *ps;
+
+		if (!pk)
+			return -ENOMEM;
+		s->packed = pk;
+		pp = realloc(s->ppos, (size_t)nb * B * sizeof(*pp));
+		if (!pp)
+			return -ENOMEM;
+		s->ppos = pp;
+		ps = realloc(s->pscore, (size_t)nb * B * sizeof(*ps));
+		if (!ps)
+			return -ENOMEM;
+		s->pscore = ps;
+		b = pool_alloc(&c->pool);
+		if (b == CORE_NONE)
+			return -ENOSPC;
+		s->packed[nb - 1] = b;
+		s->packed_cap += B;
+	}
+	return 0;
+}
+
+/* Copies the token in (src, src_slot) into packed slot k, with its position and score. */
+static void packed_put(struct core *c, struct core_seq *s, uint32_t k, uint32_t src,
+		       uint32_t src_slot, uint32_t pos, float score)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	uint32_t dst = s->packed[k / B];
+
+	c->cfg.copy_slot(c->cfg.copy_ctx, dst, k % B, src, src_slot);
+	c->tokens[(size_t)dst * B + k % B] = c->tokens[(size_t)src * B + src_slot];
+	s->ppos[k] = pos;
+	s->pscore[k] = score;
+}
+
+/*
+ * H2O at token granularity: while more than budget tokens are held, evicts the token with the
+ * lowest score (the earliest among equals) among the packed ones and those of blocks holding
+ * none of the last recent committed tokens.  A block losing its first token has its others
+ * packed and is released; a packed token is replaced by the last packed one.
+ */
+static void prune_h2o_tokens(struct core *c, struct core_seq *s)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	uint32_t held = s->npacked + s->ntokens - s->freed * B, end;
+
+	if (s->ncommitted <= s->recent)
+		return;
+	end = (s->ncommitted - s->recent) / B;
+	while (held > s->budget) {
+		uint32_t best_pos = UINT32_MAX, best_k = CORE_NONE, best_i = CORE_NONE;
+		float best = 0;
+
+		for (uint32_t k = 0; k < s->npacked; k++)
+			if (best_k == CORE_NONE && best_i == CORE_NONE ? true
+			    : s->pscore[k] < best || (s->pscore[k] == best && s->ppos[k] < best_pos)) {
+				best = s->pscore[k];
+				best_pos = s->ppos[k];
+				best_k = k;
+			}
+		for (uint32_t i = s->prune_from; i < end; i++) {
+			if (s->table[i] == CORE_NONE)
+				continue;
+			for (uint32_t j = 0; j < B; j++) {
+				uint32_t pos = i * B + j;
+				float sc = s->tscore[pos];
+
+				if ((best_k == CORE_NONE && best_i == CORE_NONE) || sc < best ||
+				    (sc == best && pos < best_pos)) {
+					best = sc;
+					best_pos = pos;
+					best_i = i;
+					best_k = CORE_NONE;
+				}
+			}
+		}
+		if (best_i != CORE_NONE) {
+			uint32_t b = s->table[best_i];
+
+			/* Room first: a block is released only once all its survivors moved. */
+			if (packed_reserve(c, s, s->npacked + B - 1) < 0)
+				return; /* over budget until memory frees up */
+			for (uint32_t j = 0; j < B; j++) {
+				uint32_t pos = best_i * B + j;
+
+				if (pos == best_pos)
+					continue;
+				packed_put(c, s, s->npacked++, b, j, pos, s->tscore[pos]);
+				c->stats.compactions++;
+			}
+			release_entry(c, s, best_i, 1);
+		} else if (best_k != CORE_NONE) {
+			uint32_t last = s->npacked - 1;
+
+			if (best_k != last)
+				packed_put(c, s, best_k, s->packed[last / B], last % B, s->ppos[last],
+					   s->pscore[last]);
+			s->npacked--;
+			c->stats.pruned_tokens++;
+			/* The last packed block emptied: give it back. */
+			if (s->packed_cap - s->npacked >= B) {
+				s->packed_cap -= B;
+				pool_unref(&c->pool, s->packed[s->packed_cap / B]);
+			}
+		} else {
+			return;
+		}
+		held--;
+		while (s->prune_from < end && s->table[s->prune_from] == CORE_NONE)
+			s->prune_from++;
+	}
 }
 
 /*
@@ -347,7 +481,7 @@ static void prune_h2o(struct core *c, struct core_seq *s)
 				victim = i;
 		if (victim == CORE_NONE)
 			return;
-		release_entry(c, s, victim);
+		release_entry(c, s, victim, B);
 		held -= B;
 		/* Entries below the first held one need no more looking at. */
 		while (s->prune_from < end && s->table[s->prune_from] == CORE_NONE)
@@ -361,7 +495,10 @@ static void prune(struct core *c, struct core_seq *s)
 	uint32_t first, end;
 
 	if (s->retention == CORE_RETAIN_H2O) {
-		prune_h2o(c, s);
+		if (s->granularity == CORE_H2O_TOKENS)
+			prune_h2o_tokens(c, s);
+		else
+			prune_h2o(c, s);
 		return;
 	}
 	if (s->retention == CORE_RETAIN_FULL || s->ncommitted <= s->recent)
@@ -372,7 +509,7 @@ static void prune(struct core *c, struct core_seq *s)
 		first = s->prune_from;
 	for (uint32_t i = first; i < end; i++)
 		if (s->table[i] != CORE_NONE)
-			release_entry(c, s, i);
+			release_entry(c, s, i, B);
 	if (end > s->prune_from)
 		s->prune_from = end;
 }
@@ -670,8 +807,10 @@ static int retention_check(const struct core *c, const struct core_open *o)
 		return c->cfg.window || o->recent == 0 ? -EINVAL : 0;
 	case CORE_RETAIN_H2O:
 		if (c->cfg.window || o->recent == 0 || o->budget < o->recent ||
-		    !(o->decay >= 0 && o->decay <= 1))
+		    !(o->decay >= 0 && o->decay <= 1) || o->granularity > CORE_H2O_TOKENS)
 			return -EINVAL;
+		if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slot)
+			return -EOPNOTSUPP;
 		return 0;
 	}
 	return -EINVAL;
@@ -700,7 +839,10 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	if (c->nfree_slots == 0)
 		return -EMFILE;
 	if (o->retention == CORE_RETAIN_H2O) {
-		score = calloc(blocks_for(c, o->ntokens), sizeof(*score));
+		/* Blocks: a score per table entry; tokens: one per position. */
+		score = calloc((size_t)blocks_for(c, o->ntokens) *
+				       (o->granularity == CORE_H2O_TOKENS ? c->cfg.block_tokens : 1),
+			       sizeof(*score));
 		if (!score)
 			return -ENOMEM;
 	}
@@ -736,8 +878,16 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->recent = o->recent;
 		s->budget = o->budget;
 		s->decay = o->decay > 0 ? o->decay : 1;
+		s->granularity = (uint8_t)o->granularity;
 	}
-	s->score = score;
+	s->table_block_tokens = c->cfg.block_tokens;
+	if (s->retention == CORE_RETAIN_H2O && s->granularity == CORE_H2O_TOKENS) {
+		s->tscore = score;
+		s->score = NULL;
+	} else {
+		s->score = score;
+		s->tscore = NULL;
+	}
 	write_tokens(c, s, s->ncommitted, o->tokens + s->ncommitted, o->ntokens - s->ncommitted);
 	prune(c, s);
 
@@ -908,6 +1058,9 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 		return r;
 	if (c->nfree_slots == 0)
 		return -EMFILE;
+	/* Packed blocks are rewritten in place: sharing them would need copy-on-write. */
+	if (s->tscore)
+		return -EINVAL;
 	if (s->score) {
 		score = malloc((size_t)s->nblocks * sizeof(*score) + 1);
 		if (!score)
@@ -1021,6 +1174,26 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	return 0;
 }
 
+/* Multiplies every score the sequence keeps by its decay (before a report adds to them). */
+static void decay_scores(struct core *c, struct core_seq *s)
+{
+	const uint32_t B = c->cfg.block_tokens;
+
+	if (s->decay >= 1)
+		return;
+	if (!s->tscore) {
+		for (uint32_t i = 0; i < s->nblocks; i++)
+			s->score[i] *= s->decay;
+		return;
+	}
+	for (uint32_t i = s->prune_from; i < s->nblocks; i++)
+		if (s->table[i] != CORE_NONE)
+			for (uint32_t j = 0; j < B; j++)
+				s->tscore[(size_t)i * B + j] *= s->decay;
+	for (uint32_t k = 0; k < s->npacked; k++)
+		s->pscore[k] *= s->decay;
+}
+
 int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *weights,
 		    uint32_t n)
 {
@@ -1039,11 +1212,32 @@ int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *we
 		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f) ||
 		    s->table[(first + i) / B] == CORE_NONE)
 			return -EINVAL;
-	if (s->decay < 1)
-		for (uint32_t i = 0; i < s->nblocks; i++)
-			s->score[i] *= s->decay;
+	decay_scores(c, s);
 	for (uint32_t i = 0; i < n; i++)
-		s->score[(first + i) / B] += weights[i];
+		if (s->tscore)
+			s->tscore[first + i] += weights[i];
+		else
+			s->score[(first + i) / B] += weights[i];
+	s->last_use = ++c->tick;
+	return 0;
+}
+
+int core_seq_scores_packed(struct core *c, uint64_t id, const float *weights, uint32_t n)
+{
+	struct core_seq *s;
+	int r;
+
+	r = seq_get_active(c, id, &s);
+	if (r < 0)
+		return r;
+	if (!s->tscore || n != s->npacked || (n && !weights))
+		return -EINVAL;
+	for (uint32_t i = 0; i < n; i++)
+		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f))
+			return -EINVAL;
+	decay_scores(c, s);
+	for (uint32_t i = 0; i < n; i++)
+		s->pscore[i] += weights[i];
 	s->last_use = ++c->tick;
 	return 0;
 }
@@ -1055,10 +1249,18 @@ int core_seq_close(struct core *c, uint64_t id)
 	if (!s)
 		return -ENOENT;
 	release_table(c, s);
+	for (uint32_t k = 0; k < s->packed_cap / c->cfg.block_tokens; k++)
+		pool_unref(&c->pool, s->packed[k]);
 	free(s->table);
 	free(s->history);
 	free(s->score);
-	s->score = NULL;
+	free(s->tscore);
+	free(s->packed);
+	free(s->ppos);
+	free(s->pscore);
+	s->score = s->tscore = s->pscore = NULL;
+	s->packed = s->ppos = NULL;
+	s->npacked = s->packed_cap = 0;
 	s->table = s->history = NULL;
 	s->cap_blocks = s->nblocks = s->ntokens = s->ncommitted = 0;
 	s->state = 0;
@@ -1085,7 +1287,11 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 		.n_sink = s->n_sink,
 		.recent = s->recent,
 		.budget = s->budget,
-		.held_blocks = s->nblocks - s->freed,
+		.granularity = s->granularity,
+		.packed = s->packed,
+		.packed_positions = s->ppos,
+		.npacked = s->npacked,
+		.held_blocks = s->nblocks - s->freed + s->packed_cap / c->cfg.block_tokens,
 		.freed_blocks = s->freed,
 	};
 	return 0;

@@ -39,6 +39,13 @@ enum core_policy {
 /* Copies the whole content of block src into block dst (copy-on-write).  0 or -errno. */
 typedef int (*core_copy_block_fn)(void *ctx, uint32_t dst, uint32_t src);
 
+/*
+ * Copies one token slot (every layer's K and V) from (src, src_slot) to (dst, dst_slot): the
+ * backend's gather, for H2O at token granularity.
+ */
+typedef void (*core_copy_slot_fn)(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
+				  uint32_t src_slot);
+
 #define CORE_MAX_BLOCK_TOKENS 65536u
 
 /*
@@ -106,6 +113,7 @@ struct core_config {
 	uint32_t vocab_size;      /* token ids must be below this; 0 accepts any id */
 	core_copy_block_fn copy_block; /* required: the backend's block copy */
 	void *copy_ctx;
+	core_copy_slot_fn copy_slot;   /* optional (H2O at token granularity); ctx copy_ctx */
 	core_hash_fn hash_fn; /* NULL: XXH3-128.  Tests set a weak one to force collisions. */
 	enum core_policy policy;
 	/* Told about every sequence dropped to make room (may be NULL). */
@@ -137,7 +145,8 @@ struct core_stats {
 	uint64_t preemptions;  /* parked sequences dropped to make room */
 	uint64_t swaps;        /* of those, the ones whose blocks go to the tiers */
 	uint64_t pruned_blocks; /* blocks released by retention policies and windows */
-	uint64_t pruned_tokens; /* their tokens */
+	uint64_t pruned_tokens; /* their tokens (H2O at token granularity: evicted tokens) */
+	uint64_t compactions;   /* tokens moved into packed blocks (H2O at token granularity) */
 	uint64_t dropped_tokens; /* their tokens, to be recomputed on resume (less what stays cached) */
 };
 
@@ -205,7 +214,18 @@ struct core_open {
 	uint32_t budget;    /* H2O: tokens kept in all (recent ones and heavy hitters), >= recent */
 	float decay;        /* H2O: running scores are multiplied by this at each report, in
 			       (0, 1]; 0 means 1 (no decay) */
+	uint32_t granularity; /* H2O: CORE_H2O_BLOCKS or CORE_H2O_TOKENS */
 };
+
+/*
+ * H2O granularity.  Blocks: whole blocks are released, nothing is copied.  Tokens: single
+ * tokens are evicted; the first eviction from a block moves its other tokens into the
+ * sequence's packed blocks (copy_slot) and releases the block, and an eviction from the packed
+ * blocks moves the last packed token into the hole.  The packed blocks and the position each
+ * of their slots holds are in core_seq_info (the position map).
+ */
+#define CORE_H2O_BLOCKS 0u
+#define CORE_H2O_TOKENS 1u
 
 /*
  * What a sequence keeps as it grows.  With sinks (StreamingLLM's attention sinks), once tokens
@@ -248,7 +268,12 @@ struct core_seq_info {
 	uint32_t retention;    /* enum core_retention (a window pool's sequences: SINKS) */
 	uint32_t n_sink, recent;
 	uint32_t budget;       /* H2O */
-	uint32_t held_blocks;  /* table entries that are not CORE_NONE */
+	uint32_t granularity;  /* H2O */
+	/* H2O at token granularity: blocks holding evicted blocks' surviving tokens, packed. */
+	const uint32_t *packed;          /* ceil(npacked / B) blocks */
+	const uint32_t *packed_positions; /* npacked original positions, one per slot */
+	uint32_t npacked;
+	uint32_t held_blocks;  /* table entries that are not CORE_NONE, and packed blocks */
 	uint32_t freed_blocks; /* entries released by the retention policy */
 };
 
@@ -314,6 +339,12 @@ int core_seq_resume(struct core *c, uint64_t seq, uint32_t *ret_recompute);
  */
 int core_seq_scores(struct core *c, uint64_t seq, uint32_t first, const float *weights,
 		    uint32_t n);
+
+/*
+ * H2O at token granularity: the attention each packed slot received, in packed order (n must
+ * be the sequence's npacked).  Same errors as core_seq_scores().
+ */
+int core_seq_scores_packed(struct core *c, uint64_t seq, const float *weights, uint32_t n);
 
 /* Releases every block reference of seq; committed full blocks stay cached. */
 int core_seq_close(struct core *c, uint64_t seq);

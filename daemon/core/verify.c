@@ -140,6 +140,20 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 		if (holes != s->freed)
 			return fail(v, "sequence slot %u: %u entries released, %u counted", slot,
 				    holes, s->freed);
+		/* Packed blocks (H2O at token granularity): held, never findable. */
+		if (s->npacked > s->packed_cap || s->packed_cap % B ||
+		    s->packed_cap - s->npacked >= B)
+			return fail(v, "sequence slot %u: %u packed slots in %u", slot, s->npacked,
+				    s->packed_cap);
+		for (uint32_t k = 0; k < s->packed_cap / B; k++) {
+			uint32_t b = s->packed[k];
+
+			if (b >= c->pool.capacity || c->pool.blocks[b].state != CORE_BLOCK_FILLING ||
+			    (c->pool.blocks[b].flags & CORE_BLOCK_INDEXED))
+				return fail(v, "sequence slot %u: packed block %u is not its own", slot,
+					    b);
+			v->refs[b]++;
+		}
 	}
 	if (*nseqs != c->cfg.max_sequences - c->nfree_slots)
 		return fail(v, "%u sequences open, slot stack says %u", *nseqs,

@@ -239,13 +239,11 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 	UNPACK(open, m);
 	if (m->n_tokens > UINT32_MAX)
 		r = -E2BIG;
-	else if (m->granularity != 0)
-		r = -EOPNOTSUPP, why = "h2o at token granularity is not supported yet";
 	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
 		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
 			     &(struct core_open){ .retention = m->retention, .n_sink = m->n_sink,
 						  .recent = m->recent, .budget = m->budget,
-						  .decay = m->decay },
+						  .decay = m->decay, .granularity = m->granularity },
 			     &res, &why);
 	if (waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__open__free_unpacked(m, NULL);
@@ -396,6 +394,12 @@ static void on_seq_info(struct session *s, const struct kvp_frame_header *h, con
 		rep.held_blocks = info.held_blocks;
 		rep.freed_blocks = info.freed_blocks;
 		rep.budget = info.budget;
+		rep.granularity = info.granularity;
+		rep.n_packed_table = (info.npacked + s->pool->cfg->block_tokens - 1) /
+				     s->pool->cfg->block_tokens;
+		rep.packed_table = (uint32_t *)info.packed;
+		rep.n_packed_positions = info.npacked;
+		rep.packed_positions = (uint32_t *)info.packed_positions;
 		REPLY(SEQ_INFO_REPLY, rep);
 	}
 	kvpaged__v1__seq_info__free_unpacked(m, NULL);

@@ -104,6 +104,7 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		o.recent = retention->recent;
 		o.budget = retention->budget;
 		o.decay = retention->decay;
+		o.granularity = retention->granularity;
 	}
 	/* Arguments first: a bad request is -EINVAL whatever the session's usage. */
 	if (n == 0 || !tokens || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
@@ -129,8 +130,10 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	if (r == -EINVAL)
 		*why = s->pool->cfg->window
 			       ? "the pool's window decides what its sequences keep"
-			       : "bad retention: unknown policy, recent 0, budget below recent, or "
-				 "decay outside [0, 1]";
+			       : "bad retention: unknown policy, recent 0, budget below recent, "
+				 "decay outside [0, 1] or unknown granularity";
+	if (r == -EOPNOTSUPP)
+		*why = "this pool's backend cannot gather tokens";
 	if (r < 0)
 		return r;
 	own(s, res->seq);
@@ -308,12 +311,14 @@ int ops_scores(struct session *s, uint64_t seq, uint32_t first, const float *wei
 		*why = "more weights than max_tokens_per_request";
 		return -E2BIG;
 	}
-	r = core_seq_scores(s->pool->core, seq, first, weights, n);
+	r = first == UINT32_MAX ? core_seq_scores_packed(s->pool->core, seq, weights, n)
+				: core_seq_scores(s->pool->core, seq, first, weights, n);
 	if (r == -EINVAL)
 		*why = info.retention != CORE_RETAIN_H2O
 			       ? "scores apply to h2o sequences only"
-			       : "scores for tokens the sequence does not hold, none, or a weight "
-				 "that is negative or not finite";
+			       : "scores for tokens the sequence does not hold (packed ones by "
+				 "slot, all of them), none, or a weight that is negative or not "
+				 "finite";
 	return r;
 }
 

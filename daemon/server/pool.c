@@ -341,6 +341,7 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		.max_seq_tokens = cfg->max_seq_tokens,
 		.vocab_size = cfg->vocab_size,
 		.copy_block = backend_copy_block,
+		.copy_slot = backend_copy_slot,
 		.copy_ctx = &p->mem,
 		.policy = (enum core_policy)cfg->policy,
 		.on_drop = on_drop,
@@ -362,6 +363,10 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot allocate %llu bytes: %m", cfg->name,
 				       (unsigned long long)(p->block_bytes * cfg->capacity_blocks));
+	p->mem.layers = cfg->layers;
+	p->mem.layer_stride = p->layer_stride;
+	p->mem.kv_stride = p->kv_stride;
+	p->mem.slot_stride = p->slot_stride;
 	r = tiers_open(p, &cc);
 	if (r < 0)
 		return r;

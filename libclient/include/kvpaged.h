@@ -56,8 +56,10 @@ extern "C" {
  * tokens [i * block_tokens, (i + 1) * block_tokens).  Such a sequence cannot be parked.
  *
  * KVP_RETAIN_H2O keeps the last recent tokens plus, up to budget tokens in all, the blocks
- * whose tokens received the most attention, as reported with kvp_report_scores(): whole
- * blocks (granularity 0) are released lowest score first, the earliest among equals.
+ * (granularity 0) or tokens (granularity 1) whose tokens received the most attention, as
+ * reported with kvp_report_scores(), lowest score first, the earliest among equals.  At token
+ * granularity the survivors of a block are packed into the sequence's packed blocks, whose
+ * slots' positions kvp_seq_packed() gives.
  */
 struct kvp_retention {
 	uint32_t size;   /* sizeof(struct kvp_retention) */
@@ -65,7 +67,7 @@ struct kvp_retention {
 	uint32_t n_sink; /* sinks */
 	uint32_t recent; /* sinks, h2o: >= 1 */
 	uint32_t budget; /* h2o: >= recent */
-	uint32_t granularity; /* h2o: 0 (blocks); token granularity is not there yet */
+	uint32_t granularity; /* h2o: 0 blocks, 1 tokens */
 	float decay;     /* h2o: scores are multiplied by this at each report, (0, 1]; 0: 1 */
 };
 #define KVP_RETAIN_FULL 0
@@ -155,6 +157,16 @@ KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, u
  */
 KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t first,
 				 const float *weights, uint32_t n);
+/* first for kvp_report_scores(): the weights are for the packed slots, in order, all of them. */
+#define KVP_SCORES_PACKED UINT32_MAX
+
+/*
+ * h2o at token granularity: the packed blocks (blocks) and the original position each packed
+ * slot holds (positions, one entry per slot; slot k is slot k % block_tokens of block
+ * blocks[k / block_tokens]).  Both tables are replaced.
+ */
+KVP_EXPORT int kvp_seq_packed(struct kvp_client *c, uint64_t seq, struct kvp_table *blocks,
+			      struct kvp_table *positions);
 
 /* Gives n more tokens slots; table (the sequence's, as last returned) is updated in place. */
 KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *tokens,

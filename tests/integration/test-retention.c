@@ -170,8 +170,8 @@ START_TEST(test_h2o)
 	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "budget below recent"));
 	keep.budget = 32;
-	keep.granularity = 1;
-	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EOPNOTSUPP);
+	keep.granularity = 2;
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
 
 	/* The rings: open with KVP_OPEN_H2O, scores as a bulk entry in the data area. */
 	r = connect_ns(NULL, 64);
@@ -202,6 +202,107 @@ START_TEST(test_h2o)
 }
 END_TEST
 
+/* The byte at offset i of position pos's K (kv 0) or V (kv 1) in layer l. */
+static uint8_t kv_byte(uint32_t pos, uint32_t l, uint32_t kv, uint64_t i)
+{
+	return (uint8_t)(pos * 31 + l * 7 + kv * 101 + i * 3 + 1);
+}
+
+/* Writes (or checks) a slot's K and V in every layer of the mapped pool. */
+static bool slot_kv(struct kvp_client *c, uint32_t block, uint32_t slot, uint32_t pos, bool write)
+{
+	const struct kvp_pool_info *p = kvp_pool(c);
+	uint8_t *base = (uint8_t *)kvp_pool_base(c) + (uint64_t)block * p->block_stride +
+			slot * p->slot_stride;
+
+	for (uint32_t l = 0; l < p->layers; l++)
+		for (uint32_t kv = 0; kv < 2; kv++)
+			for (uint64_t i = 0; i < p->slot_stride; i++) {
+				uint8_t *b = base + l * p->layer_stride + kv * p->kv_stride + i;
+
+				if (write)
+					*b = kv_byte(pos, l, kv, i);
+				else if (*b != kv_byte(pos, l, kv, i))
+					return false;
+			}
+	return true;
+}
+
+/*
+ * Token granularity through the daemon: 64 tokens, budget 32, the last 16 kept.  Every 7th
+ * position received the attention; among the rest (equal scores) the earliest go first.  The
+ * 16 survivors of positions 0..47 are packed, and each packed slot holds exactly the K/V its
+ * position had (checked in the mapped pool).
+ */
+START_TEST(test_h2o_tokens)
+{
+	struct kvp_retention keep = { .size = sizeof(keep), .policy = KVP_RETAIN_H2O,
+				      .recent = 16, .budget = 32, .granularity = 1 };
+	struct kvp_table t = { 0 }, packed = { 0 }, pos = { 0 };
+	uint32_t p[64], want = 0, got = 0;
+	uint64_t want_hi = 0, got_hi = 0;
+	struct kvp_client *c;
+	float w[16];
+	uint64_t s;
+	char out[16384];
+
+	daemon_start(&d, POOL(""));
+	prompt(p, 64, 1);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, &t), 0);
+	for (uint32_t q = 0; q < 64; q++)
+		slot_kv(c, t.blocks[q / 16], q % 16, q, true);
+	for (uint32_t b = 0; b < 4; b++) {
+		for (uint32_t i = 0; i < 16; i++)
+			w[i] = b * 16 + i >= 48 ? 1.0f : (b * 16 + i) % 7 == 0 ? 10.0f : 0.01f;
+		ck_assert_int_eq(kvp_report_scores(c, s, b * 16, w, 16), 0);
+	}
+	ck_assert_int_eq(kvp_commit(c, s, 64, NULL), 0);
+
+	ck_assert_int_eq(kvp_seq_packed(c, s, &packed, &pos), 0);
+	ck_assert_uint_eq(pos.len, 16);
+	ck_assert_uint_eq(packed.len, 1);
+	for (uint32_t k = 0; k < pos.len; k++) {
+		uint32_t q = pos.blocks[k];
+
+		ck_assert_uint_lt(q, 48);
+		if (q < 32)
+			got |= 1u << q;
+		else
+			got_hi |= 1ull << q;
+		ck_assert_msg(slot_kv(c, packed.blocks[k / 16], k % 16, q, false),
+			      "packed slot %u does not hold position %u's K/V", k, q);
+	}
+	for (uint32_t q = 0; q < 48; q += 7)
+		if (q < 32)
+			want |= 1u << q;
+		else
+			want_hi |= 1ull << q;
+	for (uint32_t q = 38; q < 48; q++)
+		if (q != 42)
+			want_hi |= 1ull << q;
+	ck_assert_uint_eq(got, want);
+	ck_assert_uint_eq(got_hi, want_hi);
+	ck_assert_int_eq(kvp_seq_info(c, s, NULL, NULL, &t), 0);
+	for (uint32_t i = 0; i < 3; i++)
+		ck_assert_uint_eq(t.blocks[i], KVP_TABLE_HOLE);
+
+	/* The packed slots take scores by slot; a wrong count is refused. */
+	for (uint32_t k = 0; k < 16; k++)
+		w[k] = 1.0f;
+	ck_assert_int_eq(kvp_report_scores(c, s, KVP_SCORES_PACKED, w, 16), 0);
+	ck_assert_int_eq(kvp_report_scores(c, s, KVP_SCORES_PACKED, w, 15), -EINVAL);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "pruned_tokens"), 32);
+	assert_verified(&d);
+	kvp_table_free(&t);
+	kvp_table_free(&packed);
+	kvp_table_free(&pos);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("retention");
@@ -211,6 +312,7 @@ int main(void)
 	tcase_add_test(tc, test_sinks_over_the_socket);
 	tcase_add_test(tc, test_window_pool);
 	tcase_add_test(tc, test_h2o);
+	tcase_add_test(tc, test_h2o_tokens);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

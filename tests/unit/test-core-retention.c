@@ -390,6 +390,131 @@ START_TEST(test_h2o_bad_input)
 }
 END_TEST
 
+static void fake_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
+			   uint32_t src_slot)
+{
+	struct fake_mem *m = ctx;
+
+	ck_assert_uint_lt(dst, m->capacity);
+	ck_assert_uint_lt(src, m->capacity);
+	m->slots[(size_t)dst * m->block_tokens + dst_slot] =
+		m->slots[(size_t)src * m->block_tokens + src_slot];
+	m->copies++;
+}
+
+/*
+ * Token granularity, 4-token blocks, budget 8, the last 4 kept: the four highest-scoring of
+ * positions 0..11 survive, packed, each slot holding exactly its token's K/V; every other
+ * token is gone and the emptied blocks are released.
+ */
+START_TEST(test_h2o_tokens_pack_the_heavy_hitters)
+{
+	static const float score[16] = { 5, 0.1f, 0.2f, 9, 0.3f, 8, 0.4f, 0.5f,
+					 7, 0.6f, 6, 0.7f, 1, 1, 1, 1 };
+	struct core_config cfg = { .capacity_blocks = 16, .block_tokens = 4, .max_sequences = 2,
+				   .max_seq_tokens = 64, .copy_block = fake_copy,
+				   .copy_slot = fake_copy_slot, .copy_ctx = &mem };
+	struct core_open o = { .ntokens = 16, .retention = CORE_RETAIN_H2O, .budget = 8,
+			       .recent = 4, .granularity = CORE_H2O_TOKENS };
+	struct core_seq_info si;
+	struct core_stats st;
+	struct core *c = NULL;
+	uint32_t p[16], kept = 0;
+	float w[8] = { 1, 1, 1, 1, 1, 1, 1, 1 };
+	uint64_t s;
+
+	fake_mem_init(&mem, 16, 4);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	fill_tokens(p, 16, 100);
+	o.tokens = p;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	si = info_of(c, s);
+	/* The engine's K/V: a word naming the position. */
+	for (uint32_t pos = 0; pos < 16; pos++)
+		mem.slots[(size_t)si.table[pos / 4] * 4 + pos % 4] = 1000 + pos;
+	ck_assert_int_eq(core_seq_scores(c, s, 0, score, 16), 0);
+	ck_assert_int_eq(core_seq_commit(c, s, 16), 0);
+
+	si = info_of(c, s);
+	ck_assert_uint_eq(si.npacked, 4);
+	for (uint32_t k = 0; k < si.npacked; k++) {
+		uint32_t pos = si.packed_positions[k];
+
+		kept |= 1u << pos;
+		ck_assert_uint_eq(mem.slots[(size_t)si.packed[k / 4] * 4 + k % 4], 1000 + pos);
+		ck_assert_uint_eq(core_block_tokens(c, si.packed[k / 4])[k % 4], 100 + pos);
+	}
+	ck_assert_uint_eq(kept, 1u << 3 | 1u << 5 | 1u << 8 | 1u << 10);
+	for (uint32_t i = 0; i < 3; i++)
+		ck_assert_uint_eq(si.table[i], CORE_NONE);
+	ck_assert_uint_ne(si.table[3], CORE_NONE);
+	core_get_stats(c, &st);
+	ck_assert_uint_eq(st.pruned_tokens, 8);
+	ck_assert_uint_eq(st.compactions, 9);
+	assert_verified(c);
+
+	/* The packed tokens take scores in packed order; positions are refused. */
+	ck_assert_int_eq(core_seq_scores(c, s, 3, w, 1), -EINVAL);
+	ck_assert_int_eq(core_seq_scores_packed(c, s, w, 3), -EINVAL);
+	ck_assert_int_eq(core_seq_scores_packed(c, s, w, 4), 0);
+	ck_assert_int_eq(core_seq_fork(c, s, &(uint64_t){ 0 }), -EINVAL);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* Without the backend's gather, token granularity is refused. */
+START_TEST(test_h2o_tokens_need_a_gather)
+{
+	struct core *c = pool_with(16, 0, 4096);
+	uint32_t p[8];
+	uint64_t s;
+	struct core_open o = { .tokens = p, .ntokens = 8, .retention = CORE_RETAIN_H2O,
+			       .budget = 8, .recent = 4, .granularity = CORE_H2O_TOKENS };
+
+	fill_tokens(p, 8, 1);
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EOPNOTSUPP);
+	o.granularity = 2;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	done(c);
+}
+END_TEST
+
+/* A long token-granular stream: held tokens at the budget, verified as it goes. */
+START_TEST(test_h2o_tokens_stream)
+{
+	struct core_config cfg = { .capacity_blocks = 64, .block_tokens = B, .max_sequences = 2,
+				   .max_seq_tokens = 1u << 20, .copy_block = fake_copy,
+				   .copy_slot = fake_copy_slot, .copy_ctx = &mem };
+	struct core_open o = { .ntokens = 1, .retention = CORE_RETAIN_H2O, .budget = 100,
+			       .recent = 32, .granularity = CORE_H2O_TOKENS, .decay = 0.95f };
+	struct core *c = NULL;
+	uint32_t t = 1, rng = 7;
+	uint64_t s;
+	float w[1];
+
+	fake_mem_init(&mem, 64, B);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	o.tokens = &t;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	for (uint32_t k = 1; k < 50000; k++) {
+		struct core_seq_info si;
+
+		ck_assert_int_ge(core_seq_append(c, s, &t, 1), 0);
+		rng = rng * 1103515245u + 12345u;
+		w[0] = (float)(rng >> 16 & 0xff);
+		ck_assert_int_eq(core_seq_scores(c, s, k, w, 1), 0);
+		ck_assert_int_eq(core_seq_commit(c, s, k + 1), 0);
+		si = info_of(c, s);
+		ck_assert_uint_le(si.npacked + (k + 1) - si.freed_blocks * B, 100);
+		if ((k + 1) % 5000 == 0)
+			assert_verified(c);
+	}
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("core-retention");
@@ -405,6 +530,9 @@ int main(void)
 	tcase_add_test(tc, test_h2o_decay);
 	tcase_add_test(tc, test_h2o_stream_bounded);
 	tcase_add_test(tc, test_h2o_bad_input);
+	tcase_add_test(tc, test_h2o_tokens_pack_the_heavy_hitters);
+	tcase_add_test(tc, test_h2o_tokens_need_a_gather);
+	tcase_add_test(tc, test_h2o_tokens_stream);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
