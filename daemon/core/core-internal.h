@@ -38,6 +38,12 @@ struct core_seq {
 	float *pscore;          /* score of each packed slot */
 	uint32_t npacked, packed_cap; /* slots used, slots allocated (a multiple of B) */
 	uint32_t table_block_tokens;  /* B, for table_reserve */
+	/* H2O: the table entries held, ascending (cap_blocks of room), so eviction and scoring
+	 * cost what is held, not how long the sequence is. */
+	uint32_t *hl;
+	uint32_t nhl;
+	/* H2O: scores are kept divided by scale, the product of the decays so far. */
+	double scale;
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */

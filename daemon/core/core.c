@@ -105,6 +105,7 @@ struct core *core_free(struct core *c)
 			free(c->seqs[i].packed);
 			free(c->seqs[i].ppos);
 			free(c->seqs[i].pscore);
+			free(c->seqs[i].hl);
 			free(c->seqs[i].history);
 		}
 	pool_done(&c->pool);
@@ -271,6 +272,13 @@ static int table_reserve(struct core_seq *s, uint32_t nblocks)
 		memset(sc + s->cap_blocks, 0, (size_t)(cap - s->cap_blocks) * sizeof(*sc));
 		s->score = sc;
 	}
+	if (s->hl) {
+		uint32_t *h = realloc(s->hl, (size_t)cap * sizeof(*h));
+
+		if (!h)
+			return -ENOMEM;
+		s->hl = h;
+	}
 	if (s->tscore) {
 		size_t per = s->table_block_tokens;
 		float *sc = realloc(s->tscore, (size_t)cap * per * sizeof(*sc));
@@ -334,6 +342,13 @@ static void release_entry(struct core *c, struct core_seq *s, uint32_t i, uint32
 	s->freed++;
 	c->stats.pruned_blocks++;
 	c->stats.pruned_tokens += pruned_tokens;
+	if (s->hl)
+		for (uint32_t k = 0; k < s->nhl; k++)
+			if (s->hl[k] == i) {
+				memmove(s->hl + k, s->hl + k + 1, (s->nhl - k - 1) * sizeof(*s->hl));
+				s->nhl--;
+				break;
+			}
 	if (!c->cfg.window)
 		s->pruned = true;
 }
@@ -406,9 +421,9 @@ static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 				best_pos = s->ppos[k];
 				best_k = k;
 			}
-		for (uint32_t i = s->prune_from; i < end; i++) {
-			if (s->table[i] == CORE_NONE)
-				continue;
+		for (uint32_t h = 0; h < s->nhl && s->hl[h] < end; h++) {
+			uint32_t i = s->hl[h];
+
 			for (uint32_t j = 0; j < B; j++) {
 				uint32_t pos = i * B + j;
 				float sc = s->tscore[pos];
@@ -475,10 +490,12 @@ static void prune_h2o(struct core *c, struct core_seq *s)
 	while (held > s->budget) {
 		uint32_t victim = CORE_NONE;
 
-		for (uint32_t i = s->prune_from; i < end; i++)
-			if (s->table[i] != CORE_NONE &&
-			    (victim == CORE_NONE || s->score[i] < s->score[victim]))
+		for (uint32_t h = 0; h < s->nhl && s->hl[h] < end; h++) {
+			uint32_t i = s->hl[h];
+
+			if (victim == CORE_NONE || s->score[i] < s->score[victim])
 				victim = i;
+		}
 		if (victim == CORE_NONE)
 			return;
 		release_entry(c, s, victim, B);
@@ -822,7 +839,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	uint32_t nblocks, nhit, ready, slot;
 	struct core_hash chain;
 	struct core_seq *s;
-	uint32_t *table;
+	uint32_t *table, *hl = NULL;
 	float *score = NULL;
 	int r;
 
@@ -843,12 +860,19 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		score = calloc((size_t)blocks_for(c, o->ntokens) *
 				       (o->granularity == CORE_H2O_TOKENS ? c->cfg.block_tokens : 1),
 			       sizeof(*score));
-		if (!score)
+		hl = malloc((size_t)blocks_for(c, o->ntokens) * sizeof(*hl));
+		if (!score || !hl) {
+			free(score);
+			free(hl);
 			return -ENOMEM;
+		}
+		for (uint32_t i = 0; i < blocks_for(c, o->ntokens); i++)
+			hl[i] = i;
 	}
 	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain);
 	if (r < 0) {
 		free(score);
+		free(hl);
 		return r;
 	}
 
@@ -881,6 +905,9 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->granularity = (uint8_t)o->granularity;
 	}
 	s->table_block_tokens = c->cfg.block_tokens;
+	s->hl = hl;
+	s->nhl = hl ? nblocks : 0;
+	s->scale = 1;
 	if (s->retention == CORE_RETAIN_H2O && s->granularity == CORE_H2O_TOKENS) {
 		s->tscore = score;
 		s->score = NULL;
@@ -961,8 +988,11 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 		c->stats.cow_copies++;
 		first_changed = last;
 	}
-	for (uint32_t i = s->nblocks; i < nblocks; i++)
+	for (uint32_t i = s->nblocks; i < nblocks; i++) {
 		s->table[i] = pool_alloc(&c->pool);
+		if (s->hl)
+			s->hl[s->nhl++] = i; /* room: table_reserve grew it with the table */
+	}
 	s->nblocks = nblocks;
 	write_tokens(c, s, s->ntokens, tokens, n);
 	s->ntokens += n;
@@ -1049,7 +1079,7 @@ int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 {
 	struct core_seq *s, *child;
-	uint32_t *table, slot;
+	uint32_t *table, slot, *hl = NULL;
 	float *score = NULL;
 	int r;
 
@@ -1063,13 +1093,19 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 		return -EINVAL;
 	if (s->score) {
 		score = malloc((size_t)s->nblocks * sizeof(*score) + 1);
-		if (!score)
+		hl = malloc((size_t)s->nblocks * sizeof(*hl) + 1);
+		if (!score || !hl) {
+			free(score);
+			free(hl);
 			return -ENOMEM;
+		}
 		memcpy(score, s->score, (size_t)s->nblocks * sizeof(*score));
+		memcpy(hl, s->hl, (size_t)s->nhl * sizeof(*hl));
 	}
 	table = malloc((size_t)s->nblocks * sizeof(*table));
 	if (!table) {
 		free(score);
+		free(hl);
 		return -ENOMEM;
 	}
 	memcpy(table, s->table, (size_t)s->nblocks * sizeof(*table));
@@ -1100,6 +1136,10 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->budget = s->budget;
 	child->decay = s->decay;
 	child->score = score;
+	child->hl = hl;
+	child->nhl = hl ? s->nhl : 0;
+	child->scale = s->scale;
+	child->table_block_tokens = s->table_block_tokens;
 	*ret_child = seq_id(c, slot);
 	return 0;
 }
@@ -1174,24 +1214,32 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	return 0;
 }
 
-/* Multiplies every score the sequence keeps by its decay (before a report adds to them). */
+/*
+ * Applies the decay before a report adds to the scores: O(1), as scores are kept divided by
+ * scale.  When scale gets small the held scores are multiplied out and scale starts again.
+ */
 static void decay_scores(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
 
 	if (s->decay >= 1)
 		return;
-	if (!s->tscore) {
-		for (uint32_t i = 0; i < s->nblocks; i++)
-			s->score[i] *= s->decay;
+	s->scale *= s->decay;
+	if (s->scale > 1e-20)
 		return;
-	}
-	for (uint32_t i = s->prune_from; i < s->nblocks; i++)
-		if (s->table[i] != CORE_NONE)
+	for (uint32_t h = 0; h < s->nhl; h++) {
+		uint32_t i = s->hl[h];
+
+		if (!s->tscore)
+			s->score[i] = (float)(s->score[i] * s->scale);
+		else
 			for (uint32_t j = 0; j < B; j++)
-				s->tscore[(size_t)i * B + j] *= s->decay;
+				s->tscore[(size_t)i * B + j] =
+					(float)(s->tscore[(size_t)i * B + j] * s->scale);
+	}
 	for (uint32_t k = 0; k < s->npacked; k++)
-		s->pscore[k] *= s->decay;
+		s->pscore[k] = (float)(s->pscore[k] * s->scale);
+	s->scale = 1;
 }
 
 int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *weights,
@@ -1215,9 +1263,9 @@ int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *we
 	decay_scores(c, s);
 	for (uint32_t i = 0; i < n; i++)
 		if (s->tscore)
-			s->tscore[first + i] += weights[i];
+			s->tscore[first + i] += (float)(weights[i] / s->scale);
 		else
-			s->score[(first + i) / B] += weights[i];
+			s->score[(first + i) / B] += (float)(weights[i] / s->scale);
 	s->last_use = ++c->tick;
 	return 0;
 }
@@ -1237,7 +1285,7 @@ int core_seq_scores_packed(struct core *c, uint64_t id, const float *weights, ui
 			return -EINVAL;
 	decay_scores(c, s);
 	for (uint32_t i = 0; i < n; i++)
-		s->pscore[i] += weights[i];
+		s->pscore[i] += (float)(weights[i] / s->scale);
 	s->last_use = ++c->tick;
 	return 0;
 }
@@ -1258,6 +1306,9 @@ int core_seq_close(struct core *c, uint64_t id)
 	free(s->packed);
 	free(s->ppos);
 	free(s->pscore);
+	free(s->hl);
+	s->hl = NULL;
+	s->nhl = 0;
 	s->score = s->tscore = s->pscore = NULL;
 	s->packed = s->ppos = NULL;
 	s->npacked = s->packed_cap = 0;
@@ -1292,6 +1343,7 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 		.packed_positions = s->ppos,
 		.npacked = s->npacked,
 		.held_blocks = s->nblocks - s->freed + s->packed_cap / c->cfg.block_tokens,
+		.retained_tokens = s->ntokens - s->freed * c->cfg.block_tokens + s->npacked,
 		.freed_blocks = s->freed,
 	};
 	return 0;

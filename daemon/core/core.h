@@ -274,6 +274,7 @@ struct core_seq_info {
 	const uint32_t *packed_positions; /* npacked original positions, one per slot */
 	uint32_t npacked;
 	uint32_t held_blocks;  /* table entries that are not CORE_NONE, and packed blocks */
+	uint32_t retained_tokens; /* tokens whose K/V it still holds (packed ones included) */
 	uint32_t freed_blocks; /* entries released by the retention policy */
 };
 

@@ -140,6 +140,17 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 		if (holes != s->freed)
 			return fail(v, "sequence slot %u: %u entries released, %u counted", slot,
 				    holes, s->freed);
+		/* H2O's list of held entries: exactly the entries that are not holes, ascending. */
+		if (s->hl) {
+			if (s->nhl != s->nblocks - holes)
+				return fail(v, "sequence slot %u: %u entries listed held, %u are",
+					    slot, s->nhl, s->nblocks - holes);
+			for (uint32_t k = 0; k < s->nhl; k++)
+				if (s->hl[k] >= s->nblocks || s->table[s->hl[k]] == CORE_NONE ||
+				    (k && s->hl[k] <= s->hl[k - 1]))
+					return fail(v, "sequence slot %u: held list entry %u is wrong",
+						    slot, k);
+		}
 		/* Packed blocks (H2O at token granularity): held, never findable. */
 		if (s->npacked > s->packed_cap || s->packed_cap % B ||
 		    s->packed_cap - s->npacked >= B)

@@ -140,6 +140,8 @@ static void metrics_text(struct server *srv, struct text *t)
 		  offsetof(struct core_stats, swaps) },
 		{ "pruned_tokens", "Tokens released by retention policies and sliding windows.",
 		  offsetof(struct core_stats, pruned_tokens) },
+		{ "compactions", "Tokens moved into packed blocks (H2O at token granularity).",
+		  offsetof(struct core_stats, compactions) },
 	};
 	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
 		text_printf(t, "# HELP kvpaged_%s_total %s\n# TYPE kvpaged_%s_total counter\n",
@@ -495,6 +497,9 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				infos[n].freed_blocks = info.freed_blocks;
 				infos[n].n_sink = info.n_sink;
 				infos[n].recent = info.recent;
+				infos[n].retained_tokens = info.retained_tokens;
+				infos[n].budget = info.budget;
+				infos[n].granularity = info.granularity;
 				ptrs[n] = &infos[n];
 				n++;
 			}
@@ -542,6 +547,7 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->swaps = st.swaps;
 				x->pruned_blocks = st.pruned_blocks;
 				x->pruned_tokens = st.pruned_tokens;
+				x->compactions = st.compactions;
 				tier_stats_fill(p, x);
 				pp[rep.n_pools++] = x;
 				for (uint32_t j = 0; j < p->nns; j++) {

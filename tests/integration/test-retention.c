@@ -294,6 +294,10 @@ START_TEST(test_h2o_tokens)
 	ck_assert_int_eq(kvp_report_scores(c, s, KVP_SCORES_PACKED, w, 15), -EINVAL);
 	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
 	ck_assert_int_eq(json_int(out, "pruned_tokens"), 32);
+	ck_assert_int_ge(json_int(out, "compactions"), 16);
+	ck_assert_int_eq(ctl(&d, "sequences", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "retained_tokens"), 32);
+	ck_assert_int_eq(json_int(out, "granularity"), 1);
 	assert_verified(&d);
 	kvp_table_free(&t);
 	kvp_table_free(&packed);

@@ -252,6 +252,140 @@ static void bench_hash(uint32_t B)
 	free(raw);
 }
 
+/*
+ * Bounded retention, per generated token: append one token, report the attention over every
+ * held token (h2o), commit.  K/V memory of a 7B geometry (32 layers, 8 KV heads, head dim 128,
+ * bf16: 2 KiB of K and 2 KiB of V per layer and token) so token-granular compaction copies what
+ * a real pool would.
+ */
+enum { RET_FULL, RET_SINKS, RET_H2O_BLOCKS, RET_H2O_TOKENS };
+
+struct kv_arena {
+	uint8_t *mem;
+	uint32_t B;
+};
+
+#define KV_LAYERS 32u
+#define KV_SLOT 2048u /* one layer's K (or V) of one token */
+
+static void arena_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
+			    uint32_t src_slot)
+{
+	struct kv_arena *a = ctx;
+	const uint64_t layer = 2ull * a->B * KV_SLOT, block = KV_LAYERS * layer;
+
+	for (uint32_t l = 0; l < KV_LAYERS; l++)
+		for (uint32_t kv = 0; kv < 2; kv++) {
+			uint64_t off = l * layer + kv * (uint64_t)a->B * KV_SLOT;
+
+			memcpy(a->mem + dst * block + off + dst_slot * KV_SLOT,
+			       a->mem + src * block + off + src_slot * KV_SLOT, KV_SLOT);
+		}
+}
+
+static double bench_retention_one(uint32_t B, int kind, uint32_t budget)
+{
+	enum { N = 20000 };
+	const uint32_t capacity = kind == RET_FULL ? N / B + 8 : 2 * budget / B + 16;
+	struct kv_arena a = { .B = B };
+	struct core_config cfg = { .capacity_blocks = capacity, .block_tokens = B,
+				   .max_sequences = 4, .max_seq_tokens = N + 1,
+				   .copy_block = no_copy, .copy_slot = arena_copy_slot,
+				   .copy_ctx = &a };
+	uint64_t *samples = calloc(repeat, sizeof(*samples));
+	float *w = malloc((size_t)(budget + 2 * B) * sizeof(*w));
+	struct core *c;
+	double med;
+
+	a.mem = kind == RET_H2O_TOKENS ? calloc((size_t)capacity * B, 2ull * KV_LAYERS * KV_SLOT)
+				       : NULL;
+	if (!samples || !w || (kind == RET_H2O_TOKENS && !a.mem) || core_new(&cfg, &c) < 0)
+		abort();
+	for (uint32_t i = 0; i < budget + 2 * B; i++)
+		w[i] = 0.001f * (float)(i % 97);
+	uint32_t *held = malloc((size_t)(N / B + 2) * sizeof(*held));
+
+	if (!held)
+		abort();
+	for (uint32_t r = 0; r < repeat; r++) {
+		uint32_t tok = 1, nheld = 0;
+		struct core_open o = { .tokens = &tok, .ntokens = 1 };
+		uint64_t seq, t;
+
+		if (kind == RET_SINKS) {
+			o.retention = CORE_RETAIN_SINKS;
+			o.n_sink = 4;
+			o.recent = budget - 4;
+		} else if (kind != RET_FULL) {
+			o.retention = CORE_RETAIN_H2O;
+			o.recent = budget / 4;
+			o.budget = budget;
+			o.decay = 0.99f;
+			o.granularity = kind == RET_H2O_TOKENS ? CORE_H2O_TOKENS : CORE_H2O_BLOCKS;
+		}
+		if (core_seq_open(c, &o, &seq, NULL) < 0)
+			abort();
+		t = now_ns();
+		for (uint32_t i = 1; i < N; i++) {
+			struct core_seq_info si;
+
+			tok = i;
+			if (core_seq_append(c, seq, &tok, 1) < 0)
+				abort();
+			if (kind == RET_H2O_BLOCKS || kind == RET_H2O_TOKENS) {
+				uint32_t keep = 0;
+
+				/*
+				 * The step's attention over everything held, run by run.  Like an
+				 * engine, it tracks the entries it holds (entries only ever turn
+				 * into holes) instead of scanning the whole table.
+				 */
+				core_seq_info(c, seq, &si);
+				if (nheld == 0 || held[nheld - 1] != si.nblocks - 1)
+					held[nheld++] = si.nblocks - 1;
+				for (uint32_t k = 0; k < nheld; k++) {
+					uint32_t b = held[k], n = (b + 1) * B <= i + 1 ? B : i + 1 - b * B;
+
+					if (si.table[b] == CORE_NONE)
+						continue;
+					held[keep++] = b;
+					if (core_seq_scores(c, seq, b * B, w, n) < 0)
+						abort();
+				}
+				nheld = keep;
+				if (si.npacked && core_seq_scores_packed(c, seq, w, si.npacked) < 0)
+					abort();
+			}
+			if (core_seq_commit(c, seq, i + 1) < 0)
+				abort();
+		}
+		samples[r] = (now_ns() - t) * 1000 / (N - 1);
+		core_seq_close(c, seq);
+	}
+	med = median_u64(samples, repeat) / 1000;
+	core_free(c);
+	free(held);
+	free(a.mem);
+	free(samples);
+	free(w);
+	return med;
+}
+
+static void bench_retention(uint32_t B)
+{
+	static const char *const names[] = { "full", "sinks", "h2o_blocks", "h2o_tokens" };
+	const uint32_t budget = 128;
+	double full = bench_retention_one(B, RET_FULL, budget);
+
+	report("retention_full", B, full, "token", NULL, 0);
+	for (int k = RET_SINKS; k <= RET_H2O_TOKENS; k++) {
+		char metric[32];
+
+		snprintf(metric, sizeof(metric), "retention_%s", names[k]);
+		report(metric, B, bench_retention_one(B, k, budget), "token", "full", full);
+	}
+}
+
 int cmd_micro(int argc, char **argv)
 {
 	static const struct option opts[] = {
@@ -305,6 +439,8 @@ int cmd_micro(int argc, char **argv)
 		bench_lookup(sizes[i]);
 		bench_fork_cow(sizes[i]);
 		bench_hash(sizes[i]);
+		if (sizes[i] <= 128)
+			bench_retention(sizes[i]);
 	}
 	return 0;
 }

@@ -291,12 +291,16 @@ static int cmd_sequences(int fd, const char *pool)
 			jadd_u(o, "recent", q->recent);
 			jadd_u(o, "held_blocks", q->held_blocks);
 			jadd_u(o, "freed_blocks", q->freed_blocks);
+			jadd_u(o, "retained_tokens", q->retained_tokens);
+			jadd_u(o, "budget", q->budget);
+			jadd_u(o, "granularity", q->granularity);
 			json_object_array_add(arr, o);
 		}
 		print_json(arr);
 	} else {
-		printf("%20s %8s %-12s %10s %10s %8s %-18s %8s %8s\n", "SEQ", "SESSION", "POOL",
-		       "TOKENS", "COMMITTED", "BLOCKS", "RETENTION", "HELD", "FREED");
+		printf("%20s %8s %-12s %10s %10s %8s %-22s %9s %8s %8s\n", "SEQ", "SESSION",
+		       "POOL", "TOKENS", "COMMITTED", "BLOCKS", "RETENTION", "RETAINED", "HELD",
+		       "FREED");
 		for (size_t i = 0; i < ss->n_sequences; i++) {
 			Kvpaged__V1__SequenceInfo *q = ss->sequences[i];
 			char ret[40];
@@ -305,11 +309,14 @@ static int cmd_sequences(int fd, const char *pool)
 				snprintf(ret, sizeof(ret), "sinks %u+%u", q->n_sink, q->recent);
 			else if (!strcmp(q->retention, "window"))
 				snprintf(ret, sizeof(ret), "window %u", q->recent);
+			else if (!strcmp(q->retention, "h2o"))
+				snprintf(ret, sizeof(ret), "h2o %u/%u %s", q->recent, q->budget,
+					 q->granularity ? "tokens" : "blocks");
 			else
 				snprintf(ret, sizeof(ret), "%s", q->retention);
-			printf("%20" PRIu64 " %8" PRIu64 " %-12s %10u %10u %8u %-18s %8u %8u\n", q->seq,
-			       q->session, q->pool, q->tokens, q->committed, q->blocks, ret,
-			       q->held_blocks, q->freed_blocks);
+			printf("%20" PRIu64 " %8" PRIu64 " %-12s %10u %10u %8u %-22s %9u %8u %8u\n",
+			       q->seq, q->session, q->pool, q->tokens, q->committed, q->blocks, ret,
+			       q->retained_tokens, q->held_blocks, q->freed_blocks);
 		}
 	}
 	kvpaged__v1__sequences__free_unpacked(ss, NULL);
@@ -349,6 +356,7 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "swaps", p->swaps);
 			jadd_u(x, "pruned_blocks", p->pruned_blocks);
 			jadd_u(x, "pruned_tokens", p->pruned_tokens);
+			jadd_u(x, "compactions", p->compactions);
 			json_object *ta = json_object_new_array(), *ra = json_object_new_array();
 			for (size_t k = 0; k < p->n_tiers; k++) {
 				Kvpaged__V1__TierStats *t = p->tiers[k];
@@ -449,6 +457,10 @@ static int cmd_stats(int fd, const char *pool)
 				       t->demotions, t->promotions, t->evictions,
 				       t->load_errors + t->store_errors, t->lost, t->skipped);
 			}
+			if (p->pruned_tokens)
+				printf("\n%s: %" PRIu64 " tokens released by retention policies (%" PRIu64
+				       " blocks), %" PRIu64 " tokens compacted\n", p->pool,
+				       p->pruned_tokens, p->pruned_blocks, p->compactions);
 			if (p->preemptions)
 				printf("\n%s: %" PRIu64 " preemptions (%" PRIu64 " swapped, %" PRIu64
 				       " dropped); the latest:\n", p->pool, p->preemptions, p->swaps,
