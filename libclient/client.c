@@ -201,6 +201,7 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 	c->pool.kv_stride = w->pool->kv_stride;
 	c->pool.slot_stride = w->pool->slot_stride;
 	c->pool.head_stride = w->pool->head_stride;
+	c->pool.window = w->pool->window;
 
 	c->pool_base = mmap(NULL, c->pool.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
 			    c->pool_fd, 0);
@@ -359,7 +360,8 @@ KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
 	r = CALL(c, COMMIT, req, commit_reply, rep);
 	if (r < 0)
 		return r;
-	if (rep->replaced && table)
+	/* Replaced entries, or entries the retention policy released (holes now). */
+	if ((rep->replaced || rep->released) && table)
 		r = table_set(table, 0, rep->table, rep->n_table);
 	if (r == 0)
 		r = (int)rep->replaced;

@@ -70,7 +70,8 @@ enum kvp_ring_op {
 				carries n_sink << 32 | recent; with flag 4 (h2o), budget << 32 |
 				recent */
 	KVP_OP_APPEND = 2,   /* seq; in: tokens; out: table from aux; aux: first changed entry */
-	KVP_OP_COMMIT = 3,   /* seq; arg: tokens written; out: table if aux > 0; aux: replaced */
+	KVP_OP_COMMIT = 3,   /* seq; arg: tokens written; out: table if aux > 0 or value > 0;
+				aux: replaced; value: entries released by the retention policy */
 	KVP_OP_FORK = 4,     /* seq; out: child's table; value: child seq */
 	KVP_OP_CLOSE = 5,    /* seq */
 	KVP_OP_LOOKUP = 6,   /* in: tokens; extra; arg: flags; aux: cached tokens */

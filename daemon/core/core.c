@@ -253,6 +253,52 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 	return n;
 }
 
+/*
+ * The walk of a sliding-window pool (vLLM's SlidingWindowManager rule): the next token attends
+ * to the last window - 1 tokens only, so a prefix of n blocks is a hit when the
+ * ceil((window - 1) / B) blocks that end it are cached, whatever came before.  Verifies every
+ * candidate by content (parent hash, salt, extra key, tokens) as prefix_walk does, and returns
+ * the longest such prefix; table[*ret_first, returned) get its blocks (table may be NULL), the
+ * entries before are not needed (holes).
+ */
+static uint32_t window_walk(const struct core *c, const struct core_open *o, uint32_t *table,
+			    uint32_t *ret_first, uint32_t *ret_collisions)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	const core_hash_fn fn = c->cfg.hash_fn;
+	const uint64_t ns = core_hash_ns(o->salt, o->extra);
+	uint32_t need = (c->cfg.window - 1 + B - 1) / B, limit = o->ntokens / B, run = 0, best = 0;
+	struct core_hash ph = { 0, 0 };
+
+	if (need == 0)
+		need = 1;
+	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
+		limit--;
+	*ret_collisions = 0;
+	for (uint32_t n = 0; n < limit; n++) {
+		const uint32_t *want = o->tokens + (size_t)n * B;
+		struct core_hash h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
+		uint32_t b = index_find(&c->index, c->pool.blocks, h);
+
+		const struct core_block *blk = b != CORE_NONE ? &c->pool.blocks[b] : NULL;
+
+		if (blk && core_hash_eq(blk->parent, ph) && blk->salt == o->salt &&
+		    blk->extra == o->extra &&
+		    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) == 0) {
+			if (table)
+				table[n] = b;
+			if (++run >= need)
+				best = n + 1;
+		} else {
+			*ret_collisions += blk != NULL;
+			run = 0;
+		}
+		ph = h;
+	}
+	*ret_first = best >= need ? best - need : 0;
+	return best;
+}
+
 /* Grows a table to hold nblocks entries.  0 or -ENOMEM; the table is unchanged on failure. */
 static int table_reserve(struct core_seq *s, uint32_t nblocks)
 {
@@ -766,23 +812,30 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
  */
 static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
-		  uint32_t *ret_ready, struct core_hash *ret_chain)
+		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes)
 {
-	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier, skipped, collisions;
-	uint32_t cached_hits = 0, good = 0;
+	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier = 0, skipped = 0, collisions;
+	uint32_t cached_hits = 0, good = 0, first = 0;
 	uint32_t *table;
 	int r;
 
 	table = malloc((size_t)nblocks * sizeof(*table));
 	if (!table)
 		return -ENOMEM;
-	nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
-	for (uint32_t i = 0; i < nhit; i++) {
+	if (c->cfg.window) {
+		/* table[first, nhit) are the hits; the entries before them stay holes. */
+		nhit = window_walk(c, o, table, &first, &collisions);
+		for (uint32_t i = 0; i < first; i++)
+			table[i] = CORE_NONE;
+	} else {
+		nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
+	}
+	for (uint32_t i = first; i < nhit; i++) {
 		cached_hits += c->pool.blocks[table[i]].refcount == 0;
 		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
 	}
 	r = make_room(c, nblocks - nhit, cached_hits, priority);
-	for (uint32_t i = 0; i < nhit; i++)
+	for (uint32_t i = first; i < nhit; i++)
 		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
 	if (r < 0) {
 		free(table);
@@ -796,7 +849,7 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		tier_hold(c, c->hit_tier[k], c->hit_slot[k]);
 
 	/* Nothing can fail from here on.  Take the hits first so allocating cannot evict them. */
-	for (uint32_t i = 0; i < nhit; i++)
+	for (uint32_t i = first; i < nhit; i++)
 		pool_ref(&c->pool, table[i]);
 	for (uint32_t i = nhit; i < nblocks; i++)
 		table[i] = pool_alloc(&c->pool);
@@ -808,9 +861,11 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	*ret_chain = nhit + good ? c->pool.blocks[table[nhit + good - 1]].hash
 				 : (struct core_hash){ 0, 0 };
 	*ret_table = table;
-	*ret_pool_hits = nhit;
+	*ret_pool_hits = nhit - first;
 	*ret_nblocks = nblocks;
 	*ret_ready = nhit + good;
+	if (ret_holes)
+		*ret_holes = first;
 	return 0;
 }
 
@@ -839,7 +894,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	uint32_t nblocks, nhit, ready, slot;
 	struct core_hash chain;
 	struct core_seq *s;
-	uint32_t *table, *hl = NULL;
+	uint32_t *table, *hl = NULL, holes = 0;
 	float *score = NULL;
 	int r;
 
@@ -869,7 +924,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		for (uint32_t i = 0; i < blocks_for(c, o->ntokens); i++)
 			hl[i] = i;
 	}
-	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain);
+	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes);
 	if (r < 0) {
 		free(score);
 		free(hl);
@@ -891,7 +946,8 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	s->ncommitted = ready * c->cfg.block_tokens;
 	s->chain = chain;
 	s->pruned = false;
-	s->freed = s->prune_from = 0;
+	/* A window pool's hit may leave out blocks the window does not need. */
+	s->freed = s->prune_from = holes;
 	if (c->cfg.window) {
 		s->retention = CORE_RETAIN_SINKS;
 		s->n_sink = 0;
@@ -936,6 +992,11 @@ uint32_t core_lookup(const struct core *c, const struct core_open *o)
 
 	if (tokens_check(c, o->tokens, o->ntokens) < 0 || o->ntokens > c->cfg.max_seq_tokens)
 		return 0;
+	if (c->cfg.window) {
+		uint32_t first;
+
+		return window_walk(c, o, NULL, &first, &collisions) * c->cfg.block_tokens;
+	}
 	n = prefix_walk(c, o, c->walk, &ntier, &skipped, &collisions);
 	/* What an open would reuse, assuming the tiers' loads succeed. */
 	return (n + ntier) * c->cfg.block_tokens;
@@ -999,6 +1060,16 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 	return (int)first_changed;
 }
 
+/* How many leading tokens a retention policy lets attend to everything before them. */
+static uint64_t full_prefix(const struct core_seq *s)
+{
+	if (s->retention == CORE_RETAIN_SINKS)
+		return (uint64_t)s->n_sink + s->recent;
+	if (s->retention == CORE_RETAIN_H2O)
+		return s->budget;
+	return UINT64_MAX;
+}
+
 /* Block i of s just became full and committed: make it READY and, when possible, findable. */
 static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 {
@@ -1018,8 +1089,14 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	s->chain = blk->hash;
 	c->stats.commits++;
 
-	/* Computed over a pruned cache: its K/V is this sequence's own. */
-	if (s->pruned)
+	/*
+	 * Computed over a pruned cache: its K/V is this sequence's own.  Under sinks or h2o a
+	 * token's attention leaves out some earlier tokens as soon as more than n_sink + recent
+	 * (h2o: budget) precede it, before any whole block is released: only blocks wholly below
+	 * that were computed over the full prefix.
+	 */
+	if (s->pruned || (!c->cfg.window && s->retention != CORE_RETAIN_FULL &&
+			  (uint64_t)(i + 1) * c->cfg.block_tokens > full_prefix(s)))
 		return 0;
 	/* A block is findable only through its parent, so an unfindable parent ends the chain. */
 	if (parent != CORE_NONE && !(c->pool.blocks[parent].flags & CORE_BLOCK_INDEXED))
@@ -1198,7 +1275,7 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
 				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
-	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain);
+	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL);
 	if (r < 0)
 		return r;
 	s->table = table;

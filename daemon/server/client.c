@@ -303,6 +303,7 @@ static void on_commit(struct session *s, const struct kvp_frame_header *h, const
 		reply_refused(s, h->seq, r, why, "commit");
 	} else {
 		rep.replaced = res.replaced;
+		rep.released = res.released;
 		rep.n_table = res.table_len;
 		rep.table = (uint32_t *)res.table;
 		REPLY(COMMIT_REPLY, rep);

@@ -188,18 +188,22 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 	r = core_seq_commit(s->pool->core, seq, ntokens);
 	if (r < 0)
 		return r;
+	res->released = 0;
 	if (info.retention != CORE_RETAIN_FULL) {
 		struct core_seq_info after;
 
-		/* The retention policy may have released blocks. */
+		/* The retention policy may have released blocks (and h2o packed some). */
 		core_seq_info(s->pool->core, seq, &after);
 		s->blocks -= info.held_blocks - after.held_blocks;
+		res->released = after.freed_blocks - info.freed_blocks;
 		if (after.held_blocks < info.held_blocks)
 			s->pool->epoch++;
 	}
 	res->seq = seq;
 	res->replaced = (uint32_t)r;
 	res->table_len = 0;
+	if (r == 0 && res->released)
+		fill_table(s, seq, 0, res); /* the client must stop using what was released */
 	if (r > 0) {
 		s->pool->epoch++; /* the copies it replaced went back to the pool */
 		fill_table(s, seq, 0, res);

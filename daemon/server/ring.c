@@ -245,7 +245,8 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		rc = ops_commit(s, e->seq, e->arg, &res, &why);
 		if (rc == 0) {
 			c->aux = res.replaced;
-			if (res.replaced)
+			c->value = res.released;
+			if (res.replaced || res.released)
 				put_table(r, e, c, res.table, res.table_len);
 		}
 		break;

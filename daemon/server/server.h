@@ -219,6 +219,7 @@ int session_reply_error(struct session *s, uint32_t seq, int error, const char *
 struct seq_result {
 	uint64_t seq;
 	uint32_t cached, first_changed, replaced;
+	uint32_t released; /* commit: entries the retention policy released */
 	uint32_t recompute; /* resume: trailing tokens whose K/V must be computed again */
 	const uint32_t *table; /* valid until the next core call */
 	uint32_t table_len;

@@ -99,6 +99,7 @@ struct kvp_pool_info {
 	uint32_t max_seq_tokens, vocab_size;
 	uint64_t bytes_per_token, block_bytes, pool_bytes;
 	uint64_t block_stride, layer_stride, kv_stride, slot_stride, head_stride;
+	uint32_t window; /* a sliding-window pool: tokens each sequence keeps; 0: none */
 };
 
 /* A block table.  Zero-initialize it; the library grows blocks as needed. */
@@ -175,7 +176,10 @@ KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *to
 /*
  * Marks the first ntokens tokens as written; full blocks become findable by others.  Returns
  * the number of table entries the daemon replaced with an equal block committed first (the
- * table, if given, is updated; the K/V there is the same).
+ * table, if given, is updated; the K/V there is the same).  Under a retention policy the
+ * commit may release entries: the table is updated then too (KVP_TABLE_HOLE there), and the
+ * client must stop using those blocks.  Over the rings: the completion's value counts them
+ * and the table is written.
  */
 KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
 			  struct kvp_table *table);
@@ -250,7 +254,8 @@ struct kvp_completion {
 	uint64_t user_data;
 	int32_t res;      /* 0 or a negative errno */
 	uint32_t flags;   /* KVP_COMPLETION_TRUNCATED */
-	uint64_t value;   /* OPEN/FORK: the sequence; SEQ_INFO: tokens << 32 | committed */
+	uint64_t value;   /* OPEN/FORK: the sequence; SEQ_INFO: tokens << 32 | committed;
+			     COMMIT: entries the retention policy released */
 	uint32_t aux;     /* OPEN: cached tokens; APPEND: first changed entry; COMMIT: replaced;
 			     LOOKUP: cached tokens */
 	uint32_t table_len; /* entries written to the op's table_out */

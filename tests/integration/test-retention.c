@@ -12,20 +12,27 @@ static struct daemon d;
 	"[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"             \
 	"block_tokens = 16\ncapacity_blocks = 64\n" extra
 
-/* Appends and commits tokens one at a time up to total; returns the most blocks ever held. */
+/*
+ * Appends and commits tokens one at a time up to total, keeping the client's table up to date
+ * from the replies alone (commits report what they release); returns the most blocks ever
+ * held.  Every 100 tokens the client's table must equal the daemon's.
+ */
 static uint32_t stream(struct kvp_client *c, uint64_t s, uint32_t from, uint32_t total)
 {
-	struct kvp_table t = { 0 };
+	struct kvp_table t = { 0 }, mine = { 0 };
 	uint32_t most = 0, ntok, ncom;
 
+	ck_assert_int_eq(kvp_seq_info(c, s, NULL, NULL, &mine), 0);
 	for (uint32_t k = from; k < total; k++) {
 		uint32_t tok = (k * 7919u) % 512, held = 0;
 
-		ck_assert_int_ge(kvp_append(c, s, &tok, 1, NULL), 0);
-		ck_assert_int_eq(kvp_commit(c, s, k + 1, NULL), 0);
+		ck_assert_int_ge(kvp_append(c, s, &tok, 1, &mine), 0);
+		ck_assert_int_eq(kvp_commit(c, s, k + 1, &mine), 0);
 		if ((k + 1) % 100)
 			continue;
 		ck_assert_int_eq(kvp_seq_info(c, s, &ntok, &ncom, &t), 0);
+		ck_assert_uint_eq(mine.len, t.len);
+		ck_assert_mem_eq(mine.blocks, t.blocks, t.len * sizeof(uint32_t));
 		ck_assert_uint_eq(ntok, k + 1);
 		ck_assert_uint_eq(t.len, (k + 1 + 15) / 16);
 		for (uint32_t i = 0; i < t.len; i++)
@@ -34,6 +41,7 @@ static uint32_t stream(struct kvp_client *c, uint64_t s, uint32_t from, uint32_t
 			most = held;
 	}
 	kvp_table_free(&t);
+	kvp_table_free(&mine);
 	return most;
 }
 

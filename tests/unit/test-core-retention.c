@@ -115,8 +115,9 @@ START_TEST(test_window_pool_stays_at_its_bound)
 END_TEST
 
 /*
- * Blocks committed before a sequence first released one are intact and stay findable; blocks
- * it commits afterwards were computed over a pruned cache and are never found.
+ * Only blocks whose every token attended to the whole prefix are findable: with n_sink 16 and
+ * recent 32 those below position 48.  Blocks committed later, whether before or after the
+ * first release, saw a pruned context and are never found.
  */
 START_TEST(test_pruned_commits_are_private)
 {
@@ -141,17 +142,16 @@ START_TEST(test_pruned_commits_are_private)
 	ck_assert_uint_ne(si.table[0], CORE_NONE);
 	for (uint32_t i = 1; i <= 3; i++)
 		ck_assert_uint_eq(si.table[i], CORE_NONE);
-	ck_assert_uint_eq(core_lookup(c, &probe), 96);
+	ck_assert_uint_eq(core_lookup(c, &probe), 48);
 	ck_assert_int_ge(core_seq_append(c, s, p + 96, 16), 0);
 	ck_assert_int_eq(core_seq_commit(c, s, 112), 0);
-	/* Block 6 came after the first release: private. */
-	ck_assert_uint_eq(core_lookup(c, &probe), 96);
+	ck_assert_uint_eq(core_lookup(c, &probe), 48);
 	assert_verified(c);
 
 	/* Another sequence gets the intact prefix, released blocks included (still cached). */
 	probe.retention = CORE_RETAIN_FULL;
 	ck_assert_int_eq(core_seq_open(c, &probe, &other, &cached), 0);
-	ck_assert_uint_eq(cached, 96);
+	ck_assert_uint_eq(cached, 48);
 	ck_assert_int_eq(core_seq_close(c, other), 0);
 
 	/* [16, 112 - 32): block 4 went too.  A fork keeps the holes. */
@@ -186,6 +186,51 @@ START_TEST(test_window_pool_blocks_are_shared)
 	ck_assert_uint_eq(cached, 192); /* every full block */
 	/* Opening releases what the window no longer needs at once. */
 	ck_assert_uint_eq(info_of(c, b).held_blocks, 5);
+	ck_assert_int_eq(core_seq_close(c, b), 0);
+	done(c);
+}
+END_TEST
+
+/*
+ * vLLM's rule in a window pool: a hit needs only the blocks covering the window at the hit
+ * point.  The prefix's first blocks were evicted; the last ceil(63 / 16) = 4 are still cached,
+ * so the whole prefix is a hit and the entries before those 4 are holes.
+ */
+START_TEST(test_window_hit_without_early_blocks)
+{
+	struct core *c = pool_with(16, 64, 4096);
+	uint32_t p[200], q[100], cached;
+	uint64_t a, b;
+	struct core_open o = { .tokens = p, .ntokens = 1 };
+	struct core_seq_info si;
+
+	fill_tokens(p, 200, 1);
+	fill_tokens(q, 100, 5000);
+	ck_assert_int_eq(core_seq_open(c, &o, &a, NULL), 0);
+	for (uint32_t k = 1; k < 200; k++) {
+		ck_assert_int_ge(core_seq_append(c, a, p + k, 1), 0);
+		ck_assert_int_eq(core_seq_commit(c, a, k + 1), 0);
+	}
+	ck_assert_int_eq(core_seq_close(c, a), 0);
+	/* 7 blocks: the 4 free ones and the 3 oldest cached, a's blocks 0, 1 and 2. */
+	o = (struct core_open){ .tokens = q, .ntokens = 100 };
+	ck_assert_int_eq(core_seq_open(c, &o, &b, NULL), 0);
+	ck_assert_int_eq(core_seq_close(c, b), 0);
+	o = (struct core_open){ .tokens = p, .ntokens = 200 };
+	ck_assert_uint_eq(core_lookup(c, &o), 192);
+	ck_assert_int_eq(core_seq_open(c, &o, &b, &cached), 0);
+	ck_assert_uint_eq(cached, 192);
+	si = info_of(c, b);
+	for (uint32_t i = 0; i < 8; i++)
+		ck_assert_uint_eq(si.table[i], CORE_NONE);
+	for (uint32_t i = 8; i < 13; i++)
+		ck_assert_uint_ne(si.table[i], CORE_NONE);
+	ck_assert_uint_eq(si.freed_blocks, 8);
+	assert_verified(c);
+	/* It goes on as any windowed sequence. */
+	ck_assert_int_ge(core_seq_append(c, b, p, 16), 0);
+	ck_assert_int_eq(core_seq_commit(c, b, 216), 0);
+	ck_assert_uint_le(info_of(c, b).held_blocks, 5);
 	ck_assert_int_eq(core_seq_close(c, b), 0);
 	done(c);
 }
@@ -526,6 +571,7 @@ int main(void)
 	tcase_add_test(tc, test_pruned_commits_are_private);
 	tcase_add_test(tc, test_window_pool_blocks_are_shared);
 	tcase_add_test(tc, test_bad_policies);
+	tcase_add_test(tc, test_window_hit_without_early_blocks);
 	tcase_add_test(tc, test_h2o_keeps_recent_and_heavy_hitters);
 	tcase_add_test(tc, test_h2o_decay);
 	tcase_add_test(tc, test_h2o_stream_bounded);
