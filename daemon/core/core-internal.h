@@ -94,6 +94,19 @@ static inline const uint32_t *core_slot_tokens(const struct core *c, uint32_t b)
 	return c->tokens + (size_t)b * c->cfg.block_tokens;
 }
 
+/*
+ * Under sinks, a token attends to everything before it only while at most n_sink + recent
+ * tokens precede it.  Blocks past that point hold K/V of that policy: they are keyed with a
+ * tag of (n_sink, recent) folded into the extra key, so only sequences with the same policy
+ * find them.  0: no tag (full attention; h2o keeps such blocks private instead).
+ */
+static inline uint64_t retention_tag(uint32_t retention, uint32_t n_sink, uint32_t recent)
+{
+	if (retention != CORE_RETAIN_SINKS)
+		return 0;
+	return ((uint64_t)n_sink << 32 | recent) * 0x9e3779b97f4a7c15ull | 1;
+}
+
 static inline bool tier_exists(const struct core *c, uint32_t t)
 {
 	return t > 0 && t < CORE_NTIERS && c->cfg.tier_slots[t] > 0;

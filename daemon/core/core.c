@@ -179,6 +179,18 @@ static inline uint32_t blocks_for(const struct core *c, uint32_t ntokens)
 	return (uint32_t)(((uint64_t)ntokens + c->cfg.block_tokens - 1) / c->cfg.block_tokens);
 }
 
+/* The extra key block n is hashed and verified with (see retention_tag). */
+static inline uint64_t block_extra(const struct core *c, uint64_t extra, uint64_t tag,
+				   uint64_t full, uint32_t n)
+{
+	return tag && (uint64_t)(n + 1) * c->cfg.block_tokens > full ? extra ^ tag : extra;
+}
+
+static uint64_t open_full_prefix(const struct core_open *o)
+{
+	return o->retention == CORE_RETAIN_SINKS ? (uint64_t)o->n_sink + o->recent : UINT64_MAX;
+}
+
 /*
  * Walks the index for the prompt's leading full blocks.  A candidate is accepted only when its
  * parent, salt, extra key and every token id match: the hash only finds candidates.  Fills
@@ -195,7 +207,10 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 {
 	const uint32_t B = c->cfg.block_tokens;
 	const core_hash_fn fn = c->cfg.hash_fn;
-	const uint64_t ns = core_hash_ns(o->salt, o->extra);
+	const uint64_t tag = retention_tag(o->retention, o->n_sink, o->recent);
+	const uint64_t full = open_full_prefix(o);
+	const uint64_t ns_full = core_hash_ns(o->salt, o->extra);
+	const uint64_t ns_tag = tag ? core_hash_ns(o->salt, o->extra ^ tag) : ns_full;
 	uint32_t limit = o->ntokens / B, n = 0, ntier = 0;
 	struct core_hash ph = { 0, 0 }, h = { 0, 0 };
 
@@ -208,12 +223,14 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 		uint32_t b;
 		const struct core_block *blk;
 
-		h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
+		uint64_t extra = block_extra(c, o->extra, tag, full, n);
+
+		h = hash_link(fn, ph, extra == o->extra ? ns_full : ns_tag, hash_tokens(fn, want, B));
 		b = index_find(&c->index, c->pool.blocks, h);
 		if (b == CORE_NONE)
 			break;
 		blk = &c->pool.blocks[b];
-		if (!core_hash_eq(blk->parent, ph) || blk->salt != o->salt || blk->extra != o->extra ||
+		if (!core_hash_eq(blk->parent, ph) || blk->salt != o->salt || blk->extra != extra ||
 		    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) != 0) {
 			(*ret_collisions)++;
 			return n;
@@ -233,11 +250,13 @@ static uint32_t prefix_walk(const struct core *c, const struct core_open *o, uin
 	if (limit > c->walk_cap)
 		limit = c->walk_cap;
 	for (uint32_t k = n; k < limit; k++) {
+		uint64_t extra = block_extra(c, o->extra, tag, full, k);
 		uint32_t slot, t;
 
 		if (k > n)
-			h = hash_link(fn, ph, ns, hash_tokens(fn, o->tokens + (size_t)k * B, B));
-		t = tier_find(c, h, ph, o->salt, o->extra, &slot);
+			h = hash_link(fn, ph, extra == o->extra ? ns_full : ns_tag,
+				      hash_tokens(fn, o->tokens + (size_t)k * B, B));
+		t = tier_find(c, h, ph, o->salt, extra, &slot);
 		if (!t)
 			break;
 		if (!c->tiers[t].promote) {
@@ -757,7 +776,11 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 			.slot = c->hit_slot[k],
 			.block = table[nhit + k],
 			.key = { .hash = c->hit_hash[k + 1], .parent = c->hit_hash[k],
-				 .salt = o->salt, .extra = o->extra,
+				 .salt = o->salt,
+				 .extra = block_extra(c, o->extra,
+						      retention_tag(o->retention, o->n_sink,
+								    o->recent),
+						      open_full_prefix(o), nhit + k),
 				 .tokens = o->tokens + (size_t)(nhit + k) * B },
 			.result = -EIO,
 		};
@@ -773,7 +796,7 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 		memcpy(c->tokens + (size_t)b * B, l->key.tokens, (size_t)B * sizeof(uint32_t));
 		blk->hash = l->key.hash;
 		blk->salt = o->salt;
-		blk->extra = o->extra;
+		blk->extra = l->key.extra;
 		blk->parent = l->key.parent;
 		blk->state = CORE_BLOCK_READY;
 		/* Like a commit: findable only through a findable parent, and never twice. */
@@ -1075,28 +1098,33 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 {
 	uint32_t b = s->table[i], parent = i > 0 ? s->table[i - 1] : CORE_NONE, found;
 	struct core_block *blk = &c->pool.blocks[b];
+	uint64_t extra;
 
 	if (blk->state == CORE_BLOCK_READY) {
 		s->chain = blk->hash; /* a fork sibling committed this shared block already */
 		return 0;
 	}
 	/* s->chain is block i - 1's hash (blocks are committed in order). */
-	blk->hash = core_chain_hash(c, s->chain, s->salt, s->extra, core_slot_tokens(c, b));
+	/* A window pool's sequences all compute K/V the same way: no tag there. */
+	extra = block_extra(c, s->extra,
+			    c->cfg.window ? 0 : retention_tag(s->retention, s->n_sink, s->recent),
+			    full_prefix(s), i);
+	blk->hash = core_chain_hash(c, s->chain, s->salt, extra, core_slot_tokens(c, b));
 	blk->salt = s->salt;
-	blk->extra = s->extra;
+	blk->extra = extra;
 	blk->parent = s->chain;
 	blk->state = CORE_BLOCK_READY;
 	s->chain = blk->hash;
 	c->stats.commits++;
 
 	/*
-	 * Computed over a pruned cache: its K/V is this sequence's own.  Under sinks or h2o a
-	 * token's attention leaves out some earlier tokens as soon as more than n_sink + recent
-	 * (h2o: budget) precede it, before any whole block is released: only blocks wholly below
-	 * that were computed over the full prefix.
+	 * Under h2o a token's attention leaves out earlier tokens as soon as more than budget
+	 * precede it, and what it leaves out depends on the scores the client reported: such
+	 * blocks stay this sequence's own.  (Sinks blocks past n_sink + recent are keyed with the
+	 * policy's tag instead: the same policy computes the same K/V.)
 	 */
-	if (s->pruned || (!c->cfg.window && s->retention != CORE_RETAIN_FULL &&
-			  (uint64_t)(i + 1) * c->cfg.block_tokens > full_prefix(s)))
+	if (s->retention == CORE_RETAIN_H2O &&
+	    (s->pruned || (uint64_t)(i + 1) * c->cfg.block_tokens > full_prefix(s)))
 		return 0;
 	/* A block is findable only through its parent, so an unfindable parent ends the chain. */
 	if (parent != CORE_NONE && !(c->pool.blocks[parent].flags & CORE_BLOCK_INDEXED))
@@ -1112,7 +1140,7 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	}
 
 	const struct core_block *fb = &c->pool.blocks[found];
-	if (!core_hash_eq(fb->parent, blk->parent) || fb->salt != s->salt || fb->extra != s->extra ||
+	if (!core_hash_eq(fb->parent, blk->parent) || fb->salt != s->salt || fb->extra != extra ||
 	    memcmp(core_slot_tokens(c, found), core_slot_tokens(c, b),
 		   (size_t)c->cfg.block_tokens * sizeof(uint32_t)) != 0) {
 		c->stats.collisions++;

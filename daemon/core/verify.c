@@ -126,7 +126,10 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 				if (blk->state != CORE_BLOCK_READY)
 					return fail(v, "sequence slot %u: committed block %u (entry %u) "
 						    "is not READY", slot, b, i);
-				if (blk->salt != s->salt || blk->extra != s->extra)
+				if (blk->salt != s->salt ||
+				    (blk->extra != s->extra &&
+				     blk->extra != (s->extra ^ retention_tag(s->retention, s->n_sink,
+									     s->recent))))
 					return fail(v, "sequence slot %u: block %u has another "
 						    "namespace or extra key", slot, b);
 				if (i > 0 && s->table[i - 1] != CORE_NONE &&

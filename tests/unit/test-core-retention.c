@@ -115,9 +115,9 @@ START_TEST(test_window_pool_stays_at_its_bound)
 END_TEST
 
 /*
- * Only blocks whose every token attended to the whole prefix are findable: with n_sink 16 and
- * recent 32 those below position 48.  Blocks committed later, whether before or after the
- * first release, saw a pruned context and are never found.
+ * Only blocks whose every token attended to the whole prefix are findable by any sequence:
+ * with n_sink 16 and recent 32 those below position 48.  Blocks committed later saw a pruned
+ * context: only sequences with the same policy find them.
  */
 START_TEST(test_pruned_commits_are_private)
 {
@@ -145,6 +145,13 @@ START_TEST(test_pruned_commits_are_private)
 	ck_assert_uint_eq(core_lookup(c, &probe), 48);
 	ck_assert_int_ge(core_seq_append(c, s, p + 96, 16), 0);
 	ck_assert_int_eq(core_seq_commit(c, s, 112), 0);
+	ck_assert_uint_eq(core_lookup(c, &probe), 48);
+	/* The same policy computes the same K/V: it finds everything (keyed with its tag). */
+	probe.retention = CORE_RETAIN_SINKS;
+	probe.n_sink = 16;
+	probe.recent = 32;
+	ck_assert_uint_eq(core_lookup(c, &probe), 112);
+	probe.recent = 48; /* another policy: only the untagged prefix */
 	ck_assert_uint_eq(core_lookup(c, &probe), 48);
 	assert_verified(c);
 

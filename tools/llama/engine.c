@@ -34,14 +34,89 @@ static int table_fail(void)
 	return -EPROTO;
 }
 
+/*
+ * A mask's K/V differs from full attention's once it leaves positions out, so its prefixes get
+ * a key of their own: the model's fingerprint mixed with the mask.
+ */
+void engine_set_mask(struct engine *e, const struct llama_mask *mask)
+{
+	uint64_t z;
+
+	e->mask = mask && mask->window ? *mask : (struct llama_mask){ 0 };
+	if (!e->mask.window) {
+		e->prefix_key = e->model_key;
+		return;
+	}
+	/* splitmix64's finalizer over the mask, mixed into the model's fingerprint. */
+	z = ((uint64_t)e->mask.n_sink << 32 | e->mask.window) + 0x9e3779b97f4a7c15ull;
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+	e->prefix_key = e->model_key ^ z ^ (z >> 31);
+}
+
+/* Room for the table of a sequence of e->max_tokens in each ring table. */
+static int ring_tables_reserve(struct engine *e)
+{
+	const uint32_t cap = e->max_tokens / kvp_pool(e->client)->block_tokens + 2;
+
+	if (!e->rings || cap <= e->ring_table_cap)
+		return 0;
+	for (int i = 0; i < 3; i++) {
+		uint32_t *t = realloc(e->ring_tables[i], (size_t)cap * sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		e->ring_tables[i] = t;
+	}
+	e->ring_table_cap = cap;
+	return 0;
+}
+
+static int open_paged(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n,
+		      uint32_t flags, uint32_t *ret_cached)
+{
+	const struct kvp_retention keep = { .size = sizeof(keep), .policy = KVP_RETAIN_SINKS,
+					    .n_sink = e->mask.n_sink,
+					    .recent = e->mask.window };
+	int r;
+
+	if (engine_bounded(e) && !e->pool_window) {
+		r = kvp_open_retained(e->client, tokens, n, e->prefix_key, flags, &keep, &s->id,
+				      ret_cached, &s->paged.table);
+		/*
+		 * The request is valid, so the refusal is a pool with a sliding window (the pool
+		 * description the library gives does not say).  It keeps every sequence's last
+		 * window tokens and no sinks.
+		 */
+		if (r != -EINVAL)
+			return r < 0 ? paged_fail(e, r, "open") : 0;
+		e->pool_window = true;
+	}
+	if (e->pool_window && e->mask.n_sink) {
+		fprintf(stderr, "kvpaged-llama: pool '%s' has a sliding window, which decides what "
+				"its sequences keep: --sinks needs a pool without one\n",
+			kvp_pool(e->client)->name);
+		return -EINVAL;
+	}
+	r = kvp_open(e->client, tokens, n, e->prefix_key, flags, &s->id, ret_cached,
+		     &s->paged.table);
+	return r < 0 ? paged_fail(e, r, "open") : 0;
+}
+
 int seq_open(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n, uint32_t flags,
 	     uint32_t *ret_cached)
 {
-	uint32_t cached = 0;
+	const struct llama_config *cfg = &e->model.cfg;
+	uint32_t cached = 0, span = e->max_tokens;
 	int r;
 
+	if (engine_bounded(e) && span > e->mask.n_sink + e->mask.window)
+		span = e->mask.n_sink + e->mask.window;
+	r = llama_state_reserve(&e->st, cfg, span);
+	if (r < 0)
+		return r;
 	if (!e->client) {
-		r = kv_contig_init(&s->contig, &e->model.cfg);
+		r = kv_contig_init(&s->contig, cfg, e->max_tokens);
 		if (r < 0)
 			return r;
 		s->kv = &s->contig.base;
@@ -49,17 +124,37 @@ int seq_open(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n
 		*ret_cached = 0;
 		return 0;
 	}
-	kv_paged_init(&s->paged, e->client, &e->model.cfg);
-	s->kv = &s->paged.base;
-	r = kvp_open(e->client, tokens, n, e->model_key, flags, &s->id, &cached, &s->paged.table);
+	r = ring_tables_reserve(e);
 	if (r < 0)
-		return paged_fail(e, r, "open");
+		return r;
+	kv_paged_init(&s->paged, e->client, cfg);
+	s->kv = &s->paged.base;
+	r = open_paged(e, s, tokens, n, flags, &cached);
+	if (r < 0)
+		return r;
 	s->open = true;
 	if (kv_paged_check_table(&s->paged, n) < 0 || cached > n)
 		return table_fail();
 	/* Cached blocks are someone else's too, and immutable. */
 	s->paged.readonly_below = cached;
 	*ret_cached = cached;
+	return 0;
+}
+
+int seq_forward(struct engine *e, struct seq *s, uint32_t token, uint32_t pos,
+		const float **ret_logits)
+{
+	uint32_t hole;
+
+	if (e->client && kv_paged_check_mask(&s->paged, &e->mask, pos, &hole) < 0) {
+		fprintf(stderr, "kvpaged-llama: position %u, which the token at %u attends to, is "
+				"in a block the daemon released%s\n", hole, pos,
+			!engine_bounded(e) ? ": the pool has a sliding window (give --window)"
+			: e->pool_window   ? " (the pool's window is smaller than --window)"
+					   : "");
+		return -EPROTO;
+	}
+	*ret_logits = llama_forward(&e->model, &e->st, s->kv, &e->mask, token, pos);
 	return 0;
 }
 
@@ -85,6 +180,7 @@ static int completion_fail(const struct kvp_completion *c)
 	const char *what = c->user_data == KVP_COMMIT ? "commit"
 			   : c->user_data == KVP_PARK ? "park"
 			   : c->user_data == KVP_RESUME ? "resume"
+			   : c->user_data == KVP_SEQ_INFO ? "seq info"
 							: "append";
 
 	fprintf(stderr, "kvpaged-llama: %s: %s\n", what, strerror(-c->res));
@@ -122,12 +218,35 @@ static int ring_settle(struct engine *e, struct seq *s)
 	return 0;
 }
 
-/* Both operations in one submission, reaped together: one wake-up of the daemon per token. */
-static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
-		     bool wait)
+/* A table the daemon sent whole: it must hold ntokens; count what it holds. */
+static int table_refreshed(struct engine *e, struct seq *s, uint32_t tokens, uint32_t ntokens)
 {
-	struct kvp_op ops[2];
-	struct kvp_completion done[2];
+	uint32_t held;
+
+	if (tokens != ntokens || kv_paged_check_table(&s->paged, ntokens) < 0)
+		return table_fail();
+	held = kv_paged_held(&s->paged);
+	if (!engine_bounded(e) && held != s->paged.table.len) {
+		fprintf(stderr, "kvpaged-llama: pool '%s' released blocks of a sequence with full "
+				"attention: it has a sliding window (give --window)\n",
+			kvp_pool(e->client)->name);
+		return -EPROTO;
+	}
+	if (held > e->max_held)
+		e->max_held = held;
+	return 0;
+}
+
+/*
+ * Both operations in one submission, reaped together: one wake-up of the daemon per token.
+ * With refresh (the sequence's tokens after the append), a SEQ_INFO goes last and its table,
+ * which shows the blocks the commit released, replaces ours.
+ */
+static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
+		     bool wait, uint32_t refresh)
+{
+	struct kvp_op ops[3];
+	struct kvp_completion done[3];
 	unsigned n = 0, sent = 0;
 	int r;
 
@@ -142,11 +261,15 @@ static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, u
 	ops[n++] = (struct kvp_op){ .opcode = KVP_APPEND, .user_data = KVP_APPEND, .seq = s->id,
 				    .tokens = &token, .ntokens = 1, .table_cap = e->ring_table_cap,
 				    .table_out = e->ring_tables[1] };
+	if (refresh)
+		ops[n++] = (struct kvp_op){ .opcode = KVP_SEQ_INFO, .user_data = KVP_SEQ_INFO,
+					    .seq = s->id, .table_cap = e->ring_table_cap,
+					    .table_out = e->ring_tables[2] };
 	while (sent < n) {
 		r = kvp_submit(e->client, ops + sent, n - sent);
 		if (r < 0)
 			return paged_fail(e, r, "ring submit");
-		if (r == 0) /* at most two of ours are ever in flight: the ring cannot be full */
+		if (r == 0) /* at most three of ours are ever in flight: the ring cannot be full */
 			return paged_fail(e, -EAGAIN, "ring submit");
 		sent += (unsigned)r;
 	}
@@ -158,10 +281,11 @@ static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, u
 	r = ring_reap(e, done, n);
 	if (r < 0)
 		return r;
-	/* Completions come in submission order: the commit's table first, then the append's. */
+	/* Completions come in submission order: the commit's table, the append's, then all. */
 	for (unsigned i = 0; i < n; i++) {
 		const struct kvp_completion *c = &done[i];
 		const bool commit = c->user_data == KVP_COMMIT;
+		const bool info = c->user_data == KVP_SEQ_INFO;
 
 		if (c->res < 0)
 			return completion_fail(c);
@@ -169,12 +293,17 @@ static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, u
 			return table_fail();
 		if (commit && c->aux == 0)
 			continue;
-		r = kv_paged_table_set(&s->paged, commit ? 0 : c->aux,
-				       e->ring_tables[commit ? 0 : 1], c->table_len);
+		r = kv_paged_table_set(&s->paged, commit || info ? 0 : c->aux,
+				       e->ring_tables[commit ? 0 : info ? 2 : 1], c->table_len);
 		if (r < 0)
 			return r == -ENOMEM ? r : table_fail();
 		if (commit)
 			e->replaced += c->aux;
+		if (info) {
+			r = table_refreshed(e, s, (uint32_t)(c->value >> 32), refresh);
+			if (r < 0)
+				return r;
+		}
 	}
 	return 0;
 }
@@ -183,21 +312,29 @@ int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t 
 	     uint32_t ntokens)
 {
 	const uint32_t B = s->paged.block_tokens;
+	bool refresh;
 	int r;
 
 	if (!e->client)
 		return 0;
+	/*
+	 * Releases come with commits, which do not report them: see them at block starts (on
+	 * the rings, in a step that waits anyway).  Full attention too, to find a pool with a
+	 * sliding window, which the pool description does not show.
+	 */
+	refresh = ntokens % B == 0 || (engine_bounded(e) && e->pool_window);
 	if (e->rings) {
 		/*
 		 * Waiting is needed when the token starts a block (the append allocates it, and
 		 * the commit that goes with it completes the previous block, which the daemon
 		 * may switch to an equal one and free).  Otherwise the slot is in our own last
-		 * block, and the forward pass may write it while the daemon catches up.
+		 * block, and the forward pass may write it while the daemon catches up.  A
+		 * refreshed table is waited for: the forward pass checks it.
 		 */
 		bool wait = !e->defer || ntokens % B == 0 ||
-			    (uint64_t)s->paged.table.len * B <= ntokens;
+			    (uint64_t)s->paged.table.len * B <= ntokens || refresh;
 
-		r = ring_step(e, s, commit_ntokens, token, wait);
+		r = ring_step(e, s, commit_ntokens, token, wait, refresh ? ntokens + 1 : 0);
 		if (r < 0)
 			return r;
 	} else {
@@ -209,6 +346,8 @@ int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t 
 		r = kvp_append(e->client, s->id, &token, 1, &s->paged.table);
 		if (r < 0)
 			return paged_fail(e, r, "append");
+		if (refresh)
+			return seq_refresh(e, s, ntokens + 1);
 	}
 	return kv_paged_check_table(&s->paged, ntokens + 1) < 0 ? table_fail() : 0;
 }
@@ -234,7 +373,7 @@ int seq_fork(struct engine *e, struct seq *parent, uint32_t ntokens, struct seq 
 	int r;
 
 	if (!e->client) {
-		r = kv_contig_init(&child->contig, &e->model.cfg);
+		r = kv_contig_init(&child->contig, &e->model.cfg, parent->contig.positions);
 		if (r < 0)
 			return r;
 		kv_contig_copy(&child->contig, &parent->contig, ntokens);
@@ -273,6 +412,34 @@ static int ring_call(struct engine *e, struct seq *s, const struct kvp_op *op,
 	if (r < 0)
 		return r;
 	return ret->res < 0 ? completion_fail(ret) : 0;
+}
+
+int seq_refresh(struct engine *e, struct seq *s, uint32_t ntokens)
+{
+	struct kvp_op op = { .opcode = KVP_SEQ_INFO, .user_data = KVP_SEQ_INFO, .seq = s->id,
+			     .table_cap = e->ring_table_cap, .table_out = e->ring_tables[2] };
+	struct kvp_completion done;
+	uint32_t tokens;
+	int r;
+
+	if (!e->client)
+		return 0;
+	if (e->rings) {
+		r = ring_call(e, s, &op, &done);
+		if (r < 0)
+			return r;
+		if (done.flags & KVP_COMPLETION_TRUNCATED)
+			return table_fail();
+		r = kv_paged_table_set(&s->paged, 0, e->ring_tables[2], done.table_len);
+		if (r < 0)
+			return r == -ENOMEM ? r : table_fail();
+		tokens = (uint32_t)(done.value >> 32);
+	} else {
+		r = kvp_seq_info(e->client, s->id, &tokens, NULL, &s->paged.table);
+		if (r < 0)
+			return paged_fail(e, r, "seq info");
+	}
+	return table_refreshed(e, s, tokens, ntokens);
 }
 
 int seq_park(struct engine *e, struct seq *s)
@@ -559,8 +726,11 @@ static int park_and_resume(struct engine *e, const struct generate_options *o,
 	r = seq_resume(e, &c->seq, c->ntokens, &recompute);
 	if (r < 0)
 		return r;
-	for (uint32_t pos = c->ntokens - recompute; pos < c->ntokens; pos++)
-		logits = llama_forward(&e->model, &e->st, c->seq.kv, history[pos], pos);
+	for (uint32_t pos = c->ntokens - recompute; pos < c->ntokens; pos++) {
+		r = seq_forward(e, &c->seq, history[pos], pos, &logits);
+		if (r < 0)
+			return r;
+	}
 	if (logits && memcmp(logits, c->logits, cfg->vocab_size * sizeof(float)) != 0) {
 		fprintf(stderr, "kvpaged-llama: resume: the last token's logits, recomputed over "
 				"the blocks that came back, differ from before the park\n");
@@ -575,6 +745,28 @@ static int park_and_resume(struct engine *e, const struct generate_options *o,
 	printf("resumed: %u of %u tokens recomputed\n", recompute, c->ntokens);
 	*ret_recompute = recompute;
 	return 0;
+}
+
+/* The mask, and what the daemon held, as keys of a JSON summary (each followed by a comma). */
+static void print_mask_json(const struct engine *e)
+{
+	if (!engine_bounded(e))
+		return;
+	printf("\"sinks\":%u,\"window\":%u,", e->mask.n_sink, e->mask.window);
+	if (e->client)
+		printf("\"pool_window\":%s,\"max_held_blocks\":%u,",
+		       e->pool_window ? "true" : "false", e->max_held);
+}
+
+static void print_mask_text(const struct engine *e)
+{
+	if (!engine_bounded(e))
+		return;
+	printf("; attending to %u sinks and a window of %u", e->mask.n_sink, e->mask.window);
+	if (e->client)
+		printf(" (%s), at most %u blocks held", e->pool_window ? "the pool's window"
+								      : "sinks retention",
+		       e->max_held);
 }
 
 static double rate(uint64_t n, uint64_t ns)
@@ -603,15 +795,22 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 		goto out;
 	}
 	n = (uint32_t)tokenizer_encode(&e->tok, o->prompt, 1, tokens);
-	if (n > cfg->seq_len) {
+	/*
+	 * Bounded attention runs past the model's context: positions keep growing, and each
+	 * token attends to its sinks and window only.
+	 */
+	const uint32_t context = engine_bounded(e) ? LLAMA_MAX_POSITIONS : cfg->seq_len;
+
+	if (n > context) {
 		fprintf(stderr, "kvpaged-llama: the prompt is %u tokens; the model takes %u\n", n,
-			cfg->seq_len);
+			context);
 		r = -E2BIG;
 		goto out;
 	}
 	/* Generated token i sits at position n + i and is run only if another one follows. */
-	if (steps > cfg->seq_len - n + 1)
-		steps = cfg->seq_len - n + 1;
+	if (steps > context - n + 1)
+		steps = context - n + 1;
+	e->max_tokens = engine_bounded(e) ? n + steps : cfg->seq_len;
 	if (o->park) {
 		if (o->forks != 1 || !e->client) {
 			fprintf(stderr, "kvpaged-llama: --park-at parks one paged sequence\n");
@@ -629,6 +828,7 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 
 	/* Forks share their last block until copy-on-write: their steps always wait. */
 	e->defer = e->rings && !e->no_defer && o->forks == 1;
+	e->max_held = 0;
 	t_start = now_ns();
 	r = seq_open(e, &conts[0].seq, tokens, n, KVP_OPEN_RECOMPUTE_LAST, &cached);
 	if (r < 0)
@@ -640,9 +840,15 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 		goto out;
 	}
 	/* The cached prefix's K/V is in the pool already: start right after it. */
-	for (uint32_t pos = cached; pos < n; pos++)
-		logits = llama_forward(&e->model, &e->st, conts[0].seq.kv, tokens[pos], pos);
+	for (uint32_t pos = cached; pos < n; pos++) {
+		r = seq_forward(e, &conts[0].seq, tokens[pos], pos, &logits);
+		if (r < 0)
+			goto out;
+	}
 	r = seq_commit(e, &conts[0].seq, n);
+	/* The commit released what no later token attends to: see which blocks are left. */
+	if (r == 0 && engine_bounded(e))
+		r = seq_refresh(e, &conts[0].seq, n);
 	if (r < 0)
 		goto out;
 	t_prefilled = now_ns();
@@ -712,7 +918,9 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 				goto out;
 			if (history)
 				history[c->ntokens] = next;
-			logits = llama_forward(&e->model, &e->st, c->seq.kv, next, c->ntokens);
+			r = seq_forward(e, &c->seq, next, c->ntokens, &logits);
+			if (r < 0)
+				goto out;
 			c->ntokens++;
 			c->uncommitted = c->ntokens;
 			forwards++;
@@ -764,6 +972,7 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 		if (o->park)
 			printf("\"parked\":%s,\"resumed_recompute\":%u,\"resume_ms\":%.3f,",
 			       parked ? "true" : "false", recompute, (double)resume_ns / 1e6);
+		print_mask_json(e);
 		printf("\"texts\":[");
 		for (uint32_t i = 0; i < o->forks; i++) {
 			if (i)
@@ -781,6 +990,7 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 			       o->park_at, recompute, (double)resume_ns / 1e6);
 		else if (o->park)
 			printf("; not parked (ended before %u tokens)", o->park_at);
+		print_mask_text(e);
 		putchar('\n');
 	}
 	r = 0;
@@ -851,21 +1061,117 @@ static double nll(const float *logits, uint32_t n, uint32_t target)
 	return log(sum) + max_val - (double)logits[target];
 }
 
+/* What scoring found, over every story. */
+struct score {
+	double total; /* sum of -log p(next token) */
+	uint64_t reused, checked;
+	uint32_t sequence; /* the one being scored, from 1 */
+};
+
+/* Counts a scored paged sequence's reuse, and fails if a cached K/V row was not ours. */
+static int score_check(struct engine *e, const struct seq *s, uint32_t cached,
+		       struct score *sc)
+{
+	if (!e->client)
+		return 0;
+	if (s->paged.mismatched) {
+		fprintf(stderr, "kvpaged-llama: sequence %u: %llu of %llu cached K/V rows differ "
+				"from ours\n", sc->sequence,
+			(unsigned long long)s->paged.mismatched,
+			(unsigned long long)s->paged.compared);
+		return -EBADMSG;
+	}
+	sc->reused += cached;
+	sc->checked += s->paged.compared;
+	return 0;
+}
+
+/*
+ * Scores tokens[0..n) opened whole, as the README's procedure does for each story.  With the
+ * pool, its cached prefix is recomputed all the same (its logits are needed), but its K/V is
+ * compared bitwise with the pool's instead of written: a second run proves that the blocks
+ * the first one committed hold exactly what this process computes.
+ */
+static int score_whole(struct engine *e, const uint32_t *tokens, uint32_t n, FILE *dump,
+		       struct score *sc)
+{
+	const struct llama_config *cfg = &e->model.cfg;
+	const float *logits;
+	struct seq s = { 0 };
+	uint32_t cached;
+	int r;
+
+	/* Flags 0: every cached block counts, since all of it is recomputed. */
+	r = seq_open(e, &s, tokens, n, 0, &cached);
+	for (uint32_t pos = 0; r == 0 && pos + 1 < n; pos++) {
+		r = seq_forward(e, &s, tokens[pos], pos, &logits);
+		if (r == 0) {
+			sc->total += nll(logits, cfg->vocab_size, tokens[pos + 1]);
+			r = dump_logits(dump, logits, cfg->vocab_size);
+		}
+	}
+	/* The last token was never run: only the ones before it hold K/V. */
+	if (r == 0)
+		r = seq_commit(e, &s, n - 1);
+	if (r == 0)
+		r = score_check(e, &s, cached, sc);
+	if (s.kv)
+		seq_close(e, &s);
+	return r;
+}
+
+/*
+ * Scores tokens[0..n) run a token at a time, as a generation is: opened with the first, then
+ * each step commits what has been run and appends the next.  A bounded sequence's commits
+ * release what no later token attends to, so the pool holds a bounded number of its blocks
+ * however long it gets.
+ */
+static int score_steps(struct engine *e, const uint32_t *tokens, uint32_t n, FILE *dump,
+		       struct score *sc)
+{
+	const struct llama_config *cfg = &e->model.cfg;
+	const float *logits;
+	struct seq s = { 0 };
+	uint32_t cached;
+	int r;
+
+	r = seq_open(e, &s, tokens, 1, 0, &cached);
+	for (uint32_t pos = 0; r == 0 && pos + 1 < n; pos++) {
+		if (pos > 0)
+			r = seq_step(e, &s, pos, tokens[pos], pos);
+		if (r == 0)
+			r = seq_forward(e, &s, tokens[pos], pos, &logits);
+		if (r == 0) {
+			sc->total += nll(logits, cfg->vocab_size, tokens[pos + 1]);
+			r = dump_logits(dump, logits, cfg->vocab_size);
+		}
+	}
+	if (r == 0)
+		r = seq_commit(e, &s, n - 1);
+	if (r == 0)
+		r = score_check(e, &s, cached, sc);
+	if (s.kv)
+		seq_close(e, &s);
+	return r;
+}
+
 /*
  * The README's procedure: the file is split into stories on <|endoftext|>, each stripped of
  * the white space around it (empty ones skipped) and encoded as BOS plus the text with the
- * leading-space prefix; every token after BOS is predicted from those before it.
+ * leading-space prefix; every token after BOS is predicted from those before it.  A story is
+ * opened whole, or with bounded attention run a token at a time.
  *
- * With the pool, a story's cached prefix is recomputed all the same (its logits are needed),
- * but its K/V is compared bitwise with the pool's instead of written: a second run proves that
- * the blocks the first one committed hold exactly what this process computes.
+ * --stream scores the file as one sequence instead: BOS, then every story's tokens (each with
+ * its leading space, no BOS between them), run a token at a time past the model's context.
+ * The same tokens are predicted.
  */
 int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 {
 	const struct llama_config *cfg = &e->model.cfg;
-	uint64_t predicted = 0, reused = 0, checked = 0, t_start, t_end;
-	uint32_t *tokens = NULL, stories = 0;
-	double total = 0.0;
+	const uint32_t context = o->stream ? LLAMA_MAX_POSITIONS : cfg->seq_len;
+	uint64_t predicted = 0, t_start, t_end;
+	uint32_t *tokens = NULL, stories = 0, len = 0;
+	struct score sc = { 0 };
 	FILE *dump = NULL;
 	char *text, *p;
 	int r = 0;
@@ -873,7 +1179,8 @@ int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 	text = read_file(o->path);
 	if (!text)
 		return -EIO;
-	tokens = malloc((strlen(text) + 2) * sizeof(*tokens));
+	/* Each story's encoding takes at most its length + 2 entries, and a story is >= 1 byte. */
+	tokens = malloc((strlen(text) * 3 + 3) * sizeof(*tokens));
 	if (!tokens) {
 		free(text);
 		return -ENOMEM;
@@ -881,12 +1188,15 @@ int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 	r = dump_open(o->dump_logits, 0, 1, &dump);
 	if (r < 0)
 		goto out;
+	e->defer = e->rings && !e->no_defer;
+	e->max_held = 0;
 
 	t_start = now_ns();
+	if (o->stream)
+		tokens[len++] = TOKEN_BOS;
 	for (p = text; p;) {
 		char *sep = strstr(p, STORY_SEPARATOR), *end = sep ? sep : p + strlen(p);
-		struct seq s = { 0 };
-		uint32_t n, cached;
+		uint32_t n;
 
 		while (p < end && isspace((unsigned char)*p))
 			p++;
@@ -894,51 +1204,36 @@ int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 			end--;
 		if (end > p) {
 			*end = '\0';
-			n = (uint32_t)tokenizer_encode(&e->tok, p, 1, tokens);
-			if (n > cfg->seq_len) {
-				fprintf(stderr, "kvpaged-llama: story %u is %u tokens; the model "
-						"takes %u\n", stories + 1, n, cfg->seq_len);
+			n = (uint32_t)tokenizer_encode(&e->tok, p, !o->stream, tokens + len);
+			if (len + n > context) {
+				fprintf(stderr, "kvpaged-llama: %s %u tokens; the model takes %u\n",
+					o->stream ? "the stream reaches" : "a story is",
+					len + n, context);
 				r = -E2BIG;
 				goto out;
 			}
-			/* Flags 0: every cached block counts, since all of it is recomputed. */
-			r = seq_open(e, &s, tokens, n, 0, &cached);
-			if (r < 0) {
-				if (s.kv)
-					seq_close(e, &s);
-				goto out;
-			}
-			for (uint32_t pos = 0; pos + 1 < n; pos++) {
-				const float *logits =
-					llama_forward(&e->model, &e->st, s.kv, tokens[pos], pos);
-
-				total += nll(logits, cfg->vocab_size, tokens[pos + 1]);
-				r = dump_logits(dump, logits, cfg->vocab_size);
-				if (r < 0)
-					break;
-			}
-			/* The last token was never run: only the ones before it hold K/V. */
-			if (r == 0)
-				r = seq_commit(e, &s, n - 1);
-			if (e->client) {
-				if (s.paged.mismatched) {
-					fprintf(stderr, "kvpaged-llama: story %u: %llu of %llu "
-							"cached K/V rows differ from ours\n",
-						stories + 1,
-						(unsigned long long)s.paged.mismatched,
-						(unsigned long long)s.paged.compared);
-					r = -EBADMSG;
-				}
-				reused += cached;
-				checked += s.paged.compared;
-			}
-			seq_close(e, &s);
-			if (r < 0)
-				goto out;
-			predicted += n - 1;
 			stories++;
+			sc.sequence = stories;
+			if (o->stream) {
+				len += n;
+			} else {
+				e->max_tokens = engine_bounded(e) ? n : cfg->seq_len;
+				r = (engine_bounded(e) ? score_steps : score_whole)(e, tokens, n,
+										    dump, &sc);
+				if (r < 0)
+					goto out;
+				predicted += n - 1;
+			}
 		}
 		p = sep ? sep + strlen(STORY_SEPARATOR) : NULL;
+	}
+	if (o->stream && len > 1) {
+		e->max_tokens = len;
+		sc.sequence = 1;
+		r = score_steps(e, tokens, len, dump, &sc);
+		if (r < 0)
+			goto out;
+		predicted = len - 1;
 	}
 	t_end = now_ns();
 	if (predicted == 0) {
@@ -947,22 +1242,27 @@ int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 		goto out;
 	}
 
-	const double per_token = total / (double)predicted;
+	const double per_token = sc.total / (double)predicted;
 	const char *mode = e->client ? "paged" : "contiguous";
 
-	if (o->json)
+	if (o->json) {
 		printf("{\"mode\":\"%s\",\"nats_per_token\":%.6f,\"perplexity\":%.6f,"
-		       "\"tokens\":%llu,\"stories\":%u,\"reused\":%llu,\"checked_rows\":%llu,"
-		       "\"tok_s\":%.1f}\n",
+		       "\"tokens\":%llu,\"stories\":%u,\"stream\":%s,\"reused\":%llu,"
+		       "\"checked_rows\":%llu,",
 		       mode, per_token, exp(per_token), (unsigned long long)predicted, stories,
-		       (unsigned long long)reused, (unsigned long long)checked,
-		       rate(predicted, t_end - t_start));
-	else
-		printf("[%s] %.6f nats/token (perplexity %.4f) over %llu tokens in %u stories; "
-		       "reused %llu (cached; %llu K/V rows equal to the pool's); %.1f tok/s\n",
+		       o->stream ? "true" : "false", (unsigned long long)sc.reused,
+		       (unsigned long long)sc.checked);
+		print_mask_json(e);
+		printf("\"tok_s\":%.1f}\n", rate(predicted, t_end - t_start));
+	} else {
+		printf("[%s] %.6f nats/token (perplexity %.4f) over %llu tokens in %u stories%s; "
+		       "reused %llu (cached; %llu K/V rows equal to the pool's); %.1f tok/s",
 		       mode, per_token, exp(per_token), (unsigned long long)predicted, stories,
-		       (unsigned long long)reused, (unsigned long long)checked,
-		       rate(predicted, t_end - t_start));
+		       o->stream ? " streamed as one sequence" : "", (unsigned long long)sc.reused,
+		       (unsigned long long)sc.checked, rate(predicted, t_end - t_start));
+		print_mask_text(e);
+		putchar('\n');
+	}
 out:
 	if (dump && fclose(dump) != 0 && r == 0) {
 		fprintf(stderr, "kvpaged-llama: writing logits: %s\n", strerror(errno));

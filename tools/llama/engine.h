@@ -15,19 +15,38 @@
 #include "tools/llama/model.h"
 #include "tools/llama/tokenizer.h"
 
+/*
+ * The most positions a bounded sequence (or a --stream) may reach, past the model's context:
+ * the ring data area (64 KiB) then still holds a step's three tables of 4,098 entries.
+ */
+#define LLAMA_MAX_POSITIONS 65536u
+
 struct engine {
 	struct llama_model model;
 	struct tokenizer tok;
 	struct llama_state st;
 	struct kvp_client *client; /* NULL: the private contiguous cache (--contiguous) */
-	uint64_t model_key;        /* the extra key of every prefix: llama_model_fingerprint() */
+	uint64_t model_key;        /* llama_model_fingerprint() */
+	uint64_t prefix_key;       /* the extra key of every prefix: model_key, and the mask */
+	struct llama_mask mask;    /* what each token attends to (window 0: everything) */
+	bool pool_window;          /* the pool has a sliding window, which decides what it keeps */
 	bool rings;                /* decode steps go over the shared-memory rings */
 	bool defer;                /* and need not wait when the table cannot change */
 	bool no_defer;             /* --no-defer: every step waits */
+	uint32_t max_tokens;       /* positions a sequence of this run may reach */
 	uint32_t ring_table_cap;   /* entries each of ring_tables holds */
-	uint32_t *ring_tables[2];  /* where a step's commit and append completions put tables */
+	uint32_t *ring_tables[3];  /* where a step's commit, append and seq info put tables */
 	uint64_t replaced;         /* table entries kvp_commit switched to an equal block */
+	uint32_t max_held;         /* bounded: most blocks the daemon's table held at a refresh */
 };
+
+/* Sets what tokens attend to, and the prefix key that goes with it. */
+void engine_set_mask(struct engine *e, const struct llama_mask *mask);
+/* Whether attention is bounded (a window, and maybe sinks). */
+static inline bool engine_bounded(const struct engine *e)
+{
+	return e->mask.window != 0;
+}
 
 /* One sequence: its cache and, when paged, its id in the daemon. */
 struct seq {
@@ -64,6 +83,7 @@ struct perplexity_options {
 	const char *path;
 	const char *dump_logits;
 	bool json;
+	bool stream; /* score the file as one sequence: BOS, then every story's tokens */
 };
 
 static inline uint64_t now_ns(void)
@@ -74,14 +94,39 @@ static inline uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* Each returns 0 or -errno, having said why on stderr. */
+/*
+ * Each returns 0 or -errno, having said why on stderr.
+ *
+ * seq_open opens a sequence that may grow to e->max_tokens positions.  With bounded attention
+ * a paged sequence is opened with sinks retention (n_sink, recent = window), so the daemon
+ * releases what no later token attends to; in a pool with a sliding window, which refuses
+ * per-sequence retention, it is opened plainly and the pool's window decides.
+ */
 int seq_open(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n, uint32_t flags,
 	     uint32_t *ret_cached);
+/*
+ * Runs token at pos over the sequence's cache with the engine's mask; *ret_logits gets the
+ * logits.  A paged sequence is first checked to hold every position the token attends to
+ * (-EPROTO, said why, if the daemon released one).
+ */
+int seq_forward(struct engine *e, struct seq *s, uint32_t token, uint32_t pos,
+		const float **ret_logits);
+/*
+ * Replaces a paged sequence's table with the daemon's (holes included), which must hold
+ * ntokens, and counts the blocks it holds into e->max_held.
+ */
+int seq_refresh(struct engine *e, struct seq *s, uint32_t ntokens);
 /*
  * One decode step's calls: commits the first commit_ntokens tokens (none if 0), then appends
  * token after the ntokens the sequence holds.  Over the rings both go in one submission, and
  * with e->defer the step does not wait for them when token's slot is in a block the sequence
  * already holds alone: they are reaped, and checked to have changed nothing, at the next call.
+ *
+ * A bounded sequence's commits release blocks, which no reply reports: its table is refreshed
+ * from the daemon (a SEQ_INFO in the same submission) whenever token starts a block, and at
+ * every step in a pool with a sliding window, whose size the engine cannot see.  A
+ * full-attention sequence is refreshed at block starts too, and fails (-EPROTO) if the daemon
+ * released any of its blocks: the pool has a sliding window.
  */
 int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
 	     uint32_t ntokens);

@@ -11,7 +11,7 @@ static void contig_store(struct kv_cache *base, uint32_t layer, uint32_t pos, co
 			 const float *v)
 {
 	struct kv_contig *kv = (struct kv_contig *)base;
-	size_t off = ((size_t)layer * kv->seq_len + pos) * kv->kv_dim;
+	size_t off = ((size_t)layer * kv->positions + pos) * kv->kv_dim;
 
 	memcpy(kv->k + off, k, kv->kv_dim * sizeof(float));
 	memcpy(kv->v + off, v, kv->kv_dim * sizeof(float));
@@ -22,7 +22,7 @@ static uint32_t contig_rows(const struct kv_cache *base, uint32_t layer, unsigne
 {
 	const struct kv_contig *kv = (const struct kv_contig *)base;
 
-	*ret_row = (which ? kv->v : kv->k) + ((size_t)layer * kv->seq_len + pos) * kv->kv_dim;
+	*ret_row = (which ? kv->v : kv->k) + ((size_t)layer * kv->positions + pos) * kv->kv_dim;
 	*ret_stride = kv->kv_dim;
 	return end - pos;
 }
@@ -32,12 +32,12 @@ static const struct kv_cache_ops contig_ops = {
 	.rows = contig_rows,
 };
 
-int kv_contig_init(struct kv_contig *kv, const struct llama_config *cfg)
+int kv_contig_init(struct kv_contig *kv, const struct llama_config *cfg, uint32_t positions)
 {
-	size_t n = (size_t)cfg->n_layers * cfg->seq_len * cfg->kv_dim;
+	size_t n = (size_t)cfg->n_layers * positions * cfg->kv_dim;
 
 	*kv = (struct kv_contig){ .base.ops = &contig_ops, .n_layers = cfg->n_layers,
-				  .seq_len = cfg->seq_len, .kv_dim = cfg->kv_dim };
+				  .positions = positions, .kv_dim = cfg->kv_dim };
 	kv->k = calloc(n, sizeof(float));
 	kv->v = calloc(n, sizeof(float));
 	if (!kv->k || !kv->v) {
@@ -50,7 +50,7 @@ int kv_contig_init(struct kv_contig *kv, const struct llama_config *cfg)
 void kv_contig_copy(struct kv_contig *dst, const struct kv_contig *src, uint32_t ntokens)
 {
 	for (uint32_t l = 0; l < src->n_layers; l++) {
-		size_t off = (size_t)l * src->seq_len * src->kv_dim;
+		size_t off = (size_t)l * src->positions * src->kv_dim;
 
 		memcpy(dst->k + off, src->k + off, (size_t)ntokens * src->kv_dim * sizeof(float));
 		memcpy(dst->v + off, src->v + off, (size_t)ntokens * src->kv_dim * sizeof(float));
@@ -194,9 +194,38 @@ int kv_paged_check_table(const struct kv_paged *kv, uint32_t ntokens)
 	if ((uint64_t)kv->table.len * kv->block_tokens < ntokens)
 		return -EPROTO;
 	for (uint32_t i = 0; i < kv->table.len; i++)
-		if (kv->table.blocks[i] >= kv->capacity_blocks)
+		if (kv->table.blocks[i] >= kv->capacity_blocks &&
+		    kv->table.blocks[i] != KVP_TABLE_HOLE)
 			return -EPROTO;
 	return 0;
+}
+
+int kv_paged_check_mask(const struct kv_paged *kv, const struct llama_mask *mask, uint32_t pos,
+			uint32_t *ret_pos)
+{
+	const uint32_t B = kv->block_tokens;
+	struct llama_span span[2];
+	const unsigned n = llama_mask_spans(mask, pos, span);
+
+	for (unsigned r = 0; r < n; r++) {
+		/* Block by block: an entry covers B positions. */
+		for (uint32_t t = span[r].begin; t < span[r].end; t = (t / B + 1) * B) {
+			if (t / B >= kv->table.len || kv->table.blocks[t / B] == KVP_TABLE_HOLE) {
+				*ret_pos = t;
+				return -EPROTO;
+			}
+		}
+	}
+	return 0;
+}
+
+uint32_t kv_paged_held(const struct kv_paged *kv)
+{
+	uint32_t held = 0;
+
+	for (uint32_t i = 0; i < kv->table.len; i++)
+		held += kv->table.blocks[i] != KVP_TABLE_HOLE;
+	return held;
 }
 
 void kv_paged_free(struct kv_paged *kv)

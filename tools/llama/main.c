@@ -54,6 +54,11 @@ static void usage(FILE *f)
 	      "  --seed N              seed of the sampler (default 1; continuation i uses N + i)\n"
 	      "  --fork N              after the prompt, fork the sequence into N continuations\n"
 	      "  --perplexity FILE     score FILE's stories (split on <|endoftext|>) instead\n"
+	      "  --stream              with --perplexity: score the file as one sequence (BOS,\n"
+	      "                        then every story's tokens), past the model's context\n"
+	      "  --window W            bounded attention: the token at t attends to [t-W+1, t]\n"
+	      "                        (and the sinks); paged, the daemon keeps only those blocks\n"
+	      "  --sinks N             with --window: also attend to positions [0, N)\n"
 	      "  --dump-logits FILE    write every step's float32 logits (FILE.i per fork)\n"
 	      "  --contiguous          keep K/V in a private array, not in the pool\n"
 	      "  --socket PATH         the daemon's socket (default: $KVPAGED_SOCKET, then "
@@ -65,6 +70,7 @@ static void usage(FILE *f)
 	      "                        'parked', resume and recompute what the daemon dropped\n"
 	      "  --park-wait FILE      with --park-at: resume once FILE exists (within 60 s)\n"
 	      "  --bench N             generate N times with each cache, alternating, and compare\n"
+	      "                        (with --window, also paged with full attention)\n"
 	      "  --json                end with one JSON summary line\n",
 	      f);
 }
@@ -112,14 +118,20 @@ static double median(double *v, uint32_t n)
  * The same generation with the contiguous cache and with the pool, alternating, so that both
  * see the same machine: medians of reps runs each.  The first paged run finds the pool as it
  * is (cold after `kvpagedctl drop-cache`); the later ones find the prompt's blocks cached.
+ * With bounded attention, runs with full attention (contiguous, then paged) join each round,
+ * so that the two masks are compared in one process too (not in a pool with a sliding window,
+ * which cannot hold full attention).
  */
 static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 {
 	struct kvp_client *client = e->client;
-	double *v = calloc((size_t)reps * 4, sizeof(*v));
+	const struct llama_mask mask = e->mask;
+	bool with_full = engine_bounded(e); /* compare with full attention */
+	double *v = calloc((size_t)reps * 6, sizeof(*v));
 	double *cdec = v, *pdec = v + reps, *cttft = v + 2 * reps, *pttft = v + 3 * reps;
-	struct generate_result c = { 0 }, p = { 0 }, first = { 0 };
-	double cd, pd, ct, ratio, warm_ttft;
+	double *fdec = v + 4 * reps, *cfdec = v + 5 * reps;
+	struct generate_result c = { 0 }, p = { 0 }, f = { 0 }, cf = { 0 }, first = { 0 };
+	double cd, pd, fd = 0, cfd = 0, ct, ratio, warm_ttft;
 	int r = 0;
 
 	if (!v)
@@ -131,32 +143,58 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 		e->client = client;
 		if (r == 0)
 			r = engine_generate(e, g, &p);
+		/* A pool with a sliding window keeps too little for full attention. */
+		if (e->pool_window)
+			with_full = false;
+		if (r == 0 && with_full) {
+			engine_set_mask(e, NULL);
+			e->client = NULL;
+			r = engine_generate(e, g, &cf);
+			e->client = client;
+			if (r == 0)
+				r = engine_generate(e, g, &f);
+			engine_set_mask(e, &mask);
+		}
 		if (i == 0)
 			first = p;
 		cdec[i] = c.decode_tok_s;
 		pdec[i] = p.decode_tok_s;
 		cttft[i] = c.ttft_ms;
 		pttft[i] = p.ttft_ms;
+		fdec[i] = f.decode_tok_s;
+		cfdec[i] = cf.decode_tok_s;
 	}
 	if (r < 0)
 		goto out;
 	/* Decode rates and first-token times of every run; warm first tokens leave out run 0. */
 	cd = median(cdec, reps);
 	pd = median(pdec, reps);
+	if (with_full) {
+		fd = median(fdec, reps);
+		cfd = median(cfdec, reps);
+	}
 	ct = median(cttft, reps);
 	warm_ttft = reps > 1 ? median(pttft + 1, reps - 1) : pttft[0];
 	ratio = cd > 0 ? pd / cd : 0;
-	if (g->json)
+	if (g->json) {
 		printf("{\"reps\":%u,\"prompt_tokens\":%u,\"steps\":%u,\"decode_forwards\":%u,"
 		       "\"contiguous_decode_tok_s\":%.1f,\"paged_decode_tok_s\":%.1f,"
 		       "\"paged_vs_contiguous\":%.3f,\"contiguous_ttft_ms\":%.3f,"
 		       "\"paged_first_ttft_ms\":%.3f,\"paged_first_reused\":%u,"
-		       "\"paged_warm_ttft_ms\":%.3f,\"paged_warm_reused\":%u,"
-		       "\"steps_over\":\"%s\"}\n",
+		       "\"paged_warm_ttft_ms\":%.3f,\"paged_warm_reused\":%u,",
 		       reps, p.prompt_tokens, g->steps, p.forwards, cd, pd, ratio, ct,
-		       first.ttft_ms, first.cached, warm_ttft, p.cached,
+		       first.ttft_ms, first.cached, warm_ttft, p.cached);
+		if (engine_bounded(e))
+			printf("\"sinks\":%u,\"window\":%u,\"pool_window\":%s,", mask.n_sink,
+			       mask.window, e->pool_window ? "true" : "false");
+		if (with_full)
+			printf("\"contiguous_full_decode_tok_s\":%.1f,"
+			       "\"paged_full_decode_tok_s\":%.1f,\"full_decode_forwards\":%u,"
+			       "\"paged_bounded_vs_full\":%.3f,",
+			       cfd, fd, f.forwards, fd > 0 ? pd / fd : 0);
+		printf("\"steps_over\":\"%s\"}\n",
 		       !e->rings ? "socket" : e->no_defer ? "rings" : "rings_deferred");
-	else
+	} else {
 		printf("bench: prompt %u tokens, %u decode steps, median of %u runs each (%s)\n"
 		       "contiguous: decode %.1f tok/s, first token %.3f ms\n"
 		       "paged:      decode %.1f tok/s (%.3fx contiguous)\n"
@@ -166,6 +204,11 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 		       !e->rings ? "socket calls" : e->no_defer ? "rings, waiting"
 								: "rings, deferred",
 		       cd, ct, pd, ratio, first.ttft_ms, first.cached, warm_ttft, p.cached);
+		if (with_full)
+			printf("full attention (%u decode steps): contiguous %.1f tok/s, paged "
+			       "%.1f tok/s; paged with sinks %u + window %u: %.3fx paged full\n",
+			       f.forwards, cfd, fd, mask.n_sink, mask.window, fd > 0 ? pd / fd : 0);
+	}
 out:
 	free(v);
 	return r;
@@ -201,15 +244,7 @@ static int connect_pool(struct engine *e, const char *socket_path, const char *p
 		fprintf(stderr, "kvpaged-llama: %s\n", msg);
 		return r;
 	}
-	if (e->rings) {
-		/* A table never outgrows the model's context. */
-		e->ring_table_cap = e->model.cfg.seq_len / kvp_pool(e->client)->block_tokens + 2;
-		for (int i = 0; i < 2; i++) {
-			e->ring_tables[i] = calloc(e->ring_table_cap, sizeof(uint32_t));
-			if (!e->ring_tables[i])
-				return -ENOMEM;
-		}
-	}
+	/* The ring tables are sized for each run's sequences when they are opened. */
 	return 0;
 }
 
@@ -234,6 +269,9 @@ int main(int argc, char **argv)
 		{ "bench", required_argument, NULL, 'B' },
 		{ "park-at", required_argument, NULL, 'A' },
 		{ "park-wait", required_argument, NULL, 'W' },
+		{ "window", required_argument, NULL, 'w' },
+		{ "sinks", required_argument, NULL, 'k' },
+		{ "stream", no_argument, NULL, 'T' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
@@ -241,7 +279,8 @@ int main(int argc, char **argv)
 	const char *model = DEFAULT_MODEL, *tokenizer = DEFAULT_TOKENIZER, *socket_path = NULL;
 	const char *pool = NULL, *perplexity = NULL;
 	uint32_t bench_reps = 0;
-	bool contiguous = false;
+	struct llama_mask mask = { 0 };
+	bool contiguous = false, sinks = false, stream = false;
 	struct engine e = { .rings = true };
 	int opt, r;
 	char *end;
@@ -307,6 +346,22 @@ int main(int argc, char **argv)
 			g.park = true;
 			break;
 		case 'W': g.park_wait = optarg; break;
+		case 'w':
+			if (parse_u32(optarg, &mask.window) < 0 || mask.window < 1) {
+				fprintf(stderr, "kvpaged-llama: --window: not a count >= 1: "
+						"%s\n", optarg);
+				return 2;
+			}
+			break;
+		case 'k':
+			if (parse_u32(optarg, &mask.n_sink) < 0) {
+				fprintf(stderr, "kvpaged-llama: --sinks: not a count: %s\n",
+					optarg);
+				return 2;
+			}
+			sinks = true;
+			break;
+		case 'T': stream = true; break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -330,6 +385,21 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
+	if (sinks && !mask.window) {
+		fprintf(stderr, "kvpaged-llama: --sinks goes with --window (without one, every "
+				"position is attended to)\n");
+		return 2;
+	}
+	if (stream && !perplexity) {
+		fprintf(stderr, "kvpaged-llama: --stream goes with --perplexity\n");
+		return 2;
+	}
+	if (mask.window && g.park) {
+		fprintf(stderr, "kvpaged-llama: --park-at: a sequence with bounded attention "
+				"cannot be parked (the daemon could not recompute what it "
+				"released)\n");
+		return 2;
+	}
 	if (g.park_wait && !g.park) {
 		fprintf(stderr, "kvpaged-llama: --park-wait needs --park-at\n");
 		return 2;
@@ -344,6 +414,8 @@ int main(int argc, char **argv)
 	if (r < 0)
 		return 1;
 	e.model_key = llama_model_fingerprint(&e.model);
+	e.max_tokens = e.model.cfg.seq_len;
+	engine_set_mask(&e, &mask);
 	r = tokenizer_load(tokenizer, e.model.cfg.vocab_size, &e.tok);
 	if (r < 0)
 		goto out;
@@ -359,7 +431,7 @@ int main(int argc, char **argv)
 	}
 	if (perplexity) {
 		struct perplexity_options p = { .path = perplexity, .dump_logits = g.dump_logits,
-						.json = g.json };
+						.json = g.json, .stream = stream };
 
 		r = engine_perplexity(&e, &p);
 	} else if (bench_reps) {
@@ -373,8 +445,8 @@ int main(int argc, char **argv)
 	}
 out:
 	kvp_disconnect(e.client);
-	free(e.ring_tables[0]);
-	free(e.ring_tables[1]);
+	for (int i = 0; i < 3; i++)
+		free(e.ring_tables[i]);
 	llama_state_free(&e.st);
 	tokenizer_free(&e.tok);
 	llama_model_unload(&e.model);

@@ -170,12 +170,28 @@ int llama_state_init(struct llama_state *s, const struct llama_config *c)
 		.v = calloc(c->kv_dim, sizeof(float)),
 		.att = calloc((size_t)c->n_heads * c->seq_len, sizeof(float)),
 		.logits = calloc(c->vocab_size, sizeof(float)),
+		.att_cap = c->seq_len,
 	};
 	if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att ||
 	    !s->logits) {
 		llama_state_free(s);
 		return -ENOMEM;
 	}
+	return 0;
+}
+
+int llama_state_reserve(struct llama_state *s, const struct llama_config *c, uint32_t span)
+{
+	float *att;
+
+	if (span <= s->att_cap)
+		return 0;
+	att = calloc((size_t)c->n_heads * span, sizeof(float));
+	if (!att)
+		return -ENOMEM;
+	free(s->att);
+	s->att = att;
+	s->att_cap = span;
 	return 0;
 }
 
@@ -257,56 +273,73 @@ static void matmul(float *xout, const float *x, const float *w, uint32_t n, uint
 }
 
 /*
- * Multi-head attention over positions [0, pos] for one layer, reading K/V through the cache.
- * run.c loops heads outside positions; here positions are outside so that a row of K or V is
- * found once for all heads, but every score is the same dot product and every output element
- * accumulates over positions in the same increasing order.
+ * Multi-head attention for one layer over the positions the mask gives, reading K/V through
+ * the cache.  run.c loops heads outside positions; here positions are outside so that a row of
+ * K or V is found once for all heads, but every score is the same dot product and every output
+ * element accumulates over positions in the same increasing order.  Scores are kept one after
+ * another for the attended positions only, so a masked position is never read.
  */
 static void attention(const struct llama_config *c, struct llama_state *s,
-		      const struct kv_cache *kv, uint32_t layer, uint32_t pos)
+		      const struct kv_cache *kv, const struct llama_mask *mask, uint32_t layer,
+		      uint32_t pos)
 {
-	const uint32_t hs = c->head_size, end = pos + 1;
+	const uint32_t hs = c->head_size;
 	const float scale = sqrtf((float)hs);
+	struct llama_span span[2];
+	const unsigned nspan = llama_mask_spans(mask, pos, span);
+	uint32_t natt = 0, j;
 	const float *row;
 	size_t stride;
 
-	for (uint32_t t = 0; t < end;) {
-		uint32_t n = kv->ops->rows(kv, layer, 0, t, end, &row, &stride);
+	for (unsigned r = 0; r < nspan; r++)
+		natt += span[r].end - span[r].begin;
+	if (natt > s->att_cap)
+		abort(); /* the caller did not reserve the scores (llama_state_reserve) */
+	natt = 0;
+	for (unsigned r = 0; r < nspan; r++) {
+		for (uint32_t t = span[r].begin; t < span[r].end;) {
+			uint32_t n = kv->ops->rows(kv, layer, 0, t, span[r].end, &row, &stride);
 
-		for (uint32_t j = 0; j < n; j++, t++, row += stride) {
-			for (uint32_t h = 0; h < c->n_heads; h++) {
-				const float *q = s->q + h * hs, *k = row + (h / c->kv_mul) * hs;
-				float score = 0.0f;
+			for (uint32_t i = 0; i < n; i++, t++, natt++, row += stride) {
+				for (uint32_t h = 0; h < c->n_heads; h++) {
+					const float *q = s->q + h * hs;
+					const float *k = row + (h / c->kv_mul) * hs;
+					float score = 0.0f;
 
-				for (uint32_t i = 0; i < hs; i++)
-					score += q[i] * k[i];
-				score /= scale;
-				s->att[(size_t)h * c->seq_len + t] = score;
+					for (uint32_t d = 0; d < hs; d++)
+						score += q[d] * k[d];
+					score /= scale;
+					s->att[(size_t)h * s->att_cap + natt] = score;
+				}
 			}
 		}
 	}
 	for (uint32_t h = 0; h < c->n_heads; h++)
-		softmax(s->att + (size_t)h * c->seq_len, end);
+		softmax(s->att + (size_t)h * s->att_cap, natt);
 
 	memset(s->xb, 0, c->dim * sizeof(float));
-	for (uint32_t t = 0; t < end;) {
-		uint32_t n = kv->ops->rows(kv, layer, 1, t, end, &row, &stride);
+	j = 0;
+	for (unsigned r = 0; r < nspan; r++) {
+		for (uint32_t t = span[r].begin; t < span[r].end;) {
+			uint32_t n = kv->ops->rows(kv, layer, 1, t, span[r].end, &row, &stride);
 
-		for (uint32_t j = 0; j < n; j++, t++, row += stride) {
-			for (uint32_t h = 0; h < c->n_heads; h++) {
-				const float *v = row + (h / c->kv_mul) * hs;
-				const float a = s->att[(size_t)h * c->seq_len + t];
-				float *xb = s->xb + h * hs;
+			for (uint32_t i = 0; i < n; i++, t++, j++, row += stride) {
+				for (uint32_t h = 0; h < c->n_heads; h++) {
+					const float *v = row + (h / c->kv_mul) * hs;
+					const float a = s->att[(size_t)h * s->att_cap + j];
+					float *xb = s->xb + h * hs;
 
-				for (uint32_t i = 0; i < hs; i++)
-					xb[i] += a * v[i];
+					for (uint32_t d = 0; d < hs; d++)
+						xb[d] += a * v[d];
+				}
 			}
 		}
 	}
 }
 
 const float *llama_forward(const struct llama_model *m, struct llama_state *s,
-			   struct kv_cache *kv, uint32_t token, uint32_t pos)
+			   struct kv_cache *kv, const struct llama_mask *mask, uint32_t token,
+			   uint32_t pos)
 {
 	const struct llama_config *c = &m->cfg;
 	const struct llama_weights *w = &m->w;
@@ -338,7 +371,7 @@ const float *llama_forward(const struct llama_model *m, struct llama_state *s,
 		}
 		kv->ops->store(kv, l, pos, s->k, s->v);
 
-		attention(c, s, kv, l, pos);
+		attention(c, s, kv, mask, l, pos);
 
 		matmul(s->xb2, s->xb, w->wo + (size_t)l * dim * dim, dim, dim);
 		for (uint32_t i = 0; i < dim; i++)

@@ -75,17 +75,57 @@ struct kv_cache {
 	const struct kv_cache_ops *ops;
 };
 
+/*
+ * Bounded attention: the token at position t attends to positions [0, n_sink) and
+ * [t - window + 1, t] (the last window positions, its own included).  window 0 is full
+ * attention, [0, t].  Positions are the original ones throughout (RoPE included), so they keep
+ * growing past the window.
+ */
+struct llama_mask {
+	uint32_t n_sink;
+	uint32_t window;
+};
+
+/* A range of positions [begin, end). */
+struct llama_span {
+	uint32_t begin, end;
+};
+
+/*
+ * The positions the token at pos attends to, as at most two increasing disjoint ranges in
+ * span[].  Returns how many (1 or 2).  mask may be NULL (full attention).
+ */
+static inline unsigned llama_mask_spans(const struct llama_mask *mask, uint32_t pos,
+					struct llama_span span[2])
+{
+	uint32_t lo = mask && mask->window && pos >= mask->window ? pos + 1 - mask->window : 0;
+	unsigned n = 0;
+
+	if (lo <= (mask ? mask->n_sink : 0))
+		lo = 0; /* the sinks and the window meet */
+	else if (mask->n_sink)
+		span[n++] = (struct llama_span){ 0, mask->n_sink };
+	span[n++] = (struct llama_span){ lo, pos + 1 };
+	return n;
+}
+
 /* Scratch buffers of the forward pass; one set serves any number of sequences in turn. */
 struct llama_state {
 	float *x, *xb, *xb2, *hb, *hb2, *q, *k, *v, *att, *logits;
+	uint32_t att_cap; /* scores each head's row of att holds: the most positions attended */
 };
 
+/* Scores for up to the model's seq_len positions; llama_state_reserve() grows them. */
 int llama_state_init(struct llama_state *s, const struct llama_config *cfg);
+/* Makes room for attending to span positions.  Returns 0 or -ENOMEM. */
+int llama_state_reserve(struct llama_state *s, const struct llama_config *cfg, uint32_t span);
 void llama_state_free(struct llama_state *s);
 
 /*
- * Runs token at position pos: stores its K/V in kv and attends over positions [0, pos], which
- * kv must hold.  Returns the logits (vocab_size floats in s, valid until the next call).
+ * Runs token at position pos: stores its K/V in kv and attends over the positions mask gives
+ * (NULL: [0, pos]), which kv must hold and s must have room for.  Returns the logits
+ * (vocab_size floats in s, valid until the next call).
  */
 const float *llama_forward(const struct llama_model *m, struct llama_state *s,
-			   struct kv_cache *kv, uint32_t token, uint32_t pos);
+			   struct kv_cache *kv, const struct llama_mask *mask, uint32_t token,
+			   uint32_t pos);
