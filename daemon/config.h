@@ -114,6 +114,20 @@ const struct kvpd_pool_config *config_find_pool(const struct kvpd_config *c, con
 int config_parse_size(const char *s, uint64_t *ret);
 
 /*
+ * Reloading (SIGHUP): applies next, a freshly loaded configuration, to the running one in place,
+ * so that pointers into live (a pool's config, the limits) stay valid.  Keys the daemon reads
+ * afresh wherever it uses them take next's values: [daemon] max_sessions, ring_poll_us and
+ * max_frame_bytes, every [limits] key, a pool's allow_users and allow_groups.  Every other key
+ * whose value differs keeps its running value.  Pools are matched by name; a pool added,
+ * removed or moved changes nothing.  report (may be NULL) is called once per difference, with
+ * applied telling which kind it is and what a line like "[pool main] capacity_blocks: 4096 ->
+ * 8192".  next keeps what live no longer uses: config_free() it afterwards.  Returns how many
+ * keys were applied.
+ */
+int config_apply_live(struct kvpd_config *live, struct kvpd_config *next,
+		      void (*report)(void *ctx, bool applied, const char *what), void *ctx);
+
+/*
  * Writes the configuration in kvpaged.conf syntax, every key with its effective value, for
  * `kvpaged --check-config`.  Loading the output gives the same configuration back.
  */

@@ -2,6 +2,7 @@
 /* kvpaged: the daemon's thin main(); everything else lives in libkvpd. */
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,33 +14,44 @@
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: kvpaged [--config FILE] [--foreground] [--check-config] [--verbose]\n"
+		   "               [--drain-timeout SECONDS]\n"
 		   "\n"
-		   "  -c, --config FILE   configuration (default " KVPD_CONFIG_PATH ")\n"
-		   "  -f, --foreground    accepted for compatibility: kvpaged never forks\n"
-		   "      --check-config  check the configuration, print it as effective, and exit\n"
-		   "  -v, --verbose       log debug messages\n"
-		   "      --version       print the version and exit\n");
+		   "  -c, --config FILE        configuration (default " KVPD_CONFIG_PATH ")\n"
+		   "  -f, --foreground         accepted for compatibility: kvpaged never forks\n"
+		   "      --check-config       check the configuration, print it as effective,\n"
+		   "                           and exit\n"
+		   "      --drain-timeout SEC  on SIGTERM, how long sessions may take to finish\n"
+		   "                           what they sent before they are closed (default 10)\n"
+		   "  -v, --verbose            log debug messages\n"
+		   "      --version            print the version and exit\n"
+		   "\n"
+		   "Under systemd: Type=notify, the watchdog, and the sockets named 'client' and\n"
+		   "'admin' by socket activation; see kvpaged(8).\n");
 }
 
 int main(int argc, char **argv)
 {
-	static const struct option opts[] = {
+	static const struct option long_opts[] = {
 		{ "config", required_argument, NULL, 'c' },
 		{ "foreground", no_argument, NULL, 'f' },
 		{ "check-config", no_argument, NULL, 'C' },
 		{ "verbose", no_argument, NULL, 'v' },
 		{ "version", no_argument, NULL, 'V' },
+		{ "drain-timeout", required_argument, NULL, 'D' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
 	const char *path = KVPD_CONFIG_PATH;
+	struct server_options opts = { .drain_timeout_ms = SERVER_DRAIN_TIMEOUT_MS };
 	struct kvpd_config cfg = { 0 };
 	struct server srv;
+	char *end;
+	double seconds;
 	bool check = false;
 	char err[512];
 	int opt, r;
 
-	while ((opt = getopt_long(argc, argv, "c:fvh", opts, NULL)) != -1) {
+	while ((opt = getopt_long(argc, argv, "c:fvh", long_opts, NULL)) != -1) {
 		switch (opt) {
 		case 'c':
 			path = optarg;
@@ -55,6 +67,17 @@ int main(int argc, char **argv)
 		case 'V':
 			puts("kvpaged " PACKAGE_VERSION);
 			return 0;
+		case 'D':
+			errno = 0;
+			seconds = strtod(optarg, &end);
+			if (errno || end == optarg || *end || !isfinite(seconds) || seconds < 0 ||
+			    seconds > 3600) {
+				fprintf(stderr, "kvpaged: --drain-timeout: '%s' is not a number of "
+					"seconds in 0..3600\n", optarg);
+				return 2;
+			}
+			opts.drain_timeout_ms = (uint32_t)(seconds * 1000 + 0.5);
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -77,7 +100,8 @@ int main(int argc, char **argv)
 		config_free(&cfg);
 		return 0;
 	}
-	r = server_init(&srv, &cfg);
+	opts.config_path = path;
+	r = server_init(&srv, &cfg, &opts);
 	if (r == 0)
 		r = server_run(&srv);
 	server_done(&srv);

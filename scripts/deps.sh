@@ -7,6 +7,7 @@ packages=(
 	autoconf automake libtool pkg-config make gcc clang python3
 	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
 	libprotobuf-c-dev protobuf-c-compiler fio
+	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
 )
 
 missing=()

@@ -11,9 +11,15 @@
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "daemon/sd.h"
 #include "daemon/server/server.h"
 
 #define RING_DEPTH 1024
+#define NSEC_PER_SEC 1000000000ull
+/* STATUS= is refreshed this often when it changed (it is cheap: one datagram). */
+#define STATUS_INTERVAL_NS (2 * NSEC_PER_SEC)
+/* After the drain deadline every session is shut down; their last operations get this long. */
+#define DRAIN_GRACE_NS (2 * NSEC_PER_SEC)
 
 uint64_t server_now_ns(void)
 {
@@ -83,22 +89,86 @@ static void arm_signal(struct server *srv)
 	io_uring_sqe_set_data(sqe, &srv->signal_op);
 }
 
-int server_init(struct server *srv, struct kvpd_config *cfg)
+/* A relative io_uring timeout; ts must stay put until it is submitted. */
+static void arm_timer(struct server *srv, struct op *op, struct __kernel_timespec *ts,
+		      uint64_t delay_ns)
 {
+	struct io_uring_sqe *sqe = server_sqe(srv);
+
+	ts->tv_sec = (long long)(delay_ns / NSEC_PER_SEC);
+	ts->tv_nsec = (long long)(delay_ns % NSEC_PER_SEC);
+	io_uring_prep_timeout(sqe, ts, 0, 0);
+	io_uring_sqe_set_data(sqe, op);
+}
+
+/* The path a passed socket is bound to, for the log ("?" when it has none). */
+static const char *socket_path_of(int fd, struct sockaddr_un *sa)
+{
+	socklen_t len = sizeof(*sa);
+
+	memset(sa, 0, sizeof(*sa));
+	if (getsockname(fd, (struct sockaddr *)sa, &len) < 0 ||
+	    len <= offsetof(struct sockaddr_un, sun_path) || !sa->sun_path[0])
+		return "?";
+	return sa->sun_path;
+}
+
+/*
+ * Binds the configured path unless systemd passed this socket.  A passed socket's file belongs
+ * to its socket unit: its owner and mode come from there, and the daemon never removes it.
+ */
+static int open_socket(int *fd, bool activated, const char *path, mode_t mode, const char *what)
+{
+	struct sockaddr_un sa;
+	const char *bound;
+
+	if (!activated) {
+		*fd = listen_unix(path, mode);
+		return *fd < 0 ? *fd : 0;
+	}
+	bound = socket_path_of(*fd, &sa);
+	if (strcmp(bound, path))
+		log_notice("%s socket: using %s from systemd; the configured %s is not bound", what,
+			   bound, path);
+	return 0;
+}
+
+int server_init(struct server *srv, struct kvpd_config *cfg, const struct server_options *opts)
+{
+	int passed_client = -EBADF, passed_admin = -EBADF;
+	struct sockaddr_un sa;
 	sigset_t mask;
 	int r;
 
 	*srv = (struct server){
 		.cfg = cfg,
+		.opts = { .drain_timeout_ms = SERVER_DRAIN_TIMEOUT_MS },
 		.client_fd = -1,
 		.admin_fd = -1,
 		.signal_fd = -1,
 		.accept_client_op = { .kind = OP_ACCEPT_CLIENT },
 		.accept_admin_op = { .kind = OP_ACCEPT_ADMIN },
 		.signal_op = { .kind = OP_SIGNAL },
+		.tick_op = { .kind = OP_TIMER },
+		.drain_op = { .kind = OP_TIMER },
 		.next_session_id = 1,
 		.started_ns = server_now_ns(),
 	};
+	if (opts)
+		srv->opts = *opts;
+
+	/* First, so that the passed fds are marked close-on-exec and LISTEN_* unset at once. */
+	r = systemd_take_sockets(&passed_client, &passed_admin);
+	if (r < 0)
+		return r;
+	if (passed_client >= 0) {
+		srv->client_fd = passed_client;
+		srv->client_activated = true;
+	}
+	if (passed_admin >= 0) {
+		srv->admin_fd = passed_admin;
+		srv->admin_activated = true;
+	}
 
 	srv->pools = calloc(cfg->npools, sizeof(*srv->pools));
 	if (!srv->pools)
@@ -135,14 +205,19 @@ int server_init(struct server *srv, struct kvpd_config *cfg)
 	if (srv->signal_fd < 0)
 		return log_error_errno(errno, "signalfd: %m");
 
-	/* The pool ACLs guard the client socket; the admin socket is for root and the admin group. */
-	srv->client_fd = listen_unix(cfg->socket_path, 0666);
-	if (srv->client_fd < 0)
-		return srv->client_fd;
-	srv->admin_fd = listen_unix(cfg->admin_socket_path, cfg->has_admin_gid ? 0660 : 0600);
-	if (srv->admin_fd < 0)
-		return srv->admin_fd;
-	if (cfg->has_admin_gid && chown(cfg->admin_socket_path, (uid_t)-1, cfg->admin_gid) < 0)
+	/*
+	 * The pool ACLs guard the client socket; the admin socket is for root and the admin group.
+	 * Sockets systemd passed are taken as they are (the socket units set their modes).
+	 */
+	r = open_socket(&srv->client_fd, srv->client_activated, cfg->socket_path, 0666, "client");
+	if (r < 0)
+		return r;
+	r = open_socket(&srv->admin_fd, srv->admin_activated, cfg->admin_socket_path,
+			cfg->has_admin_gid ? 0660 : 0600, "admin");
+	if (r < 0)
+		return r;
+	if (cfg->has_admin_gid && !srv->admin_activated &&
+	    chown(cfg->admin_socket_path, (uid_t)-1, cfg->admin_gid) < 0)
 		return log_error_errno(errno, "cannot give %s to group %u: %m",
 				       cfg->admin_socket_path, cfg->admin_gid);
 
@@ -154,8 +229,12 @@ int server_init(struct server *srv, struct kvpd_config *cfg)
 			 srv->pools[i].cfg->name, srv->pools[i].cfg->capacity_blocks,
 			 srv->pools[i].cfg->block_tokens,
 			 (unsigned long long)srv->pools[i].block_bytes, srv->pools[i].mem.ops->name);
-	log_info("listening on %s (clients) and %s (admin)", cfg->socket_path,
-		 cfg->admin_socket_path);
+	log_info("listening on %s (clients%s)", srv->client_activated ?
+		 socket_path_of(srv->client_fd, &sa) : cfg->socket_path,
+		 srv->client_activated ? ", from systemd" : "");
+	log_info("listening on %s (admin%s)", srv->admin_activated ?
+		 socket_path_of(srv->admin_fd, &sa) : cfg->admin_socket_path,
+		 srv->admin_activated ? ", from systemd" : "");
 	return 0;
 }
 
@@ -167,19 +246,223 @@ static void cancel_op(struct server *srv, struct op *op)
 	io_uring_sqe_set_data(sqe, NULL);
 }
 
-/* SIGTERM/SIGINT: stop accepting, close every session (releasing its blocks), then exit. */
+/* The STATUS= line: sessions, and per pool its occupancy and prefix-cache hit rate. */
+static void status_text(const struct server *srv, char *buf, size_t len)
+{
+	size_t used;
+	int n;
+
+	n = snprintf(buf, len, "%s%u sessions", srv->stopping ? "draining: " : "", srv->nsessions);
+	used = n < 0 ? 0 : (size_t)n;
+	for (size_t i = 0; i < srv->npools && used < len; i++) {
+		const struct dpool *p = &srv->pools[i];
+		struct core_usage u;
+		struct core_stats st;
+
+		core_get_usage(p->core, &u);
+		core_get_stats(p->core, &st);
+		n = snprintf(buf + used, len - used,
+			     "; pool %s: %.1f%% in use, %.1f%% cached, hit rate %.1f%% (%llu/%llu)",
+			     p->cfg->name, u.capacity ? 100.0 * u.in_use / u.capacity : 0.0,
+			     u.capacity ? 100.0 * u.cached / u.capacity : 0.0,
+			     st.query_blocks ? 100.0 * (double)st.hit_blocks / (double)st.query_blocks
+					     : 0.0,
+			     (unsigned long long)st.hit_blocks, (unsigned long long)st.query_blocks);
+		used += n < 0 ? 0 : (size_t)n;
+	}
+	if (srv->reload_note[0] && used < len)
+		snprintf(buf + used, len - used, "; %s", srv->reload_note);
+}
+
+/* Sends STATUS= when it changed. */
+static void update_status(struct server *srv)
+{
+	char text[sizeof(srv->status)];
+
+	status_text(srv, text, sizeof(text));
+	if (!strcmp(text, srv->status))
+		return;
+	memcpy(srv->status, text, sizeof(text));
+	systemd_notify_status(srv->status);
+}
+
+/* The periodic tick: at the next watchdog ping or status refresh, whichever comes first. */
+static void arm_tick(struct server *srv, uint64_t now)
+{
+	uint64_t next = srv->next_status_ns;
+
+	if (srv->watchdog_ns && srv->next_watchdog_ns < next)
+		next = srv->next_watchdog_ns;
+	arm_timer(srv, &srv->tick_op, &srv->tick_ts, next > now ? next - now : 0);
+}
+
+static void on_tick(struct server *srv)
+{
+	uint64_t now = server_now_ns();
+
+	if (srv->watchdog_ns && now >= srv->next_watchdog_ns) {
+		systemd_notify_watchdog();
+		srv->next_watchdog_ns = now + srv->watchdog_ns;
+	}
+	if (now >= srv->next_status_ns) {
+		update_status(srv);
+		srv->next_status_ns = now + STATUS_INTERVAL_NS;
+	}
+	arm_tick(srv, now);
+}
+
+/*
+ * The drain deadline passed: shut every session down.  Shutting both directions also ends a
+ * send that waits on a peer which stopped reading, so each session's last operations complete.
+ */
+static void force_close(struct server *srv, const char *why)
+{
+	if (srv->sessions)
+		log_warning("stopping: %u sessions still open (%s); closing them", srv->nsessions,
+			    why);
+	srv->drain_forced = true;
+	for (struct session *s = srv->sessions, *next; s; s = next) {
+		next = s->next;
+		s->refs++; /* session_close may drop the last reference */
+		session_close(s, why);
+		shutdown(s->fd, SHUT_RDWR);
+		session_unref(s);
+	}
+}
+
+static void on_drain_timer(struct server *srv)
+{
+	if (!srv->sessions)
+		return;
+	if (!srv->drain_forced) {
+		force_close(srv, "drain deadline passed");
+		arm_timer(srv, &srv->drain_op, &srv->drain_ts, DRAIN_GRACE_NS);
+		return;
+	}
+	/* Cannot happen unless an operation never completes; do not hang the stop on it. */
+	log_error("stopping: %u sessions did not go away; exiting without them", srv->nsessions);
+	srv->abandoned = true;
+	srv->exit_status = 1;
+}
+
+/*
+ * One step of the drain, run until every session is gone.  A request waiting for memory fails
+ * now (ENOSPC, as when its wait runs out) instead of holding the stop.  Then each session that
+ * is not waiting is shut for reading: its peer can send nothing new (EPIPE), while everything
+ * it already sent is still read and answered; at the end of that the session closes, and
+ * flushes its replies first.  A waiting session is shut only once its request is answered,
+ * since a waiter whose socket reads end-of-file is closed without an answer.
+ */
+static void drain_sessions(struct server *srv)
+{
+	uint64_t now = server_now_ns();
+
+	for (size_t i = 0; i < srv->npools; i++) {
+		if (!srv->pools[i].waiters)
+			continue;
+		for (struct session *s = srv->pools[i].waiters; s; s = s->wait_next)
+			s->wait_deadline_ns = 1;
+		dpool_retry_waiters(&srv->pools[i], now);
+	}
+	for (struct session *s = srv->sessions; s; s = s->next) {
+		if (s->closing || s->waiting || s->drained)
+			continue;
+		s->drained = true;
+		shutdown(s->fd, SHUT_RD);
+	}
+}
+
+/*
+ * SIGTERM/SIGINT: a graceful drain.  Stop accepting, run every ring's pending submissions,
+ * then drain the sessions (drain_sessions(), again after each pass of the loop).  Sessions
+ * still open at the drain deadline are closed by force.  Once none is left the loop ends and
+ * the pools are torn down (the file tier writes out what it has queued).
+ */
 static void begin_stop(struct server *srv)
 {
-	if (srv->stopping)
+	char text[sizeof(srv->status)];
+
+	if (srv->stopping) {
+		if (!srv->drain_forced)
+			force_close(srv, "second stop signal");
 		return;
+	}
 	srv->stopping = true;
-	log_info("stopping: %u sessions to close", srv->nsessions);
+	status_text(srv, text, sizeof(text));
+	systemd_notify_stopping(text);
+	log_info("stopping: draining %u sessions (at most %u ms)", srv->nsessions,
+		 srv->opts.drain_timeout_ms);
 	cancel_op(srv, &srv->accept_client_op);
 	cancel_op(srv, &srv->accept_admin_op);
 	for (struct session *s = srv->sessions, *next; s; s = next) {
+		const char *why = NULL;
+
 		next = s->next;
-		session_close(s, "daemon stopping");
+		if (s->closing || !s->ring || !s->welcomed)
+			continue;
+		s->refs++; /* a ring violation closes the session */
+		if (!ring_process(s, &why)) {
+			session_reply_error(s, 0, EPROTO, "ring: %s", why);
+			session_close(s, "ring protocol violation");
+		}
+		session_unref(s);
 	}
+	drain_sessions(srv);
+	arm_timer(srv, &srv->drain_op, &srv->drain_ts, srv->opts.drain_timeout_ms * 1000000ull);
+}
+
+static void on_reload_difference(void *ctx, bool applied, const char *what)
+{
+	unsigned *refused = ctx;
+
+	if (applied) {
+		log_notice("reload: %s", what);
+		return;
+	}
+	log_warning("reload: %s: cannot change while kvpaged runs; restart to apply (the running "
+		    "value stays)", what);
+	(*refused)++;
+}
+
+/*
+ * SIGHUP: read the configuration file again and apply, in place, what can change live (see
+ * config_apply_live()); everything else keeps its running value, each with a logged reason.  A
+ * file that does not load changes nothing.
+ */
+static void reload(struct server *srv)
+{
+	struct kvpd_config next = { 0 };
+	unsigned refused = 0;
+	char err[512];
+	int applied, r;
+
+	if (srv->stopping) {
+		log_notice("SIGHUP while stopping: nothing reloaded");
+		return;
+	}
+	if (!srv->opts.config_path) {
+		log_notice("SIGHUP: no configuration file to reload");
+		return;
+	}
+	systemd_notify_reloading("reloading the configuration");
+	log_info("SIGHUP: reloading %s", srv->opts.config_path);
+	r = config_load_file(srv->opts.config_path, &next, err, sizeof(err));
+	if (r < 0) {
+		log_error("reload failed, the running configuration stays: %s", err);
+		snprintf(srv->reload_note, sizeof(srv->reload_note), "last reload failed: %.130s",
+			 err);
+	} else {
+		applied = config_apply_live(srv->cfg, &next, on_reload_difference, &refused);
+		config_free(&next);
+		log_info("reload: %d changes applied, %u need a restart", applied, refused);
+		if (refused)
+			snprintf(srv->reload_note, sizeof(srv->reload_note),
+				 "last reload: %u changes need a restart", refused);
+		else
+			srv->reload_note[0] = '\0';
+	}
+	status_text(srv, srv->status, sizeof(srv->status));
+	systemd_notify_ready(srv->status);
 }
 
 static void on_accept(struct server *srv, struct io_uring_cqe *cqe, bool admin)
@@ -223,13 +506,14 @@ static void on_signal(struct server *srv, struct io_uring_cqe *cqe)
 	}
 	switch (srv->siginfo.ssi_signo) {
 	case SIGHUP:
-		log_notice("SIGHUP: nothing in this configuration can change live; restart to apply");
+		reload(srv);
 		break;
 	default:
 		log_info("signal %u received", srv->siginfo.ssi_signo);
 		begin_stop(srv);
-		return;
+		break;
 	}
+	/* Still read while stopping: a second SIGTERM ends the drain at once. */
 	arm_signal(srv);
 }
 
@@ -259,12 +543,33 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 	case OP_DOORBELL:
 		ring_on_doorbell(op->s, cqe);
 		break;
+	case OP_TIMER:
+		if (cqe->res == -ECANCELED)
+			break;
+		if (op == &srv->tick_op)
+			on_tick(srv);
+		else
+			on_drain_timer(srv);
+		break;
 	}
 }
 
 int server_run(struct server *srv)
 {
-	while (!srv->stopping || srv->sessions) {
+	uint64_t start = server_now_ns();
+
+	/* Every pool is allocated and both sockets listen: ready. */
+	srv->watchdog_ns = systemd_watchdog_interval_ns();
+	srv->next_watchdog_ns = start + srv->watchdog_ns;
+	srv->next_status_ns = start + STATUS_INTERVAL_NS;
+	if (srv->watchdog_ns)
+		log_debug("watchdog: pinging every %llu ms",
+			  (unsigned long long)(srv->watchdog_ns / 1000000u));
+	status_text(srv, srv->status, sizeof(srv->status));
+	systemd_notify_ready(srv->status);
+	arm_tick(srv, start);
+
+	while ((!srv->stopping || srv->sessions) && !srv->abandoned) {
 		struct io_uring_cqe *cqe;
 		unsigned head, n = 0;
 		int r;
@@ -317,6 +622,8 @@ int server_run(struct server *srv)
 			n++;
 		}
 		io_uring_cq_advance(&srv->ring, n);
+		if (srv->stopping && !srv->drain_forced)
+			drain_sessions(srv);
 		/* Swap-file writes finish on their own ring: reap them between requests. */
 		for (size_t i = 0; i < srv->npools; i++) {
 			dpool_tier_poll(&srv->pools[i]);
@@ -330,13 +637,16 @@ int server_run(struct server *srv)
 
 void server_done(struct server *srv)
 {
+	/* A socket systemd passed stays where it is: the next start gets it again. */
 	if (srv->client_fd >= 0) {
 		close(srv->client_fd);
-		(void)unlink(srv->cfg->socket_path);
+		if (!srv->client_activated)
+			(void)unlink(srv->cfg->socket_path);
 	}
 	if (srv->admin_fd >= 0) {
 		close(srv->admin_fd);
-		(void)unlink(srv->cfg->admin_socket_path);
+		if (!srv->admin_activated)
+			(void)unlink(srv->cfg->admin_socket_path);
 	}
 	if (srv->signal_fd >= 0)
 		close(srv->signal_fd);

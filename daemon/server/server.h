@@ -31,6 +31,7 @@ enum op_kind {
 	OP_RECV,
 	OP_SEND,
 	OP_DOORBELL,
+	OP_TIMER, /* the server's timeouts: watchdog and status, drain deadline */
 };
 
 struct op {
@@ -110,6 +111,7 @@ struct session {
 	bool admin;
 	bool welcomed;
 	bool closing;
+	bool drained; /* stopping: shut for reading, so its peer can send nothing new */
 	unsigned refs; /* in-flight operations + 1 while open */
 	struct ucred cred;
 	char name[64];
@@ -157,11 +159,31 @@ struct session {
 	struct session *wait_prev, *wait_next;
 };
 
+/* How long a stop waits for sessions to finish by default (kvpaged --drain-timeout). */
+#define SERVER_DRAIN_TIMEOUT_MS 10000u
+
+/* What main() tells the server beyond the configuration. */
+struct server_options {
+	const char *config_path;   /* re-read on SIGHUP */
+	uint32_t drain_timeout_ms; /* SIGTERM: how long sessions may take to finish */
+};
+
 struct server {
 	struct kvpd_config *cfg;
+	struct server_options opts;
 	struct io_uring ring;
 	int client_fd, admin_fd, signal_fd;
+	bool client_activated, admin_activated; /* passed by systemd: its files, not ours */
 	struct op accept_client_op, accept_admin_op, signal_op;
+	/* Timers (io_uring timeouts): the periodic tick (watchdog, status) and the drain deadline. */
+	struct op tick_op, drain_op;
+	struct __kernel_timespec tick_ts, drain_ts;
+	uint64_t watchdog_ns;      /* WATCHDOG=1 this often (half of WATCHDOG_USEC); 0: none */
+	uint64_t next_watchdog_ns, next_status_ns;
+	char status[256];          /* the last STATUS= sent */
+	char reload_note[160];     /* how the last reload went, shown in STATUS= */
+	bool drain_forced;         /* the drain deadline passed: every session was shut down */
+	bool abandoned;            /* sessions outlived the deadline's grace: stop waiting */
 	struct signalfd_siginfo siginfo;
 	struct dpool *pools;
 	size_t npools;
@@ -176,7 +198,16 @@ struct server {
 };
 
 /* server.c */
-int server_init(struct server *srv, struct kvpd_config *cfg);
+/*
+ * Allocates every pool, then takes the sockets systemd passed or binds them.  On failure the
+ * caller still calls server_done().  opts may be NULL (defaults).
+ */
+int server_init(struct server *srv, struct kvpd_config *cfg, const struct server_options *opts);
+/*
+ * The loop; tells systemd READY=1 first.  SIGHUP reloads the configuration; SIGTERM/SIGINT
+ * drain: stop accepting, answer what each session already sent, close it, then return.
+ * Returns 0 after a clean stop.
+ */
 int server_run(struct server *srv);
 void server_done(struct server *srv);
 struct io_uring_sqe *server_sqe(struct server *srv);
