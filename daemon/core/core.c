@@ -1160,6 +1160,8 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	return 1;
 }
 
+static void decay_scores(struct core *c, struct core_seq *s);
+
 int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 {
 	const uint32_t B = c->cfg.block_tokens;
@@ -1173,6 +1175,8 @@ int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 		return -EINVAL;
 	if (ntokens <= s->ncommitted)
 		return 0;
+	if (s->retention == CORE_RETAIN_H2O)
+		decay_scores(c, s);
 	for (uint32_t i = s->ncommitted / B; i < ntokens / B; i++)
 		replaced += commit_block(c, s, i);
 	s->ncommitted = ntokens;
@@ -1320,8 +1324,9 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 }
 
 /*
- * Applies the decay before a report adds to the scores: O(1), as scores are kept divided by
- * scale.  When scale gets small the held scores are multiplied out and scale starts again.
+ * Applies the decay once per step (a commit that moves on), after the step's reports and
+ * before evicting: O(1), as scores are kept divided by scale.  When scale gets small the held
+ * scores are multiplied out and scale starts again.
  */
 static void decay_scores(struct core *c, struct core_seq *s)
 {
@@ -1365,7 +1370,6 @@ int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *we
 		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f) ||
 		    s->table[(first + i) / B] == CORE_NONE)
 			return -EINVAL;
-	decay_scores(c, s);
 	for (uint32_t i = 0; i < n; i++)
 		if (s->tscore)
 			s->tscore[first + i] += (float)(weights[i] / s->scale);
@@ -1388,7 +1392,6 @@ int core_seq_scores_packed(struct core *c, uint64_t id, const float *weights, ui
 	for (uint32_t i = 0; i < n; i++)
 		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f))
 			return -EINVAL;
-	decay_scores(c, s);
 	for (uint32_t i = 0; i < n; i++)
 		s->pscore[i] += (float)(weights[i] / s->scale);
 	s->last_use = ++c->tick;

@@ -212,8 +212,8 @@ struct core_open {
 	uint32_t n_sink;    /* CORE_RETAIN_SINKS: leading tokens always kept */
 	uint32_t recent;    /* SINKS, H2O: trailing tokens always kept, >= 1 */
 	uint32_t budget;    /* H2O: tokens kept in all (recent ones and heavy hitters), >= recent */
-	float decay;        /* H2O: running scores are multiplied by this at each report, in
-			       (0, 1]; 0 means 1 (no decay) */
+	float decay;        /* H2O: running scores are multiplied by this once per step (a
+			       commit that moves on), in (0, 1]; 0 means 1 (no decay) */
 	uint32_t granularity; /* H2O: CORE_H2O_BLOCKS or CORE_H2O_TOKENS */
 };
 
@@ -330,8 +330,9 @@ int core_seq_resume(struct core *c, uint64_t seq, uint32_t *ret_recompute);
 /*
  * Heavy-hitter retention (H2O, block granularity).  A sequence opened with CORE_RETAIN_H2O
  * accumulates the attention its tokens receive: each call adds weights[i] to the running
- * score of position first + i (after multiplying every score by the sequence's decay).  The
- * client sums a decode step's attention over heads and layers.  When tokens are committed and
+ * score of position first + i; every commit that moves on (a step) then multiplies all scores
+ * by the sequence's decay, however many reports the step made.  The client sums a decode
+ * step's attention over heads and layers.  When tokens are committed and
  * the sequence holds more than budget tokens, whole blocks that hold none of the last recent
  * committed tokens are released lowest total score first (ties: the earliest block first)
  * until it holds at most budget tokens or no such block is left.  Returns 0, -ENOENT,

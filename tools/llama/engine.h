@@ -38,6 +38,17 @@ struct engine {
 	uint32_t *ring_tables[3];  /* where a step's commit, append and seq info put tables */
 	uint64_t replaced;         /* table entries kvp_commit switched to an equal block */
 	uint32_t max_held;         /* bounded: most blocks the daemon's table held at a refresh */
+	/*
+	 * Heavy hitters (--h2o): each token attends to what the H2O policy kept
+	 * (docs/retention.md), and reports the attention it gave.  block_tokens is the pool's,
+	 * or --block-tokens with the contiguous cache, which runs the policy itself.
+	 */
+	bool h2o;
+	struct kv_h2o_config h2o_cfg;
+	uint64_t h2o_evicted, h2o_compactions; /* what the policy did, over this run's sequences */
+	struct kvp_op *ring_ops;               /* a step's operations (score reports included) */
+	struct kvp_completion *ring_done;
+	uint32_t ring_ops_cap;
 };
 
 /* Sets what tokens attend to, and the prefix key that goes with it. */
@@ -48,6 +59,17 @@ static inline bool engine_bounded(const struct engine *e)
 	return e->mask.window != 0;
 }
 
+/* Whether the daemon releases what tokens no longer attend to: a mask, or H2O. */
+static inline bool engine_retains(const struct engine *e)
+{
+	return engine_bounded(e) || e->h2o;
+}
+
+/* An H2O report of one run of held positions: weights[off, off + n) for [first, first + n). */
+struct h2o_run {
+	uint32_t first, n, off;
+};
+
 /* One sequence: its cache and, when paged, its id in the daemon. */
 struct seq {
 	struct kv_contig contig;
@@ -57,6 +79,19 @@ struct seq {
 	bool open;
 	unsigned inflight;     /* ring operations of a deferred step, not reaped yet */
 	uint32_t inflight_len; /* the table's length when they were submitted */
+	/* H2O: the policy, the last forward pass's spans, and its report until it is sent. */
+	struct kv_h2o h2o;
+	struct llama_span *spans;
+	uint32_t nspans;
+	struct h2o_run *runs;
+	uint32_t nruns;
+	float *run_weights;    /* the runs' weights, one after another */
+	float *packed_weights; /* by packed slot (paged) */
+	uint32_t *packed_order; /* the packed positions in increasing order, and their weights */
+	float *packed_order_weights;
+	uint32_t npacked_weights, weights_cap; /* weights_cap: entries each of the above holds */
+	bool report_pending;   /* paged: the report goes to the daemon before the next commit */
+	struct kvp_table next_packed_blocks, next_packed_positions; /* kvp_seq_packed() fills */
 };
 
 struct generate_options {
@@ -100,14 +135,19 @@ static inline uint64_t now_ns(void)
  * seq_open opens a sequence that may grow to e->max_tokens positions.  With bounded attention
  * a paged sequence is opened with sinks retention (n_sink, recent = window), so the daemon
  * releases what no later token attends to; in a pool with a sliding window, which refuses
- * per-sequence retention, it is opened plainly and the pool's window decides.
+ * per-sequence retention, it is opened plainly and the pool's window decides.  With H2O it is
+ * opened with h2o retention and one token (n must be 1): every token is then run a step at a
+ * time, its attention reported, so the policy sees the prompt's tokens as it sees the rest.
  */
 int seq_open(struct engine *e, struct seq *s, const uint32_t *tokens, uint32_t n, uint32_t flags,
 	     uint32_t *ret_cached);
 /*
  * Runs token at pos over the sequence's cache with the engine's mask; *ret_logits gets the
  * logits.  A paged sequence is first checked to hold every position the token attends to
- * (-EPROTO, said why, if the daemon released one).
+ * (-EPROTO, said why, if the daemon released one).  With H2O the token attends to every
+ * position the sequence holds (the daemon's table and packed slots, or the policy's own with
+ * the contiguous cache), and the attention each received is reported: to the policy at once,
+ * and to the daemon with the next step or commit.
  */
 int seq_forward(struct engine *e, struct seq *s, uint32_t token, uint32_t pos,
 		const float **ret_logits);
@@ -122,11 +162,17 @@ int seq_refresh(struct engine *e, struct seq *s, uint32_t ntokens);
  * with e->defer the step does not wait for them when token's slot is in a block the sequence
  * already holds alone: they are reaped, and checked to have changed nothing, at the next call.
  *
- * A bounded sequence's commits release blocks, which no reply reports: its table is refreshed
- * from the daemon (a SEQ_INFO in the same submission) whenever token starts a block, and at
- * every step in a pool with a sliding window, whose size the engine cannot see.  A
- * full-attention sequence is refreshed at block starts too, and fails (-EPROTO) if the daemon
- * released any of its blocks: the pool has a sliding window.
+ * A bounded sequence's commits release blocks, which a deferred step does not see: its table
+ * is refreshed from the daemon (a SEQ_INFO in the same submission) whenever token starts a
+ * block, and at every step in a pool with a sliding window, whose size the engine cannot see.
+ * A full-attention sequence is refreshed at block starts too, and fails (-EPROTO) if the
+ * daemon released any of its blocks: the pool has a sliding window.
+ *
+ * With H2O the last forward pass's report goes first (the commit's evictions count it); a
+ * step whose commit may evict waits, takes the table from the commit's reply (and at token
+ * granularity the packed slots from kvp_seq_packed()), and fails (-EPROTO, said where) unless
+ * the daemon holds exactly what the engine's own run of the policy holds.  seq_commit() does
+ * the same.  With the contiguous cache the policy alone decides.
  */
 int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
 	     uint32_t ntokens);

@@ -91,14 +91,38 @@ static void paged_store(struct kv_cache *base, uint32_t layer, uint32_t pos, con
 	memcpy(pv, v, bytes);
 }
 
+/* The row of packed slot k (H2O at token granularity). */
+static const float *packed_row(const struct kv_paged *kv, uint32_t layer, unsigned which,
+			       uint32_t k)
+{
+	uint64_t off = kv->packed_blocks.blocks[k / kv->block_tokens] * kv->block_stride +
+		       layer * kv->layer_stride + which * kv->kv_stride +
+		       (k % kv->block_tokens) * kv->slot_stride;
+
+	return (const float *)(kv->pool + off);
+}
+
 static uint32_t paged_rows(const struct kv_cache *base, uint32_t layer, unsigned which,
 			   uint32_t pos, uint32_t end, const float **ret_row, size_t *ret_stride)
 {
 	const struct kv_paged *kv = (const struct kv_paged *)base;
-	uint32_t n = kv->block_tokens - pos % kv->block_tokens;
+	const uint32_t B = kv->block_tokens;
+	uint32_t n = B - pos % B;
 
-	*ret_row = paged_row(kv, layer, which, pos);
 	*ret_stride = kv->slot_stride / sizeof(float);
+	if (kv->table.blocks[pos / B] == KVP_TABLE_HOLE) {
+		/*
+		 * Released, so moved to a packed slot (the caller attends only to what the
+		 * sequence holds); the positions after it may follow in the same packed block.
+		 */
+		uint32_t k = kv->packed_slot[pos], m = 1;
+
+		while (pos + m < end && m < B - k % B && kv_paged_packed_slot(kv, pos + m) == k + m)
+			m++;
+		*ret_row = packed_row(kv, layer, which, k);
+		return m;
+	}
+	*ret_row = paged_row(kv, layer, which, pos);
 	return n < end - pos ? n : end - pos;
 }
 
@@ -228,7 +252,248 @@ uint32_t kv_paged_held(const struct kv_paged *kv)
 	return held;
 }
 
+int kv_paged_set_packed(struct kv_paged *kv, struct kvp_table *blocks,
+			struct kvp_table *positions, uint32_t ntokens)
+{
+	const uint32_t B = kv->block_tokens;
+	struct kvp_table t;
+	uint32_t i;
+
+	if (blocks->len != (positions->len + B - 1) / B)
+		return -EPROTO;
+	for (i = 0; i < blocks->len; i++)
+		if (blocks->blocks[i] >= kv->capacity_blocks)
+			return -EPROTO;
+	if (ntokens > kv->packed_slot_cap) {
+		uint32_t cap = ntokens + B;
+		uint32_t *m = realloc(kv->packed_slot, (size_t)cap * sizeof(*m));
+
+		if (!m)
+			return -ENOMEM;
+		for (i = kv->packed_slot_cap; i < cap; i++)
+			m[i] = KVP_TABLE_HOLE;
+		kv->packed_slot = m;
+		kv->packed_slot_cap = cap;
+	}
+	for (i = 0; i < kv->packed_positions.len; i++)
+		kv->packed_slot[kv->packed_positions.blocks[i]] = KVP_TABLE_HOLE;
+	for (i = 0; i < positions->len; i++) {
+		uint32_t pos = positions->blocks[i];
+
+		if (pos >= ntokens || pos / B >= kv->table.len ||
+		    kv->table.blocks[pos / B] != KVP_TABLE_HOLE ||
+		    kv->packed_slot[pos] != KVP_TABLE_HOLE)
+			break;
+		kv->packed_slot[pos] = i;
+	}
+	if (i < positions->len) {
+		while (i-- > 0)
+			kv->packed_slot[positions->blocks[i]] = KVP_TABLE_HOLE;
+		kv->packed_positions.len = 0;
+		kv->packed_blocks.len = 0;
+		return -EPROTO;
+	}
+	/* Ours now; the caller's tables get the old ones, to fill next time. */
+	t = kv->packed_blocks;
+	kv->packed_blocks = *blocks;
+	*blocks = t;
+	t = kv->packed_positions;
+	kv->packed_positions = *positions;
+	*positions = t;
+	return 0;
+}
+
 void kv_paged_free(struct kv_paged *kv)
 {
 	kvp_table_free(&kv->table);
+	kvp_table_free(&kv->packed_blocks);
+	kvp_table_free(&kv->packed_positions);
+	free(kv->packed_slot);
+	kv->packed_slot = NULL;
+	kv->packed_slot_cap = 0;
+}
+
+/* ------------------------------------------------------------------------------------- H2O */
+
+int kv_h2o_init(struct kv_h2o *h, const struct kv_h2o_config *cfg, uint32_t positions,
+		uint32_t ntokens)
+{
+	const uint32_t B = cfg->block_tokens;
+	const uint32_t nblocks = positions / B + 2, cap = nblocks * B;
+
+	*h = (struct kv_h2o){ .budget = cfg->budget, .recent = cfg->recent, .block_tokens = B,
+			      .tokens = cfg->tokens, .decay = cfg->decay, .scale = 1, .cap = cap };
+	h->score = calloc(cfg->tokens ? cap : nblocks, sizeof(*h->score));
+	h->block_held = calloc(nblocks, sizeof(*h->block_held));
+	if (cfg->tokens) {
+		h->packed = calloc(cap, sizeof(*h->packed));
+		h->packed_list = malloc((size_t)cap * sizeof(*h->packed_list));
+	}
+	if (!h->score || !h->block_held || (cfg->tokens && (!h->packed || !h->packed_list))) {
+		kv_h2o_free(h);
+		return -ENOMEM;
+	}
+	kv_h2o_append(h, ntokens);
+	return 0;
+}
+
+void kv_h2o_free(struct kv_h2o *h)
+{
+	free(h->score);
+	free(h->block_held);
+	free(h->packed);
+	free(h->packed_list);
+	h->score = NULL;
+	h->block_held = h->packed = NULL;
+	h->packed_list = NULL;
+}
+
+void kv_h2o_append(struct kv_h2o *h, uint32_t n)
+{
+	for (; n > 0; n--, h->ntokens++)
+		if (h->ntokens % h->block_tokens == 0)
+			h->block_held[h->ntokens / h->block_tokens] = true;
+}
+
+/* Releases block i's entry; at token granularity all but pos (the evicted one) are packed. */
+static void h2o_release(struct kv_h2o *h, uint32_t i, uint32_t evicted_pos)
+{
+	const uint32_t B = h->block_tokens;
+
+	h->block_held[i] = false;
+	h->freed++;
+	if (!h->tokens) {
+		h->evicted += B;
+		return;
+	}
+	h->evicted++;
+	for (uint32_t pos = i * B; pos < (i + 1) * B; pos++) {
+		if (pos == evicted_pos)
+			continue;
+		h->packed[pos] = true;
+		h->packed_list[h->npacked++] = pos;
+		h->compactions++;
+	}
+}
+
+/* Block granularity: the held block below end with the lowest score, the earliest of equals. */
+static bool h2o_evict_block(struct kv_h2o *h, uint32_t end)
+{
+	uint32_t victim = UINT32_MAX;
+
+	for (uint32_t i = 0; i < end; i++)
+		if (h->block_held[i] && (victim == UINT32_MAX || h->score[i] < h->score[victim]))
+			victim = i;
+	if (victim == UINT32_MAX)
+		return false;
+	h2o_release(h, victim, UINT32_MAX);
+	return true;
+}
+
+static void h2o_decay(struct kv_h2o *h);
+
+/*
+ * Token granularity: the token with the lowest score (the earliest position of equals) among
+ * the packed ones and those of held blocks below end.
+ */
+static bool h2o_evict_token(struct kv_h2o *h, uint32_t end)
+{
+	const uint32_t B = h->block_tokens;
+	uint32_t best_pos = UINT32_MAX, best_k = UINT32_MAX;
+	float best = 0;
+
+	for (uint32_t k = 0; k < h->npacked; k++) {
+		uint32_t pos = h->packed_list[k];
+		float sc = h->score[pos];
+
+		if (best_pos == UINT32_MAX || sc < best || (sc == best && pos < best_pos)) {
+			best = sc;
+			best_pos = pos;
+			best_k = k;
+		}
+	}
+	for (uint32_t i = 0; i < end; i++) {
+		if (!h->block_held[i])
+			continue;
+		for (uint32_t pos = i * B; pos < (i + 1) * B; pos++) {
+			float sc = h->score[pos];
+
+			if (best_pos == UINT32_MAX || sc < best || (sc == best && pos < best_pos)) {
+				best = sc;
+				best_pos = pos;
+				best_k = UINT32_MAX;
+			}
+		}
+	}
+	if (best_pos == UINT32_MAX)
+		return false;
+	if (best_k == UINT32_MAX) {
+		h2o_release(h, best_pos / B, best_pos);
+	} else {
+		h->packed[best_pos] = false;
+		h->packed_list[best_k] = h->packed_list[--h->npacked];
+		h->evicted++;
+	}
+	return true;
+}
+
+uint32_t kv_h2o_commit(struct kv_h2o *h, uint32_t ncommitted)
+{
+	const uint64_t before = h->evicted;
+	uint32_t end;
+
+	if (ncommitted <= h->ncommitted)
+		return 0;
+	h->ncommitted = ncommitted;
+	/* A step: the decay, once, after its reports and before evicting (as the daemon). */
+	h2o_decay(h);
+	if (ncommitted <= h->recent)
+		return 0;
+	/* Blocks below end hold none of the last recent committed tokens. */
+	end = (ncommitted - h->recent) / h->block_tokens;
+	while (kv_h2o_held_tokens(h) > h->budget)
+		if (!(h->tokens ? h2o_evict_token(h, end) : h2o_evict_block(h, end)))
+			break;
+	return (uint32_t)(h->evicted - before);
+}
+
+/*
+ * The decay of a step: scale shrinks, and when it gets small the held scores are multiplied
+ * out and it starts again at 1, as the daemon does.
+ */
+static void h2o_decay(struct kv_h2o *h)
+{
+	const uint32_t B = h->block_tokens;
+
+	if (h->decay >= 1)
+		return;
+	h->scale *= h->decay;
+	if (h->scale > 1e-20)
+		return;
+	for (uint32_t i = 0; i * B < h->ntokens; i++) {
+		if (!h->block_held[i])
+			continue;
+		if (!h->tokens)
+			h->score[i] = (float)(h->score[i] * h->scale);
+		else
+			for (uint32_t pos = i * B; pos < (i + 1) * B; pos++)
+				h->score[pos] = (float)(h->score[pos] * h->scale);
+	}
+	for (uint32_t k = 0; k < h->npacked; k++)
+		h->score[h->packed_list[k]] = (float)(h->score[h->packed_list[k]] * h->scale);
+	h->scale = 1;
+}
+
+void kv_h2o_report(struct kv_h2o *h, uint32_t first, const float *weights, uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		h->score[h->tokens ? first + i : (first + i) / h->block_tokens] +=
+			(float)(weights[i] / h->scale);
+}
+
+void kv_h2o_report_packed(struct kv_h2o *h, const uint32_t *positions, const float *weights,
+			  uint32_t n)
+{
+	for (uint32_t i = 0; i < n; i++)
+		h->score[positions[i]] += (float)(weights[i] / h->scale);
 }

@@ -12,10 +12,16 @@
  *
  * With a retention policy (docs/retention.md) the daemon releases blocks the sequence no
  * longer needs: their entries become KVP_TABLE_HOLE, and entry i still holds positions
- * [i * block_tokens, (i + 1) * block_tokens).  A hole is never read.
+ * [i * block_tokens, (i + 1) * block_tokens).  A hole is never read, except that under H2O at
+ * token granularity a position in a hole may have been moved to a packed slot: the packed
+ * blocks and the position of each of their slots come from kvp_seq_packed().
+ *
+ * kv_h2o is the H2O policy itself (docs/retention.md, daemon/core/core.c), run by the engine:
+ * it is what the contiguous cache keeps, and the model the paged one checks the daemon against.
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "libclient/include/kvpaged.h"
@@ -41,6 +47,10 @@ struct kv_paged {
 	uint32_t block_tokens, capacity_blocks, kv_dim;
 	uint32_t readonly_below;
 	uint64_t compared, mismatched; /* rows checked against the pool, and how many differed */
+	/* H2O at token granularity: the packed blocks, each packed slot's position, and back. */
+	struct kvp_table packed_blocks, packed_positions;
+	uint32_t *packed_slot; /* per position: its packed slot, or KVP_TABLE_HOLE */
+	uint32_t packed_slot_cap;
 };
 
 /*
@@ -66,4 +76,74 @@ int kv_paged_check_mask(const struct kv_paged *kv, const struct llama_mask *mask
 			uint32_t *ret_pos);
 /* The table's entries that are not holes: the blocks the sequence holds. */
 uint32_t kv_paged_held(const struct kv_paged *kv);
+/*
+ * Takes the packed blocks and positions kvp_seq_packed() gave for a sequence of ntokens (and
+ * leaves the previous ones in their place, to be filled next time): checks that there is a
+ * block for every block_tokens slots and no other, that blocks are in the pool, and that each
+ * position is below ntokens, in a hole of the table and packed once; then maps each position
+ * to its slot.  0, -ENOMEM or -EPROTO (nothing taken).
+ */
+int kv_paged_set_packed(struct kv_paged *kv, struct kvp_table *blocks,
+			struct kvp_table *positions, uint32_t ntokens);
+/* The packed slot holding pos, or KVP_TABLE_HOLE. */
+static inline uint32_t kv_paged_packed_slot(const struct kv_paged *kv, uint32_t pos)
+{
+	return pos < kv->packed_slot_cap ? kv->packed_slot[pos] : KVP_TABLE_HOLE;
+}
 void kv_paged_free(struct kv_paged *kv);
+
+/*
+ * H2O (heavy hitters), as the daemon runs it.  Scores are floats kept divided by scale (the
+ * product of the decays so far), each report first multiplying scale by the decay and each
+ * weight w adding (float)(w / scale), exactly the daemon's arithmetic: the same reports give
+ * the same floats, so ties and their order come out the same.  A commit of more tokens than
+ * before, while more than budget tokens are held, evicts the lowest score first (the earliest
+ * position among equals) among what holds none of the last recent committed tokens: whole
+ * blocks scored by the sum of their tokens' scores, or single tokens, a block's survivors
+ * going to the packed set.
+ */
+struct kv_h2o {
+	uint32_t budget, recent, block_tokens;
+	bool tokens;   /* token granularity */
+	float decay;   /* 1: none */
+	double scale;
+	uint32_t ntokens, ncommitted, cap; /* cap: positions the arrays hold */
+	float *score;  /* per block, or per position at token granularity */
+	bool *block_held; /* per block: its entry is held (not released) */
+	bool *packed;     /* per position: in the packed set (token granularity) */
+	uint32_t *packed_list, npacked; /* the packed positions, in no particular order */
+	uint32_t freed;   /* blocks released */
+	uint64_t evicted, compactions; /* tokens evicted; tokens moved to the packed set */
+};
+
+struct kv_h2o_config {
+	uint32_t budget, recent, block_tokens;
+	bool tokens;
+	float decay; /* (0, 1] */
+};
+
+/* A sequence of ntokens (none committed) that may reach positions tokens.  0 or -ENOMEM. */
+int kv_h2o_init(struct kv_h2o *h, const struct kv_h2o_config *cfg, uint32_t positions,
+		uint32_t ntokens);
+void kv_h2o_free(struct kv_h2o *h);
+void kv_h2o_append(struct kv_h2o *h, uint32_t n);
+/* Marks the first ncommitted tokens committed and evicts; returns how many tokens it evicted. */
+uint32_t kv_h2o_commit(struct kv_h2o *h, uint32_t ncommitted);
+/* One report: weights of positions [first, first + n), which must be in held blocks. */
+void kv_h2o_report(struct kv_h2o *h, uint32_t first, const float *weights, uint32_t n);
+/* One report for the packed set: weights[i] for packed position positions[i], all of them. */
+void kv_h2o_report_packed(struct kv_h2o *h, const uint32_t *positions, const float *weights,
+			  uint32_t n);
+static inline bool kv_h2o_block_held(const struct kv_h2o *h, uint32_t block)
+{
+	return h->block_held[block];
+}
+static inline bool kv_h2o_packed(const struct kv_h2o *h, uint32_t pos)
+{
+	return h->tokens && h->packed[pos];
+}
+/* Tokens held: those of held blocks and the packed ones. */
+static inline uint32_t kv_h2o_held_tokens(const struct kv_h2o *h)
+{
+	return h->ntokens - h->freed * h->block_tokens + h->npacked;
+}

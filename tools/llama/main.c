@@ -25,6 +25,11 @@
 #define MAX_FORKS 64
 #define RING_ENTRIES 16
 #define RING_DATA_BYTES 65536
+/* H2O: a step also carries a score report per run of held positions, and their weights. */
+#define H2O_RING_ENTRIES 64
+#define H2O_RING_DATA_BYTES (256 * 1024)
+/* The block size the contiguous cache's H2O policy assumes, the test pools' (--block-tokens). */
+#define DEFAULT_BLOCK_TOKENS 16
 /*
  * A decode step's completions come back within tens of microseconds: spinning that long
  * saves a sleep and a wake-up per token, and costs nothing when the daemon is slower.
@@ -59,6 +64,11 @@ static void usage(FILE *f)
 	      "  --window W            bounded attention: the token at t attends to [t-W+1, t]\n"
 	      "                        (and the sinks); paged, the daemon keeps only those blocks\n"
 	      "  --sinks N             with --window: also attend to positions [0, N)\n"
+	      "  --h2o B[:R[:D]]       heavy hitters: keep B tokens, the last R (default B/4) and\n"
+	      "                        those with the most attention, decayed by D (default 1)\n"
+	      "  --h2o-tokens          with --h2o: evict single tokens, not whole blocks\n"
+	      "  --block-tokens N      with --h2o --contiguous: the pool's block size the policy\n"
+	      "                        assumes (default 16; paged, the pool's)\n"
 	      "  --dump-logits FILE    write every step's float32 logits (FILE.i per fork)\n"
 	      "  --contiguous          keep K/V in a private array, not in the pool\n"
 	      "  --socket PATH         the daemon's socket (default: $KVPAGED_SOCKET, then "
@@ -70,7 +80,7 @@ static void usage(FILE *f)
 	      "                        'parked', resume and recompute what the daemon dropped\n"
 	      "  --park-wait FILE      with --park-at: resume once FILE exists (within 60 s)\n"
 	      "  --bench N             generate N times with each cache, alternating, and compare\n"
-	      "                        (with --window, also paged with full attention)\n"
+	      "                        (with --window or --h2o, also with full attention)\n"
 	      "  --json                end with one JSON summary line\n",
 	      f);
 }
@@ -101,6 +111,37 @@ static int parse_u64(const char *s, uint64_t *out)
 	return 0;
 }
 
+/* BUDGET[:RECENT[:DECAY]]; RECENT defaults to BUDGET / 4 (at least 1), DECAY to 1. */
+static int parse_h2o(const char *s, struct kv_h2o_config *cfg)
+{
+	char buf[64], *recent, *decay = NULL, *end;
+
+	if (strlen(s) >= sizeof(buf))
+		return -1;
+	strcpy(buf, s);
+	recent = strchr(buf, ':');
+	if (recent) {
+		*recent++ = '\0';
+		decay = strchr(recent, ':');
+		if (decay)
+			*decay++ = '\0';
+	}
+	if (parse_u32(buf, &cfg->budget) < 0 || cfg->budget < 1)
+		return -1;
+	cfg->recent = cfg->budget / 4 ? cfg->budget / 4 : 1;
+	if (recent && (parse_u32(recent, &cfg->recent) < 0 || cfg->recent < 1 ||
+		       cfg->recent > cfg->budget))
+		return -1;
+	cfg->decay = 1.0f;
+	if (decay) {
+		errno = 0;
+		cfg->decay = strtof(decay, &end);
+		if (errno || end == decay || *end || !(cfg->decay > 0.0f && cfg->decay <= 1.0f))
+			return -1;
+	}
+	return 0;
+}
+
 static int cmp_double(const void *a, const void *b)
 {
 	double x = *(const double *)a, y = *(const double *)b;
@@ -126,7 +167,8 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 {
 	struct kvp_client *client = e->client;
 	const struct llama_mask mask = e->mask;
-	bool with_full = engine_bounded(e); /* compare with full attention */
+	const bool h2o = e->h2o;
+	bool with_full = engine_retains(e); /* compare with full attention */
 	double *v = calloc((size_t)reps * 6, sizeof(*v));
 	double *cdec = v, *pdec = v + reps, *cttft = v + 2 * reps, *pttft = v + 3 * reps;
 	double *fdec = v + 4 * reps, *cfdec = v + 5 * reps;
@@ -148,12 +190,14 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 			with_full = false;
 		if (r == 0 && with_full) {
 			engine_set_mask(e, NULL);
+			e->h2o = false;
 			e->client = NULL;
 			r = engine_generate(e, g, &cf);
 			e->client = client;
 			if (r == 0)
 				r = engine_generate(e, g, &f);
 			engine_set_mask(e, &mask);
+			e->h2o = h2o;
 		}
 		if (i == 0)
 			first = p;
@@ -187,6 +231,10 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 		if (engine_bounded(e))
 			printf("\"sinks\":%u,\"window\":%u,\"pool_window\":%s,", mask.n_sink,
 			       mask.window, e->pool_window ? "true" : "false");
+		if (h2o)
+			printf("\"h2o_budget\":%u,\"h2o_recent\":%u,\"h2o_decay\":%g,"
+			       "\"h2o_granularity\":\"%s\",", e->h2o_cfg.budget, e->h2o_cfg.recent,
+			       (double)e->h2o_cfg.decay, e->h2o_cfg.tokens ? "tokens" : "blocks");
 		if (with_full)
 			printf("\"contiguous_full_decode_tok_s\":%.1f,"
 			       "\"paged_full_decode_tok_s\":%.1f,\"full_decode_forwards\":%u,"
@@ -204,7 +252,12 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 		       !e->rings ? "socket calls" : e->no_defer ? "rings, waiting"
 								: "rings, deferred",
 		       cd, ct, pd, ratio, first.ttft_ms, first.cached, warm_ttft, p.cached);
-		if (with_full)
+		if (with_full && h2o)
+			printf("full attention (%u decode steps): contiguous %.1f tok/s, paged "
+			       "%.1f tok/s; paged with h2o (%s) %u:%u: %.3fx paged full\n",
+			       f.forwards, cfd, fd, e->h2o_cfg.tokens ? "tokens" : "blocks",
+			       e->h2o_cfg.budget, e->h2o_cfg.recent, fd > 0 ? pd / fd : 0);
+		else if (with_full)
 			printf("full attention (%u decode steps): contiguous %.1f tok/s, paged "
 			       "%.1f tok/s; paged with sinks %u + window %u: %.3fx paged full\n",
 			       f.forwards, cfd, fd, mask.n_sink, mask.window, fd > 0 ? pd / fd : 0);
@@ -223,8 +276,8 @@ static int connect_pool(struct engine *e, const char *socket_path, const char *p
 	int r;
 
 	if (e->rings) {
-		o.ring_entries = RING_ENTRIES;
-		o.ring_data_bytes = RING_DATA_BYTES;
+		o.ring_entries = e->h2o ? H2O_RING_ENTRIES : RING_ENTRIES;
+		o.ring_data_bytes = e->h2o ? H2O_RING_DATA_BYTES : RING_DATA_BYTES;
 		o.spin_us = RING_SPIN_US;
 	}
 
@@ -272,6 +325,9 @@ int main(int argc, char **argv)
 		{ "window", required_argument, NULL, 'w' },
 		{ "sinks", required_argument, NULL, 'k' },
 		{ "stream", no_argument, NULL, 'T' },
+		{ "h2o", required_argument, NULL, 'H' },
+		{ "h2o-tokens", no_argument, NULL, 'K' },
+		{ "block-tokens", required_argument, NULL, 'b' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
@@ -280,7 +336,8 @@ int main(int argc, char **argv)
 	const char *pool = NULL, *perplexity = NULL;
 	uint32_t bench_reps = 0;
 	struct llama_mask mask = { 0 };
-	bool contiguous = false, sinks = false, stream = false;
+	bool contiguous = false, sinks = false, stream = false, h2o_tokens = false;
+	uint32_t block_tokens = 0;
 	struct engine e = { .rings = true };
 	int opt, r;
 	char *end;
@@ -362,6 +419,24 @@ int main(int argc, char **argv)
 			sinks = true;
 			break;
 		case 'T': stream = true; break;
+		case 'H':
+			if (parse_h2o(optarg, &e.h2o_cfg) < 0) {
+				fprintf(stderr, "kvpaged-llama: --h2o: BUDGET[:RECENT[:DECAY]], "
+						"1 <= RECENT <= BUDGET, 0 < DECAY <= 1: %s\n",
+					optarg);
+				return 2;
+			}
+			e.h2o = true;
+			break;
+		case 'K': h2o_tokens = true; break;
+		case 'b':
+			if (parse_u32(optarg, &block_tokens) < 0 || block_tokens < 1 ||
+			    block_tokens > 65536) {
+				fprintf(stderr, "kvpaged-llama: --block-tokens: 1 to 65536: %s\n",
+					optarg);
+				return 2;
+			}
+			break;
 		case 'h': usage(stdout); return 0;
 		default: usage(stderr); return 2;
 		}
@@ -388,6 +463,21 @@ int main(int argc, char **argv)
 	if (sinks && !mask.window) {
 		fprintf(stderr, "kvpaged-llama: --sinks goes with --window (without one, every "
 				"position is attended to)\n");
+		return 2;
+	}
+	if (h2o_tokens && !e.h2o) {
+		fprintf(stderr, "kvpaged-llama: --h2o-tokens goes with --h2o\n");
+		return 2;
+	}
+	if (block_tokens && !e.h2o) {
+		fprintf(stderr, "kvpaged-llama: --block-tokens goes with --h2o\n");
+		return 2;
+	}
+	e.h2o_cfg.tokens = h2o_tokens;
+	e.h2o_cfg.block_tokens = block_tokens ? block_tokens : DEFAULT_BLOCK_TOKENS;
+	if (e.h2o && (mask.window || g.forks > 1 || g.park)) {
+		fprintf(stderr, "kvpaged-llama: --h2o decides alone what tokens attend to: not "
+				"with --window, --sinks, --fork or --park-at\n");
 		return 2;
 	}
 	if (stream && !perplexity) {
@@ -428,6 +518,15 @@ int main(int argc, char **argv)
 		r = connect_pool(&e, socket_path, pool);
 		if (r < 0)
 			goto out;
+		/* The daemon's policy works on the pool's blocks. */
+		if (e.h2o && block_tokens && block_tokens != kvp_pool(e.client)->block_tokens) {
+			fprintf(stderr, "kvpaged-llama: --block-tokens %u: pool '%s' has %u-token "
+					"blocks\n", block_tokens, kvp_pool(e.client)->name,
+				kvp_pool(e.client)->block_tokens);
+			r = -EINVAL;
+			goto out;
+		}
+		e.h2o_cfg.block_tokens = kvp_pool(e.client)->block_tokens;
 	}
 	if (perplexity) {
 		struct perplexity_options p = { .path = perplexity, .dump_logits = g.dump_logits,
@@ -447,6 +546,8 @@ out:
 	kvp_disconnect(e.client);
 	for (int i = 0; i < 3; i++)
 		free(e.ring_tables[i]);
+	free(e.ring_ops);
+	free(e.ring_done);
 	llama_state_free(&e.st);
 	tokenizer_free(&e.tok);
 	llama_model_unload(&e.model);

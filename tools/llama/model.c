@@ -169,11 +169,12 @@ int llama_state_init(struct llama_state *s, const struct llama_config *c)
 		.k = calloc(c->kv_dim, sizeof(float)),
 		.v = calloc(c->kv_dim, sizeof(float)),
 		.att = calloc((size_t)c->n_heads * c->seq_len, sizeof(float)),
+		.received = calloc(c->seq_len, sizeof(float)),
 		.logits = calloc(c->vocab_size, sizeof(float)),
 		.att_cap = c->seq_len,
 	};
 	if (!s->x || !s->xb || !s->xb2 || !s->hb || !s->hb2 || !s->q || !s->k || !s->v || !s->att ||
-	    !s->logits) {
+	    !s->received || !s->logits) {
 		llama_state_free(s);
 		return -ENOMEM;
 	}
@@ -182,15 +183,21 @@ int llama_state_init(struct llama_state *s, const struct llama_config *c)
 
 int llama_state_reserve(struct llama_state *s, const struct llama_config *c, uint32_t span)
 {
-	float *att;
+	float *att, *received;
 
 	if (span <= s->att_cap)
 		return 0;
 	att = calloc((size_t)c->n_heads * span, sizeof(float));
-	if (!att)
+	received = calloc(span, sizeof(float));
+	if (!att || !received) {
+		free(att);
+		free(received);
 		return -ENOMEM;
+	}
 	free(s->att);
+	free(s->received);
 	s->att = att;
+	s->received = received;
 	s->att_cap = span;
 	return 0;
 }
@@ -206,6 +213,7 @@ void llama_state_free(struct llama_state *s)
 	free(s->k);
 	free(s->v);
 	free(s->att);
+	free(s->received);
 	free(s->logits);
 	*s = (struct llama_state){ 0 };
 }
@@ -285,18 +293,20 @@ static void attention(const struct llama_config *c, struct llama_state *s,
 {
 	const uint32_t hs = c->head_size;
 	const float scale = sqrtf((float)hs);
-	struct llama_span span[2];
-	const unsigned nspan = llama_mask_spans(mask, pos, span);
+	struct llama_span two[2];
+	const struct llama_span *span = mask && mask->spans ? mask->spans : two;
+	const uint32_t nspan =
+		mask && mask->spans ? mask->nspans : llama_mask_spans(mask, pos, two);
 	uint32_t natt = 0, j;
 	const float *row;
 	size_t stride;
 
-	for (unsigned r = 0; r < nspan; r++)
+	for (uint32_t r = 0; r < nspan; r++)
 		natt += span[r].end - span[r].begin;
 	if (natt > s->att_cap)
 		abort(); /* the caller did not reserve the scores (llama_state_reserve) */
 	natt = 0;
-	for (unsigned r = 0; r < nspan; r++) {
+	for (uint32_t r = 0; r < nspan; r++) {
 		for (uint32_t t = span[r].begin; t < span[r].end;) {
 			uint32_t n = kv->ops->rows(kv, layer, 0, t, span[r].end, &row, &stride);
 
@@ -316,10 +326,20 @@ static void attention(const struct llama_config *c, struct llama_state *s,
 	}
 	for (uint32_t h = 0; h < c->n_heads; h++)
 		softmax(s->att + (size_t)h * s->att_cap, natt);
+	if (s->keep_received) {
+		/* Over heads first, then layers: the same sums in every cache. */
+		for (j = 0; j < natt; j++) {
+			float w = 0.0f;
+
+			for (uint32_t h = 0; h < c->n_heads; h++)
+				w += s->att[(size_t)h * s->att_cap + j];
+			s->received[j] = layer ? s->received[j] + w : w;
+		}
+	}
 
 	memset(s->xb, 0, c->dim * sizeof(float));
 	j = 0;
-	for (unsigned r = 0; r < nspan; r++) {
+	for (uint32_t r = 0; r < nspan; r++) {
 		for (uint32_t t = span[r].begin; t < span[r].end;) {
 			uint32_t n = kv->ops->rows(kv, layer, 1, t, span[r].end, &row, &stride);
 

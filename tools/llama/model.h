@@ -81,14 +81,21 @@ struct kv_cache {
  * attention, [0, t].  Positions are the original ones throughout (RoPE included), so they keep
  * growing past the window.
  */
-struct llama_mask {
-	uint32_t n_sink;
-	uint32_t window;
-};
-
 /* A range of positions [begin, end). */
 struct llama_span {
 	uint32_t begin, end;
+};
+
+/*
+ * spans, when not NULL, replaces the sinks and the window: the token attends to exactly those
+ * positions, nspans increasing disjoint ranges whose last one ends with the token's own
+ * position (heavy hitters: what the H2O policy kept).
+ */
+struct llama_mask {
+	uint32_t n_sink;
+	uint32_t window;
+	const struct llama_span *spans;
+	uint32_t nspans;
 };
 
 /*
@@ -113,6 +120,13 @@ static inline unsigned llama_mask_spans(const struct llama_mask *mask, uint32_t 
 struct llama_state {
 	float *x, *xb, *xb2, *hb, *hb2, *q, *k, *v, *att, *logits;
 	uint32_t att_cap; /* scores each head's row of att holds: the most positions attended */
+	/*
+	 * With keep_received, llama_forward() leaves in received[j] the attention the j-th
+	 * attended position (in increasing position order) received from the token: its softmax
+	 * weights summed over heads, then over layers (H2O's score).
+	 */
+	bool keep_received;
+	float *received;
 };
 
 /* Scores for up to the model's seq_len positions; llama_state_reserve() grows them. */
