@@ -41,8 +41,9 @@ static void on_tier_evict(void *ctx, uint32_t slot)
 }
 
 /*
- * Stores a block into tier to.  A block already there only gets fresher; a tier whose every
- * slot is held by a lookup in progress, or a failed store, leaves the block out.
+ * Stores a block into tier to.  A block already there only gets fresher.  When every slot of
+ * the tier is held by a lookup in progress the block goes one tier further down (and is left
+ * out below the last); a failed store leaves it out.
  */
 static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
 		       const struct core_key *key)
@@ -62,8 +63,11 @@ static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t
 		return;
 	}
 	slot = pool_alloc(&t->pool);
-	if (slot == CORE_NONE)
+	if (slot == CORE_NONE) {
+		if (tier_exists(c, to + 1))
+			store_into(c, to + 1, from_tier, from, key);
 		return;
+	}
 	r = c->cfg.tier_ops->store(c->cfg.tier_ctx, from_tier, from, to, slot, key);
 	if (r < 0) {
 		t->stats.store_errors++;
