@@ -19,6 +19,7 @@
 #include <grp.h>
 #include <ini.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ enum config_type {
 	TYPE_GROUP,     /* a group name or gid; aux_offset is the bool saying it is set */
 	TYPE_NAMESPACE, /* enum kvpd_namespace_mode */
 	TYPE_POLICY,    /* enum kvpd_policy */
+	TYPE_BACKEND,   /* enum kvpd_backend */
 	TYPE_UIDS,      /* user names or uids; aux_offset is the size_t count */
 	TYPE_GIDS,      /* group names or gids; aux_offset is the size_t count */
 	TYPE_BOOL,      /* yes/no, true/false, on/off, 1/0 */
@@ -68,6 +70,12 @@ enum config_type {
 #define KEY_REQUIRED (1u << 0)
 #define KEY_POW2 (1u << 1)
 #define KEY_AUTO (1u << 2) /* a size that may be 'auto': measured at start (KVPD_MEASURE) */
+#define KEY_FILE (1u << 3) /* a path that names a file, not a socket: up to PATH_MAX */
+
+/* Where backend modules are installed ($(pkglibdir)); the build passes it. */
+#ifndef KVPD_MODULEDIR
+#define KVPD_MODULEDIR "/usr/local/lib/kvpaged"
+#endif
 
 struct config_key {
 	const char *name;
@@ -129,6 +137,11 @@ static const struct config_key schema[] = {
 	{ .name = "policy", .section = SECTION_POOL, .type = TYPE_POLICY, .def = KVPD_POLICY_LRU,
 	  .offset = offsetof(struct kvpd_pool_config, policy) },
 	POOL_NUMBER(TYPE_U64, namespace_seed, 0, 0, UINT64_MAX, 0),
+	{ .name = "backend", .section = SECTION_POOL, .type = TYPE_BACKEND, .def = KVPD_BACKEND_HOST,
+	  .offset = offsetof(struct kvpd_pool_config, backend) },
+	{ .name = "backend_module", .section = SECTION_POOL, .type = TYPE_PATH, .flags = KEY_FILE,
+	  .def_path = KVPD_MODULEDIR "/kvpaged-cuda.so",
+	  .offset = offsetof(struct kvpd_pool_config, backend_module) },
 	POOL_NUMBER(TYPE_U32, window, 0, 1, UINT64_C(1) << 31, 0),
 	POOL_NUMBER(TYPE_U32, host_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
 	POOL_NUMBER(TYPE_U32, file_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
@@ -164,6 +177,12 @@ static const char *const policy_names[] = {
 	[KVPD_POLICY_LRU] = "lru",
 	[KVPD_POLICY_PRIORITY] = "priority",
 	[KVPD_POLICY_COST] = "cost",
+};
+
+static const char *const backend_names[] = {
+	[KVPD_BACKEND_HOST] = "host",
+	[KVPD_BACKEND_CUDA] = "cuda",
+	[KVPD_BACKEND_AUTO] = "auto",
 };
 
 static const struct {
@@ -444,6 +463,9 @@ static int apply_defaults(enum config_section section, void *base)
 		case TYPE_POLICY:
 			*(enum kvpd_policy *)field = (enum kvpd_policy)key->def;
 			break;
+		case TYPE_BACKEND:
+			*(enum kvpd_backend *)field = (enum kvpd_backend)key->def;
+			break;
 		case TYPE_PATH:
 			*(char **)field = strdup(key->def_path);
 			if (!*(char **)field)
@@ -505,7 +527,8 @@ static int open_pool(struct parse *p, const char *name, unsigned line)
 	pc = &p->cfg.pools[p->cfg.npools];
 	*pc = (struct kvpd_pool_config){ 0 };
 	snprintf(pc->name, sizeof(pc->name), "%s", name);
-	(void)apply_defaults(SECTION_POOL, pc); /* pools have no path keys: cannot fail */
+	if (apply_defaults(SECTION_POOL, pc) < 0)
+		return oom(p);
 	p->pool_state[p->cfg.npools] = (struct section_state){ .header_line = line };
 	p->pool_index = p->cfg.npools++;
 	p->section = SECTION_POOL;
@@ -661,7 +684,9 @@ static int set_path(struct parse *p, const struct config_key *key, char **field,
 
 	if (value[0] != '/')
 		return fail_key(p, key->name, "'%s' is not an absolute path", value);
-	if (strlen(value) > max)
+	if ((key->flags & KEY_FILE) && strlen(value) >= PATH_MAX)
+		return fail_key(p, key->name, "the path is longer than %d bytes", PATH_MAX - 1);
+	if (!(key->flags & KEY_FILE) && strlen(value) > max)
 		return fail_key(p, key->name,
 				"'%s' is longer than %zu bytes, the most a Unix socket address "
 				"holds",
@@ -852,6 +877,13 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 				return 0;
 			}
 		return fail_key(p, key->name, "'%s' is not one of lru, priority, cost", value);
+	case TYPE_BACKEND:
+		for (size_t i = 0; i < sizeof(backend_names) / sizeof(backend_names[0]); i++)
+			if (!strcmp(value, backend_names[i])) {
+				*(enum kvpd_backend *)field = (enum kvpd_backend)i;
+				return 0;
+			}
+		return fail_key(p, key->name, "'%s' is not one of host, cuda, auto", value);
 	case TYPE_UIDS:
 	case TYPE_GIDS:
 		return add_ids(p, key, base, value);
@@ -1176,6 +1208,7 @@ void config_free(struct kvpd_config *c)
 		free(c->pools[i].swap_files);
 		free(c->pools[i].allow_uids);
 		free(c->pools[i].allow_gids);
+		free(c->pools[i].backend_module);
 	}
 	free(c->pools);
 	*c = (struct kvpd_config){ 0 };
@@ -1274,6 +1307,10 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			fprintf(f, "%s = %s\n", key->name,
 				policy_names[*(const enum kvpd_policy *)field]);
 			break;
+		case TYPE_BACKEND:
+			fprintf(f, "%s = %s\n", key->name,
+				backend_names[*(const enum kvpd_backend *)field]);
+			break;
 		case TYPE_UIDS:
 		case TYPE_GIDS:
 			print_ids(f, key->name, *(uint32_t *const *)field,
@@ -1347,6 +1384,8 @@ static bool key_equal(const struct config_key *key, const void *a, const void *b
 		return *(const enum kvpd_namespace_mode *)fa == *(const enum kvpd_namespace_mode *)fb;
 	case TYPE_POLICY:
 		return *(const enum kvpd_policy *)fa == *(const enum kvpd_policy *)fb;
+	case TYPE_BACKEND:
+		return *(const enum kvpd_backend *)fa == *(const enum kvpd_backend *)fb;
 	case TYPE_PATH: {
 		const char *pa = *(char *const *)fa, *pb = *(char *const *)fb;
 
@@ -1416,6 +1455,9 @@ static const char *format_value(const struct config_key *key, const void *base, 
 	case TYPE_POLICY:
 		snprintf(buf, len, "%s", policy_names[*(const enum kvpd_policy *)field]);
 		break;
+	case TYPE_BACKEND:
+		snprintf(buf, len, "%s", backend_names[*(const enum kvpd_backend *)field]);
+		break;
 	case TYPE_PATH:
 		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
 		break;
@@ -1476,6 +1518,9 @@ static void take_value(const struct config_key *key, void *live, void *next)
 		break;
 	case TYPE_POLICY:
 		*(enum kvpd_policy *)fl = *(const enum kvpd_policy *)fn;
+		break;
+	case TYPE_BACKEND:
+		*(enum kvpd_backend *)fl = *(const enum kvpd_backend *)fn;
 		break;
 	case TYPE_GROUP:
 		*(uint32_t *)fl = *(const uint32_t *)fn;

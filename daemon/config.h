@@ -19,6 +19,13 @@
 /* The same order as daemon/core's enum core_policy. */
 enum kvpd_policy { KVPD_POLICY_LRU, KVPD_POLICY_PRIORITY, KVPD_POLICY_COST };
 
+/* Where a pool's memory lives (docs/cuda.md). */
+enum kvpd_backend {
+	KVPD_BACKEND_HOST, /* a memfd in host memory */
+	KVPD_BACKEND_CUDA, /* GPU memory through the CUDA module; the pool fails without it */
+	KVPD_BACKEND_AUTO, /* cuda if the module loads and finds a GPU, else host */
+};
+
 enum kvpd_namespace_mode {
 	KVPD_NS_UID,    /* one namespace per peer uid */
 	KVPD_NS_GID,    /* one namespace per peer primary gid */
@@ -34,6 +41,8 @@ struct kvpd_pool_config {
 	uint32_t vocab_size;     /* token ids must be below this; 0 accepts any id */
 	enum kvpd_namespace_mode namespace_mode;
 	enum kvpd_policy policy; /* which parked sequences are dropped first */
+	enum kvpd_backend backend;
+	char *backend_module; /* the shared object backend = cuda or auto loads */
 	uint64_t namespace_seed;
 	/* Tiers below the pool (see docs/tiers.md); 0 blocks: no such tier. */
 	uint32_t host_tier_blocks;

@@ -16,6 +16,41 @@ struct ring_slot {
 	bool done;
 };
 
+/*
+ * The few CUDA driver calls a client needs, with plain C types (nothing outside cuda/ includes
+ * CUDA headers): CUresult is int, CUdeviceptr and CUmemGenericAllocationHandle are 64 bits,
+ * CUdevice is int, CUcontext a pointer.
+ */
+struct client_cuda_api {
+	int (*init)(unsigned flags);
+	int (*error_string)(int r, const char **ret);
+	int (*import)(uint64_t *ret_handle, void *os_handle, int handle_type);
+	int (*properties)(void *ret_prop, uint64_t handle);
+	int (*ctx_retain)(void **ret_ctx, int device);
+	int (*ctx_release)(int device);
+	int (*ctx_push)(void *ctx);
+	int (*ctx_pop)(void **ret_ctx);
+	int (*reserve)(uint64_t *ret_ptr, size_t size, size_t alignment, uint64_t addr,
+		       unsigned long long flags);
+	int (*map)(uint64_t ptr, size_t size, size_t offset, uint64_t handle,
+		   unsigned long long flags);
+	int (*set_access)(uint64_t ptr, size_t size, const void *desc, size_t count);
+	int (*unmap)(uint64_t ptr, size_t size);
+	int (*address_free)(uint64_t ptr, size_t size);
+	int (*release)(uint64_t handle);
+};
+
+/* A pool in GPU memory, imported through libcuda (opened with dlopen: nothing links it). */
+struct client_cuda {
+	struct client_cuda_api api;
+	void *lib;
+	uint64_t handle;  /* CUmemGenericAllocationHandle */
+	uint64_t ptr;     /* CUdeviceptr: where the pool is mapped */
+	uint64_t bytes;
+	int device;
+	bool ctx_retained, have_handle, reserved, mapped;
+};
+
 struct kvp_client {
 	int fd;
 	uint32_t next_seq;
@@ -23,6 +58,7 @@ struct kvp_client {
 	struct kvp_pool_info pool;
 	int pool_fd;
 	void *pool_base;
+	struct client_cuda cuda; /* pool.backend "cuda" */
 	char ns[96];
 	char err[256];
 	uint32_t wait_ms; /* kvp_set_wait */

@@ -1,6 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* libkvpaged: connection, handshake and the synchronous calls over the socket. */
+#include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -133,6 +136,184 @@ static void copy_str(char *dst, size_t n, const char *src)
 	snprintf(dst, n, "%s", src ? src : "");
 }
 
+/*
+ * The CUDA driver's values this file uses (cuda.h: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+ * CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_ACCESS_FLAGS_PROT_READWRITE); the driver ABI keeps them.
+ */
+#define CU_HANDLE_POSIX_FD 1
+#define CU_LOCATION_DEVICE 1
+#define CU_ACCESS_READWRITE 3
+
+/* CUmemLocation and CUmemAccessDesc. */
+struct cu_location {
+	int type, id;
+};
+struct cu_access {
+	struct cu_location location;
+	int flags;
+};
+
+static int cuda_fail(struct kvp_client *c, int cr, const char *what)
+{
+	const char *text = NULL;
+
+	if (c->cuda.api.error_string)
+		c->cuda.api.error_string(cr, &text);
+	return client_fail(c, -EIO, "mapping the GPU pool: %s: %s (CUDA error %d)", what,
+			   text ? text : "unknown error", cr);
+}
+
+static int cuda_resolve(struct kvp_client *c)
+{
+	static const struct {
+		const char *name;
+		size_t offset;
+	} fns[] = {
+#define FN(member, symbol) { symbol, offsetof(struct client_cuda_api, member) }
+		FN(init, "cuInit"),
+		FN(error_string, "cuGetErrorString"),
+		FN(import, "cuMemImportFromShareableHandle"),
+		FN(properties, "cuMemGetAllocationPropertiesFromHandle"),
+		FN(ctx_retain, "cuDevicePrimaryCtxRetain"),
+		FN(ctx_release, "cuDevicePrimaryCtxRelease_v2"),
+		FN(ctx_push, "cuCtxPushCurrent_v2"),
+		FN(ctx_pop, "cuCtxPopCurrent_v2"),
+		FN(reserve, "cuMemAddressReserve"),
+		FN(map, "cuMemMap"),
+		FN(set_access, "cuMemSetAccess"),
+		FN(unmap, "cuMemUnmap"),
+		FN(address_free, "cuMemAddressFree"),
+		FN(release, "cuMemRelease"),
+#undef FN
+	};
+
+	/* Never closed: unloading a driver library that may have started threads is unsafe. */
+	c->cuda.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+	if (!c->cuda.lib) {
+		const char *e = dlerror();
+
+		return client_fail(c, -ENOENT,
+				   "the pool is in GPU memory, but the CUDA driver cannot be "
+				   "loaded: %s", e ? e : "libcuda.so.1 not found");
+	}
+	for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
+		void *f = dlsym(c->cuda.lib, fns[i].name);
+
+		if (!f)
+			return client_fail(c, -ENOSYS, "the CUDA driver lacks %s", fns[i].name);
+		memcpy((char *)&c->cuda.api + fns[i].offset, &f, sizeof(f));
+	}
+	return 0;
+}
+
+/*
+ * A pool in GPU memory: the fd is a CUDA shareable handle, imported and mapped into a range
+ * of this process's device address space, on the device that holds it, in that device's
+ * primary context (the one engines use, so the address is valid there).
+ */
+static int cuda_map(struct kvp_client *c)
+{
+	struct client_cuda *cu = &c->cuda;
+	/* CUmemAllocationProp: only its location is read; the driver may write more than that. */
+	union {
+		struct {
+			int type, handle_types;
+			struct cu_location location;
+		} head;
+		unsigned char bytes[512];
+		uint64_t align;
+	} prop;
+	struct cu_access access;
+	void *ctx = NULL;
+	int cr, r;
+
+	r = cuda_resolve(c);
+	if (r < 0)
+		return r;
+	cr = cu->api.init(0);
+	if (cr)
+		return cuda_fail(c, cr, "cuInit");
+	cr = cu->api.import(&cu->handle, (void *)(intptr_t)c->pool_fd, CU_HANDLE_POSIX_FD);
+	if (cr)
+		return cuda_fail(c, cr, "cuMemImportFromShareableHandle");
+	cu->have_handle = true;
+	memset(&prop, 0, sizeof(prop));
+	cr = cu->api.properties(&prop, cu->handle);
+	if (cr)
+		return cuda_fail(c, cr, "cuMemGetAllocationPropertiesFromHandle");
+	if (prop.head.location.type != CU_LOCATION_DEVICE)
+		return client_fail(c, -EPROTO, "the pool's memory is not on a GPU");
+	cu->device = prop.head.location.id;
+	cr = cu->api.ctx_retain(&ctx, cu->device);
+	if (cr)
+		return cuda_fail(c, cr, "cuDevicePrimaryCtxRetain");
+	cu->ctx_retained = true;
+	cr = cu->api.ctx_push(ctx);
+	if (cr)
+		return cuda_fail(c, cr, "cuCtxPushCurrent");
+	cu->bytes = c->pool.pool_bytes;
+	cr = cu->api.reserve(&cu->ptr, cu->bytes, 0, 0, 0);
+	if (cr) {
+		r = cuda_fail(c, cr, "cuMemAddressReserve");
+		goto out;
+	}
+	cu->reserved = true;
+	cr = cu->api.map(cu->ptr, cu->bytes, 0, cu->handle, 0);
+	if (cr) {
+		r = cuda_fail(c, cr, "cuMemMap");
+		goto out;
+	}
+	cu->mapped = true;
+	access = (struct cu_access){ .location = { CU_LOCATION_DEVICE, cu->device },
+				     .flags = CU_ACCESS_READWRITE };
+	cr = cu->api.set_access(cu->ptr, cu->bytes, &access, 1);
+	if (cr)
+		r = cuda_fail(c, cr, "cuMemSetAccess");
+out:
+	cu->api.ctx_pop(&ctx);
+	return r;
+}
+
+/*
+ * Threads the driver starts inherit the caller's signal mask: with every signal blocked, none
+ * of them takes a signal the application meant for its own threads (or its signalfd).
+ */
+static int cuda_map_blocked(struct kvp_client *c)
+{
+	sigset_t all, old;
+	int r;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &old);
+	r = cuda_map(c);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	return r;
+}
+
+static void cuda_unmap(struct kvp_client *c)
+{
+	struct client_cuda *cu = &c->cuda;
+	void *ctx = NULL;
+
+	if (!cu->lib)
+		return;
+	/* The driver may be gone (the process is exiting): then there is nothing to undo. */
+	if (cu->ctx_retained && cu->api.ctx_retain(&ctx, cu->device) == 0) {
+		cu->api.ctx_push(ctx);
+		if (cu->mapped)
+			cu->api.unmap(cu->ptr, cu->bytes);
+		if (cu->reserved)
+			cu->api.address_free(cu->ptr, cu->bytes);
+		cu->api.ctx_pop(&ctx);
+		cu->api.ctx_release(cu->device);
+	}
+	if (cu->have_handle)
+		cu->api.release(cu->handle);
+	if (cu->ctx_retained)
+		cu->api.ctx_release(cu->device);
+	*cu = (struct client_cuda){ 0 };
+}
+
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret)
 {
 	struct kvp_connect_options o = { 0 };
@@ -203,12 +384,18 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 	c->pool.head_stride = w->pool->head_stride;
 	c->pool.window = w->pool->window;
 
-	c->pool_base = mmap(NULL, c->pool.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
-			    c->pool_fd, 0);
-	if (c->pool_base == MAP_FAILED) {
-		c->pool_base = NULL;
-		r = client_fail(c, -errno, "cannot map the pool: %s", strerror(errno));
-		goto fail;
+	if (!strcmp(c->pool.backend, "cuda")) {
+		r = cuda_map_blocked(c);
+		if (r < 0)
+			goto fail;
+	} else {
+		c->pool_base = mmap(NULL, c->pool.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+				    c->pool_fd, 0);
+		if (c->pool_base == MAP_FAILED) {
+			c->pool_base = NULL;
+			r = client_fail(c, -errno, "cannot map the pool: %s", strerror(errno));
+			goto fail;
+		}
 	}
 	if (c->ring_fd >= 0) {
 		r = client_ring_init(c, w->ring_entries, w->ring_data_bytes, w->ring_bytes);
@@ -234,6 +421,7 @@ KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c)
 	if (!c)
 		return NULL;
 	client_ring_done(c);
+	cuda_unmap(c);
 	if (c->pool_base)
 		munmap(c->pool_base, c->pool.pool_bytes);
 	if (c->pool_fd >= 0)
@@ -252,6 +440,11 @@ KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c)
 KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c)
 {
 	return c->pool_base;
+}
+
+KVP_EXPORT uint64_t kvp_pool_device_ptr(const struct kvp_client *c)
+{
+	return c->cuda.ptr;
 }
 
 KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t first,

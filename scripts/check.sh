@@ -35,6 +35,21 @@ echo "== build (-Werror)"
 scripts/build.sh build --enable-werror || exit 1
 run_suite "tests" build || status=1
 
+# The CUDA backend compiles and links wherever nvcc is (no GPU or driver needed); its tests
+# here prove the no-driver paths (the GPU tests skip).  On a GPU: tests/gpu/run.sh.
+echo "== build with the CUDA backend (--with-cuda: compile and link)"
+nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
+if [ -z "$nvcc_path" ]; then
+	echo "SKIP: nvcc not found: the CUDA backend is not compiled (install the CUDA toolkit)"
+elif scripts/build.sh build-cuda --enable-werror --with-cuda="$(dirname "$(dirname "$nvcc_path")")"; then
+	run_suite "CUDA backend without a driver" build-cuda \
+		TESTS="tests/gpu/nolink.test tests/gpu/test-nodriver tests/gpu/test-gpu-backend tests/gpu/test-gpu-share" ||
+		status=1
+else
+	failed=$((failed + 1))
+	status=1
+fi
+
 echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer)"
 scripts/build.sh build-asan --enable-werror --enable-sanitizers || exit 1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

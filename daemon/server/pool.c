@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -39,6 +40,35 @@ static void *block_at(const struct dpool *p, uint32_t b)
 	return (char *)p->mem.base + (uint64_t)b * p->block_bytes;
 }
 
+/*
+ * A pool on a device (no mapping of its own in the daemon): the tiers' bytes go through the
+ * pool's pinned staging, stage_blocks blocks at a time.  The core's tier calls are synchronous
+ * (the block is reused, or handed to a client, when they return), so the moves are waited for
+ * here; the pool's done_fd is for callers that can wait in the event loop instead.
+ */
+#define STAGE_MAX_BLOCKS 64u
+
+static void *stage_at(const struct dpool *p, uint32_t i)
+{
+	return (char *)p->mem.stage + (uint64_t)i * p->block_bytes;
+}
+
+static int stage_move(struct dpool *p, enum backend_dir dir, const struct backend_move *m,
+		      uint32_t n)
+{
+	uint64_t ticket;
+	int r;
+
+	r = p->mem.ops->move(&p->mem, dir, m, n, &ticket);
+	if (r == 0)
+		r = p->mem.ops->move_wait(&p->mem, ticket);
+	if (r < 0)
+		log_warning("pool %s: moving %u blocks %s the %s pool failed: %s", p->cfg->name, n,
+			    dir == BACKEND_TO_HOST ? "out of" : "into", p->mem.ops->name,
+			    strerror(-r));
+	return r;
+}
+
 /* core_tier_ops.store: pool or host slot -> host or file slot. */
 static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		      const struct core_key *ck)
@@ -47,7 +77,14 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 	struct tier_key key = tier_key_of(ck);
 	const void *data;
 
-	if (from_tier == CORE_TIER_POOL) {
+	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
+		struct backend_move m = { .block = from, .host = p->mem.stage };
+		int r = stage_move(p, BACKEND_TO_HOST, &m, 1);
+
+		if (r < 0)
+			return r;
+		data = p->mem.stage;
+	} else if (from_tier == CORE_TIER_POOL) {
 		data = block_at(p, from);
 	} else {
 		struct tier_key stored;
@@ -64,6 +101,58 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 	return file_tier_store(p->file, to, &key, data);
 }
 
+static void warn_file_load(const struct dpool *p, uint32_t slot, int r)
+{
+	log_warning("pool %s: file tier slot %u: %s; its tokens will be recomputed", p->cfg->name,
+		    slot, r == -EBADMSG ? "checksum or identity mismatch" : strerror(-r));
+}
+
+/* tier_load for a pool on a device: each chunk is read into the staging, then moved in. */
+static void tier_load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
+{
+	const uint32_t cap = p->mem.stage_blocks;
+	struct backend_move moves[STAGE_MAX_BLOCKS];
+	uint32_t fslots[STAGE_MAX_BLOCKS], fwhich[STAGE_MAX_BLOCKS];
+	struct tier_key fkeys[STAGE_MAX_BLOCKS];
+	void *fdsts[STAGE_MAX_BLOCKS];
+	int results[STAGE_MAX_BLOCKS], fresults[STAGE_MAX_BLOCKS];
+
+	for (uint32_t first = 0; first < n; first += cap) {
+		uint32_t k, count = n - first < cap ? n - first : cap, nfile = 0, nmoves = 0;
+		struct core_load *chunk = loads + first;
+		int r;
+
+		for (k = 0; k < count; k++) {
+			struct tier_key key = tier_key_of(&chunk[k].key);
+
+			if (chunk[k].tier == CORE_TIER_HOST) {
+				results[k] = host_tier_load(p->host, chunk[k].slot, &key,
+							    stage_at(p, k));
+				continue;
+			}
+			fslots[nfile] = chunk[k].slot;
+			fkeys[nfile] = key;
+			fdsts[nfile] = stage_at(p, k);
+			fwhich[nfile++] = k;
+		}
+		if (nfile) {
+			file_tier_load(p->file, nfile, fslots, fkeys, fdsts, fresults);
+			for (uint32_t f = 0; f < nfile; f++) {
+				results[fwhich[f]] = fresults[f];
+				if (fresults[f] < 0)
+					warn_file_load(p, fslots[f], fresults[f]);
+			}
+		}
+		for (k = 0; k < count; k++)
+			if (results[k] == 0)
+				moves[nmoves++] = (struct backend_move){ .block = chunk[k].block,
+									 .host = stage_at(p, k) };
+		r = nmoves ? stage_move(p, BACKEND_FROM_HOST, moves, nmoves) : 0;
+		for (k = 0; k < count; k++)
+			chunk[k].result = results[k] == 0 ? r : results[k];
+	}
+}
+
 /* core_tier_ops.load: host slots are copied at once; file slots are read in one batch. */
 static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 {
@@ -73,6 +162,10 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 	void **dsts = NULL;
 	int *results = NULL;
 
+	if (!p->mem.base) {
+		tier_load_staged(p, loads, n);
+		return;
+	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct tier_key key = tier_key_of(&loads[i].key);
 
@@ -108,10 +201,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 	for (uint32_t k = 0; k < nfile; k++) {
 		loads[which[k]].result = results[k];
 		if (results[k] < 0)
-			log_warning("pool %s: file tier slot %u: %s; its tokens will be recomputed",
-				    p->cfg->name, slots[k],
-				    results[k] == -EBADMSG ? "checksum or identity mismatch"
-							   : strerror(-results[k]));
+			warn_file_load(p, slots[k], results[k]);
 	}
 out:
 	free(slots);
@@ -226,11 +316,18 @@ static double measure_file_bandwidth(struct dpool *p)
 	void **dsts = NULL;
 	int *results = NULL;
 	double bw = 0, t;
+	uint8_t *scratch = NULL; /* a device pool has no mapping of its own to read into */
 	uint32_t n;
 
 	n = (uint32_t)((64u << 20) / (p->block_bytes + 4096));
 	n = n < 4 ? 4 : n > 1024 ? 1024 : n;
 	fc.nslots = n;
+	if (!p->mem.base) {
+		scratch = mmap(NULL, (size_t)n * p->block_bytes, PROT_READ | PROT_WRITE,
+			       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (scratch == MAP_FAILED)
+			return 0;
+	}
 	snprintf(path, sizeof(path), "%s.measure-%d", c->swap_files[0], (int)getpid());
 	slots = calloc(n, sizeof(*slots));
 	keys = calloc(n, sizeof(*keys));
@@ -242,7 +339,8 @@ static double measure_file_bandwidth(struct dpool *p)
 	for (uint32_t i = 0; i < n; i++) {
 		slots[i] = i;
 		keys[i] = (struct tier_key){ .hash_lo = i + 1, .tokens = tokens };
-		dsts[i] = block_at(p, i % c->capacity_blocks);
+		dsts[i] = scratch ? scratch + (size_t)i * p->block_bytes
+				  : block_at(p, i % c->capacity_blocks);
 		if (file_tier_store(ft, i, &keys[i], dsts[i]) < 0)
 			goto out;
 	}
@@ -263,6 +361,8 @@ out:
 	free(dsts);
 	free(results);
 	free(tokens);
+	if (scratch)
+		munmap(scratch, (size_t)n * p->block_bytes);
 	return bw;
 }
 
@@ -332,8 +432,46 @@ static int tiers_open(struct dpool *p, struct core_config *cc)
 	return 0;
 }
 
+/*
+ * The pool's backend: host memory, or the CUDA module (backend = cuda must get it; auto falls
+ * back to host memory).  The module's path: $KVPAGED_CUDA_MODULE (for tests), else the pool's
+ * backend_module.
+ */
+static int backend_select(const struct kvpd_pool_config *cfg, const struct backend_ops **ret,
+			  const struct backend_module **ret_module)
+{
+	const char *path = getenv("KVPAGED_CUDA_MODULE");
+	const struct backend_module *m;
+	char why[512] = "";
+	int r;
+
+	*ret_module = NULL;
+	if (cfg->backend == KVPD_BACKEND_HOST) {
+		*ret = &backend_host;
+		return 0;
+	}
+	if (!path || !*path)
+		path = cfg->backend_module;
+	r = backend_module_load(path, &m, why, sizeof(why));
+	if (r == 0) {
+		*ret = m->ops;
+		*ret_module = m;
+		return 0;
+	}
+	if (cfg->backend == KVPD_BACKEND_AUTO) {
+		log_info("pool %s: backend = auto: using host memory (%s)", cfg->name, why);
+		*ret = &backend_host;
+		return 0;
+	}
+	return log_error_errno(r, "pool %s: backend = cuda, but the CUDA backend is not available "
+			       "here: %s (backend = auto would use host memory instead)",
+			       cfg->name, why);
+}
+
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 {
+	const struct backend_module *module;
+	const struct backend_ops *ops;
 	struct core_config cc = {
 		.capacity_blocks = cfg->capacity_blocks,
 		.block_tokens = cfg->block_tokens,
@@ -350,7 +488,7 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	};
 	int r;
 
-	*p = (struct dpool){ .cfg = cfg, .mem = { .fd = -1 } };
+	*p = (struct dpool){ .cfg = cfg, .mem = { .fd = -1, .done_fd = -1 } };
 	p->head_stride = (uint64_t)cfg->head_dim * cfg->element_bytes;
 	p->slot_stride = p->head_stride * cfg->kv_heads;
 	p->kv_stride = p->slot_stride * cfg->block_tokens;
@@ -358,15 +496,31 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	p->block_bytes = p->layer_stride * cfg->layers;
 	p->bytes_per_token = 2ull * cfg->layers * cfg->kv_heads * cfg->head_dim * cfg->element_bytes;
 
-	r = backend_host.create(cfg->name, p->block_bytes * cfg->capacity_blocks, p->block_bytes,
-				&p->mem);
+	r = backend_select(cfg, &ops, &module);
 	if (r < 0)
-		return log_error_errno(r, "pool %s: cannot allocate %llu bytes: %m", cfg->name,
-				       (unsigned long long)(p->block_bytes * cfg->capacity_blocks));
+		return r;
+	r = ops->create(cfg->name, p->block_bytes * cfg->capacity_blocks, p->block_bytes, &p->mem);
+	if (r < 0)
+		return log_error_errno(r, "pool %s: cannot allocate %llu bytes of %s memory: %m%s%s%s",
+				       cfg->name,
+				       (unsigned long long)(p->block_bytes * cfg->capacity_blocks),
+				       ops->name, module ? " (" : "",
+				       module ? module->last_error() : "", module ? ")" : "");
 	p->mem.layers = cfg->layers;
 	p->mem.layer_stride = p->layer_stride;
 	p->mem.kv_stride = p->kv_stride;
 	p->mem.slot_stride = p->slot_stride;
+	if (!p->mem.base && (cfg->host_tier_blocks || cfg->file_tier_blocks)) {
+		uint64_t n = (UINT64_C(32) << 20) / p->block_bytes;
+
+		n = n < 1 ? 1 : n > STAGE_MAX_BLOCKS ? STAGE_MAX_BLOCKS : n;
+		r = ops->host_alloc(&p->mem, n * p->block_bytes, &p->mem.stage);
+		if (r < 0)
+			return log_error_errno(r, "pool %s: cannot allocate %llu bytes of pinned "
+					       "staging for the tiers: %m", cfg->name,
+					       (unsigned long long)(n * p->block_bytes));
+		p->mem.stage_blocks = (uint32_t)n;
+	}
 	r = tiers_open(p, &cc);
 	if (r < 0)
 		return r;
@@ -394,6 +548,10 @@ void dpool_done(struct dpool *p)
 	p->host = host_tier_free(p->host);
 	free(p->lost);
 	core_free(p->core);
+	if (p->mem.stage)
+		p->mem.ops->host_free(&p->mem, p->mem.stage,
+				      (uint64_t)p->mem.stage_blocks * p->block_bytes);
+	p->mem.stage = NULL;
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
 	free(p->owners);

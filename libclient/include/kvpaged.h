@@ -125,8 +125,19 @@ KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c);
 /* The pool's description, owned by the client. */
 KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c);
 
-/* The pool memory mapped read-write in this process (pool_bytes long). */
+/*
+ * The pool memory mapped read-write in this process (pool_bytes long); NULL when the pool is
+ * in GPU memory (kvp_pool()->backend is "cuda"): see kvp_pool_device_ptr().
+ */
 KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c);
+
+/*
+ * A pool in GPU memory (backend "cuda"): its device address in this process, a CUdeviceptr
+ * valid in the primary context of the GPU that holds the pool (the context the CUDA runtime
+ * uses), read-write, pool_bytes long, with the layout kvp_pool() describes.  0 for a host pool.
+ * The mapping belongs to the client until kvp_disconnect().  Thread-safe (it only reads).
+ */
+KVP_EXPORT uint64_t kvp_pool_device_ptr(const struct kvp_client *c);
 
 /* The namespace the daemon assigned, e.g. "uid:1000/tenant-a". */
 KVP_EXPORT const char *kvp_namespace(const struct kvp_client *c);

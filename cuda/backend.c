@@ -1,0 +1,812 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * kvpaged-cuda.so: the CUDA backend, a module the daemon loads with dlopen(3) when a pool has
+ * backend = cuda (or auto and a GPU is there).  It exports one symbol, kvpaged_backend_module
+ * (daemon/backend/backend.h), and reaches the driver through cu.h, so it loads, and says what
+ * is missing, on machines without one.
+ *
+ * A pool is physical device memory from cuMemCreate with a POSIX-fd shareable handle, mapped
+ * into a reserved range of the daemon's address space (cuMemMap + cuMemSetAccess).  The fd
+ * cuMemExportToShareableHandle gives goes to clients over SCM_RIGHTS, like a host pool's memfd;
+ * libkvpaged imports and maps it.  The layout is the host backend's, byte for byte.
+ *
+ * Work runs on three streams of the device's primary context: copies the core asks for
+ * (copy-on-write, token gather: synchronous to the core, so waited for), and moves out and
+ * moves in (swap: asynchronous).  Each move ends with a host function that counts it done and
+ * signals the pool's eventfd; tickets of one direction complete in order.  A move goes through
+ * the copy engines (one cuMemcpyAsync per run of adjacent blocks) or through kvpd_copy_blocks
+ * writing to or reading from pinned host memory directly; KVPAGED_CUDA_SWAP=dma|kernel picks,
+ * else the size of a block does (small blocks: the kernel, whose one launch beats many copies).
+ *
+ * Environment (read when a pool is created): KVPAGED_CUDA_DEVICE, the device ordinal (0);
+ * KVPAGED_CUDA_SWAP as above.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include "cuda/cu.h"
+#include "cuda/kernels.h"
+#include "daemon/backend/backend.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* kernels-fatbin.c, generated from kernels.cu by nvcc --fatbin and bin2c. */
+extern const unsigned char kvpd_cuda_fatbin[];
+
+/* Below this block size a move is one kernel launch rather than a copy per block. */
+#define KERNEL_SWAP_BELOW (UINT64_C(1) << 20)
+#define THREADS 256
+
+enum swap_mode { SWAP_DMA, SWAP_KERNEL };
+
+/* One direction of moves: its stream and how far it got. */
+struct lane {
+	CUstream stream;
+	uint64_t queued;        /* moves queued: the last ticket's sequence number */
+	_Atomic uint64_t done;  /* moves completed, counted by on_moved() on a driver thread */
+	int done_fd;
+};
+
+struct cuda_pool {
+	CUdevice dev;
+	CUcontext ctx; /* the device's primary context: the one engines use too */
+	bool ctx_retained;
+	CUmemGenericAllocationHandle handle;
+	bool have_handle;
+	CUdeviceptr base;
+	size_t size;
+	bool reserved, mapped;
+	uint32_t nblocks;
+	int sms;
+	bool uva;
+	enum swap_mode swap;
+	CUmodule module;
+	CUfunction copy_blocks, copy_slots;
+	CUstream copy_stream;
+	struct lane lane[2]; /* by enum backend_dir */
+	CUdeviceptr ext_dev;  /* long copy lists, uploaded from ext_host */
+	void *ext_host;
+	size_t ext_bytes;
+	int error; /* a copy_slot failure, reported by the next call that can fail */
+};
+
+static const struct backend_ops cuda_ops;
+static char last_error[512];
+
+static const char *cuda_last_error(void)
+{
+	return last_error;
+}
+
+__attribute__((format(printf, 2, 3))) static int fail(int r, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(last_error, sizeof(last_error), fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+/* A failed driver call: remembered in words, returned as -errno. */
+static int cu_fail(CUresult cr, const char *what)
+{
+	char e[200];
+
+	return fail(cu_errno(cr), "%s: %s", what, cu_error(cr, e, sizeof(e)));
+}
+
+#define CU_CHECK(call, what)                                                                       \
+	do {                                                                                       \
+		CUresult cr_ = (call);                                                             \
+		if (cr_ != CUDA_SUCCESS) {                                                         \
+			r = cu_fail(cr_, what);                                                    \
+			goto out;                                                                  \
+		}                                                                                  \
+	} while (0)
+
+/*
+ * The driver starts threads of its own (at cuInit, at context creation, for host functions),
+ * and a thread starts with its creator's signal mask.  The daemon takes its signals through a
+ * signalfd, which sees a signal only while every thread blocks it; a driver thread that did
+ * not would take SIGTERM's default action and end the daemon.  So every call into the driver
+ * runs with all signals blocked (they stay pending, then reach the signalfd).
+ */
+static sigset_t saved_mask;
+static unsigned blocked_depth;
+
+static void block_signals(void)
+{
+	sigset_t all;
+
+	if (blocked_depth++)
+		return;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, &saved_mask);
+}
+
+static void unblock_signals(void)
+{
+	if (--blocked_depth == 0)
+		pthread_sigmask(SIG_SETMASK, &saved_mask, NULL);
+}
+
+/* Every entry point runs with the pool's context current and leaves the thread as it was. */
+static int enter(const struct cuda_pool *cp)
+{
+	CUresult cr;
+
+	block_signals();
+	cr = cu.cuCtxPushCurrent(cp->ctx);
+	if (cr == CUDA_SUCCESS)
+		return 0;
+	unblock_signals();
+	return cu_fail(cr, "cuCtxPushCurrent");
+}
+
+static void leave(void)
+{
+	CUcontext ignored;
+
+	(void)cu.cuCtxPopCurrent(&ignored);
+	unblock_signals();
+}
+
+static int device_ordinal(void)
+{
+	const char *s = getenv("KVPAGED_CUDA_DEVICE");
+	char *end;
+	long v;
+
+	if (!s || !*s)
+		return 0;
+	v = strtol(s, &end, 10);
+	return *end || v < 0 || v > 1024 ? -1 : (int)v;
+}
+
+static int attribute(CUdevice dev, CUdevice_attribute a)
+{
+	int v = 0;
+
+	return cu.cuDeviceGetAttribute(&v, a, dev) == CUDA_SUCCESS ? v : 0;
+}
+
+/* The device a pool goes on, checked for what pools need. */
+static int pick_device(CUdevice *ret, char *why, size_t why_len)
+{
+	int ordinal = device_ordinal(), count = 0;
+	CUdevice dev;
+	CUresult cr;
+	char e[200];
+
+	if (ordinal < 0) {
+		snprintf(why, why_len, "KVPAGED_CUDA_DEVICE is not a device ordinal");
+		return -EINVAL;
+	}
+	cr = cu.cuDeviceGetCount(&count);
+	if (cr != CUDA_SUCCESS || count == 0) {
+		snprintf(why, why_len, "no CUDA device%s%s", cr != CUDA_SUCCESS ? ": " : "",
+			 cr != CUDA_SUCCESS ? cu_error(cr, e, sizeof(e)) : "");
+		return -ENODEV;
+	}
+	if (ordinal >= count || cu.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS) {
+		snprintf(why, why_len, "no CUDA device %d (there are %d)", ordinal, count);
+		return -ENODEV;
+	}
+	if (!attribute(dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) ||
+	    !attribute(dev, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)) {
+		snprintf(why, why_len,
+			 "CUDA device %d cannot share its memory with other processes (no virtual "
+			 "memory management or POSIX file descriptor handles)", ordinal);
+		return -EOPNOTSUPP;
+	}
+	*ret = dev;
+	return 0;
+}
+
+static int cuda_probe(char *why, size_t why_len)
+{
+	CUdevice dev;
+	int r;
+
+	block_signals();
+	r = cu_load(why, why_len);
+	if (r == 0)
+		r = pick_device(&dev, why, why_len);
+	else if (r == -ENOSYS)
+		r = -ENODEV;
+	unblock_signals();
+	return r;
+}
+
+static void CUDA_CB on_moved(void *arg)
+{
+	struct lane *l = arg;
+
+	/* A host function may not call CUDA; counting and a write(2) are fine. */
+	atomic_fetch_add_explicit(&l->done, 1, memory_order_release);
+	(void)eventfd_write(l->done_fd, 1);
+}
+
+static void cuda_destroy(struct backend_pool *p)
+{
+	struct cuda_pool *cp = p->priv;
+
+	if (cp) {
+		bool entered = cp->ctx_retained && enter(cp) == 0;
+
+		if (entered) {
+			for (int d = 0; d < 2; d++)
+				if (cp->lane[d].stream) {
+					(void)cu.cuStreamSynchronize(cp->lane[d].stream);
+					(void)cu.cuStreamDestroy(cp->lane[d].stream);
+				}
+			if (cp->copy_stream) {
+				(void)cu.cuStreamSynchronize(cp->copy_stream);
+				(void)cu.cuStreamDestroy(cp->copy_stream);
+			}
+			if (cp->module)
+				(void)cu.cuModuleUnload(cp->module);
+			if (cp->ext_dev)
+				(void)cu.cuMemFree(cp->ext_dev);
+			if (cp->ext_host)
+				(void)cu.cuMemFreeHost(cp->ext_host);
+			if (cp->mapped)
+				(void)cu.cuMemUnmap(cp->base, cp->size);
+			if (cp->reserved)
+				(void)cu.cuMemAddressFree(cp->base, cp->size);
+			if (cp->have_handle)
+				(void)cu.cuMemRelease(cp->handle);
+			leave();
+		}
+		if (cp->ctx_retained) {
+			block_signals();
+			(void)cu.cuDevicePrimaryCtxRelease(cp->dev);
+			unblock_signals();
+		}
+		free(cp);
+	}
+	if (p->fd >= 0)
+		close(p->fd);
+	if (p->done_fd >= 0)
+		close(p->done_fd);
+	p->priv = NULL;
+	p->fd = p->done_fd = -1;
+	p->device_base = 0;
+}
+
+static enum swap_mode swap_mode(uint64_t block_bytes, bool uva)
+{
+	const char *s = getenv("KVPAGED_CUDA_SWAP");
+
+	if (!uva)
+		return SWAP_DMA; /* the kernel needs host memory at the same address */
+	if (s && !strcmp(s, "dma"))
+		return SWAP_DMA;
+	if (s && !strcmp(s, "kernel"))
+		return SWAP_KERNEL;
+	return block_bytes < KERNEL_SWAP_BELOW ? SWAP_KERNEL : SWAP_DMA;
+}
+
+static int cuda_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
+		       struct backend_pool *ret)
+{
+	struct backend_pool p = { .ops = NULL, .fd = -1, .done_fd = -1 };
+	CUmemAllocationProp prop = { 0 };
+	CUmemAccessDesc access = { 0 };
+	struct cuda_pool *cp;
+	size_t granularity = 0;
+	char why[512];
+	int r, fd = -1;
+
+	if (bytes == 0 || block_bytes == 0 || bytes % block_bytes || bytes / block_bytes > UINT32_MAX)
+		return fail(-EINVAL, "pool %s: bad size", pool_name);
+	r = cuda_probe(why, sizeof(why));
+	if (r < 0)
+		return fail(r, "%s", why);
+	cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return fail(-ENOMEM, "out of memory");
+	p.priv = cp;
+	cp->nblocks = (uint32_t)(bytes / block_bytes);
+	r = pick_device(&cp->dev, why, sizeof(why));
+	if (r < 0) {
+		fail(r, "%s", why);
+		goto fail;
+	}
+	cp->sms = attribute(cp->dev, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
+	cp->sms = cp->sms > 0 ? cp->sms : 1;
+	cp->uva = attribute(cp->dev, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING);
+	cp->swap = swap_mode(block_bytes, cp->uva);
+	{
+		CUresult cr;
+
+		block_signals();
+		cr = cu.cuDevicePrimaryCtxRetain(&cp->ctx, cp->dev);
+		unblock_signals();
+		if (cr != CUDA_SUCCESS) {
+			r = cu_fail(cr, "cuDevicePrimaryCtxRetain");
+			goto fail;
+		}
+	}
+	cp->ctx_retained = true;
+	r = enter(cp);
+	if (r < 0)
+		goto fail;
+
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = cp->dev;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	CU_CHECK(cu.cuMemGetAllocationGranularity(&granularity, &prop,
+						   CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
+		 "cuMemGetAllocationGranularity");
+	cp->size = (size_t)((bytes + granularity - 1) / granularity * granularity);
+	CU_CHECK(cu.cuMemCreate(&cp->handle, cp->size, &prop, 0), "cuMemCreate");
+	cp->have_handle = true;
+	CU_CHECK(cu.cuMemAddressReserve(&cp->base, cp->size, granularity, 0, 0),
+		 "cuMemAddressReserve");
+	cp->reserved = true;
+	CU_CHECK(cu.cuMemMap(cp->base, cp->size, 0, cp->handle, 0), "cuMemMap");
+	cp->mapped = true;
+	access.location = prop.location;
+	access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	CU_CHECK(cu.cuMemSetAccess(cp->base, cp->size, &access, 1), "cuMemSetAccess");
+	CU_CHECK(cu.cuMemExportToShareableHandle(&fd, cp->handle,
+						  CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+		 "cuMemExportToShareableHandle");
+	p.fd = fd;
+	/* The driver does not promise close-on-exec; every fd of the daemon's has it. */
+	if (fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		r = fail(-errno, "fcntl(FD_CLOEXEC): %s", strerror(errno));
+		goto out;
+	}
+
+	CU_CHECK(cu.cuModuleLoadData(&cp->module, kvpd_cuda_fatbin),
+		 "loading the kernels (cuModuleLoadData; the driver may be older than the "
+		 "toolkit, or the GPU not one the module was built for)");
+	CU_CHECK(cu.cuModuleGetFunction(&cp->copy_blocks, cp->module, "kvpd_copy_blocks"),
+		 "cuModuleGetFunction(kvpd_copy_blocks)");
+	CU_CHECK(cu.cuModuleGetFunction(&cp->copy_slots, cp->module, "kvpd_copy_slots"),
+		 "cuModuleGetFunction(kvpd_copy_slots)");
+	CU_CHECK(cu.cuStreamCreate(&cp->copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+	for (int d = 0; d < 2; d++)
+		CU_CHECK(cu.cuStreamCreate(&cp->lane[d].stream, CU_STREAM_NON_BLOCKING),
+			 "cuStreamCreate");
+	/* A new pool reads as zeros, like a host pool's memfd. */
+	CU_CHECK(cu.cuMemsetD8Async(cp->base, 0, cp->size, cp->copy_stream), "cuMemsetD8Async");
+	CU_CHECK(cu.cuStreamSynchronize(cp->copy_stream), "clearing the pool");
+
+	p.done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (p.done_fd < 0) {
+		r = fail(-errno, "eventfd: %s", strerror(errno));
+		goto out;
+	}
+	cp->lane[0].done_fd = cp->lane[1].done_fd = p.done_fd;
+	r = 0;
+out:
+	leave();
+	if (r < 0)
+		goto fail;
+	*ret = (struct backend_pool){ .ops = &cuda_ops, .fd = p.fd,
+				      .device_base = (uint64_t)cp->base, .bytes = cp->size,
+				      .block_bytes = block_bytes, .done_fd = p.done_fd, .priv = cp };
+	return 0;
+fail:
+	cuda_destroy(&p);
+	return r;
+}
+
+/* The widest access every address and length allows. */
+static uint32_t width_of(uint64_t a)
+{
+	return a % 16 == 0 ? 16 : a % 4 == 0 ? 4 : 1;
+}
+
+/* Room for a list too long to pass inline: device memory, and pinned memory to upload from. */
+static int ext_reserve(struct cuda_pool *cp, size_t bytes)
+{
+	size_t size = 64 << 10;
+	CUresult cr;
+
+	if (bytes <= cp->ext_bytes)
+		return 0;
+	while (size < bytes)
+		size *= 2;
+	if (cp->ext_dev)
+		(void)cu.cuMemFree(cp->ext_dev);
+	if (cp->ext_host)
+		(void)cu.cuMemFreeHost(cp->ext_host);
+	cp->ext_dev = 0;
+	cp->ext_host = NULL;
+	cp->ext_bytes = 0;
+	cr = cu.cuMemAlloc(&cp->ext_dev, size);
+	if (cr != CUDA_SUCCESS)
+		return cu_fail(cr, "cuMemAlloc");
+	cr = cu.cuMemHostAlloc(&cp->ext_host, size, 0);
+	if (cr != CUDA_SUCCESS)
+		return cu_fail(cr, "cuMemHostAlloc");
+	cp->ext_bytes = size;
+	return 0;
+}
+
+/*
+ * Where a list of n entries of size bytes goes: the launch's parameters when it fits, else the
+ * pinned upload buffer (queued to the device on stream by ext_upload()).  Only for calls that
+ * wait for their stream before they return: the buffers are reused by the next.
+ */
+static void *list_at(struct cuda_pool *cp, void *inline_entries, uint32_t n, size_t size)
+{
+	if (n <= KVPD_INLINE)
+		return inline_entries;
+	return ext_reserve(cp, (size_t)n * size) < 0 ? NULL : cp->ext_host;
+}
+
+static int ext_upload(struct cuda_pool *cp, uint32_t n, size_t size, CUstream stream,
+		      uint64_t *ret_ext)
+{
+	CUresult cr;
+
+	*ret_ext = 0;
+	if (n <= KVPD_INLINE)
+		return 0;
+	cr = cu.cuMemcpyHtoDAsync(cp->ext_dev, cp->ext_host, (size_t)n * size, stream);
+	if (cr != CUDA_SUCCESS)
+		return cu_fail(cr, "uploading a copy list");
+	*ret_ext = (uint64_t)cp->ext_dev;
+	return 0;
+}
+
+/* About as many threads as the device holds at once, split among the copies. */
+static unsigned grid_for(const struct cuda_pool *cp, uint64_t units, uint32_t n, unsigned *ret_y)
+{
+	uint64_t target = (uint64_t)cp->sms * 8, per = (units + THREADS * 4 - 1) / (THREADS * 4);
+	uint32_t y = n < 65535 ? n : 65535;
+	uint64_t x = target / y;
+
+	x = x < 1 ? 1 : x;
+	x = per < x ? per : x;
+	*ret_y = y;
+	return (unsigned)(x < 1 ? 1 : x);
+}
+
+/* Queues the n copies of a (their list in place: inline, or uploaded at a->ext) on stream. */
+static int launch_copies(struct cuda_pool *cp, struct kvpd_copy_args *a, CUstream stream)
+{
+	void *params[] = { a };
+	unsigned gx, gy;
+	CUresult cr;
+
+	gx = grid_for(cp, a->bytes / a->width, a->n, &gy);
+	cr = cu.cuLaunchKernel(cp->copy_blocks, gx, gy, 1, THREADS, 1, 1, 0, stream, params, NULL);
+	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "launching kvpd_copy_blocks");
+}
+
+/* The copy stream's work is done before a synchronous call returns, even after a failure. */
+static int finish(struct cuda_pool *cp, int r, const char *what)
+{
+	CUresult cr = cu.cuStreamSynchronize(cp->copy_stream);
+
+	if (cr != CUDA_SUCCESS && r == 0)
+		r = cu_fail(cr, what);
+	return r;
+}
+
+static int cuda_copy_blocks(struct backend_pool *p, const struct backend_block_copy *c,
+			    uint32_t n)
+{
+	struct cuda_pool *cp = p->priv;
+	struct kvpd_copy_args a;
+	struct kvpd_copy *list;
+	int r;
+
+	if (cp->error)
+		return cp->error;
+	for (uint32_t i = 0; i < n; i++)
+		if (c[i].dst >= cp->nblocks || c[i].src >= cp->nblocks)
+			return fail(-EINVAL, "copy_blocks: no block %u",
+				    c[i].dst >= cp->nblocks ? c[i].dst : c[i].src);
+	if (n == 0)
+		return 0;
+	r = enter(cp);
+	if (r < 0)
+		return r;
+	list = list_at(cp, a.e, n, sizeof(*list));
+	if (!list) {
+		r = -ENOMEM;
+		goto out;
+	}
+	a.bytes = p->block_bytes;
+	a.n = n;
+	a.width = width_of(p->block_bytes); /* the pool's base is aligned to its granularity */
+	for (uint32_t i = 0; i < n; i++)
+		list[i] = (struct kvpd_copy){
+			.dst = (uint64_t)cp->base + (uint64_t)c[i].dst * p->block_bytes,
+			.src = (uint64_t)cp->base + (uint64_t)c[i].src * p->block_bytes
+		};
+	r = ext_upload(cp, n, sizeof(*list), cp->copy_stream, &a.ext);
+	if (r == 0)
+		r = launch_copies(cp, &a, cp->copy_stream);
+	r = finish(cp, r, "copy_blocks");
+out:
+	leave();
+	return r;
+}
+
+static int cuda_copy_block(struct backend_pool *p, uint32_t dst, uint32_t src)
+{
+	const struct backend_block_copy c = { dst, src };
+
+	return cuda_copy_blocks(p, &c, 1);
+}
+
+static int cuda_copy_slots(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n)
+{
+	struct cuda_pool *cp = p->priv;
+	struct kvpd_slot_args a;
+	struct kvpd_slot *list;
+	void *params[] = { &a };
+	uint64_t warps, blocks, most = (uint64_t)cp->sms * 16;
+	CUresult cr;
+	int r;
+
+	if (cp->error)
+		return cp->error;
+	for (uint32_t i = 0; i < n; i++)
+		if (c[i].dst >= cp->nblocks || c[i].src >= cp->nblocks)
+			return fail(-EINVAL, "copy_slots: no block %u",
+				    c[i].dst >= cp->nblocks ? c[i].dst : c[i].src);
+	if (n == 0)
+		return 0;
+	r = enter(cp);
+	if (r < 0)
+		return r;
+	list = list_at(cp, a.e, n, sizeof(*list));
+	if (!list) {
+		r = -ENOMEM;
+		goto out;
+	}
+	a.base = (uint64_t)cp->base;
+	a.block_bytes = p->block_bytes;
+	a.layer_stride = p->layer_stride;
+	a.kv_stride = p->kv_stride;
+	a.slot_stride = p->slot_stride;
+	a.layers = p->layers;
+	a.n = n;
+	a.width = width_of(p->slot_stride | p->kv_stride | p->layer_stride | p->block_bytes);
+	a.pad = 0;
+	for (uint32_t i = 0; i < n; i++)
+		list[i] = (struct kvpd_slot){ c[i].dst, c[i].dst_slot, c[i].src, c[i].src_slot };
+	r = ext_upload(cp, n, sizeof(*list), cp->copy_stream, &a.ext);
+	if (r < 0)
+		goto done;
+	warps = (uint64_t)n * 2 * p->layers;
+	blocks = (warps * 32 + THREADS - 1) / THREADS;
+	blocks = blocks > most ? most : blocks;
+	cr = cu.cuLaunchKernel(cp->copy_slots, (unsigned)blocks, 1, 1, THREADS, 1, 1, 0,
+			       cp->copy_stream, params, NULL);
+	if (cr != CUDA_SUCCESS)
+		r = cu_fail(cr, "launching kvpd_copy_slots");
+done:
+	r = finish(cp, r, "copy_slots");
+out:
+	leave();
+	return r;
+}
+
+static void cuda_copy_slot(struct backend_pool *p, uint32_t dst, uint32_t dst_slot, uint32_t src,
+			   uint32_t src_slot)
+{
+	struct cuda_pool *cp = p->priv;
+	const struct backend_slot_copy c = { dst, dst_slot, src, src_slot };
+	int r = cuda_copy_slots(p, &c, 1);
+
+	/*
+	 * The core cannot be told.  A device error is sticky anyway: the next call that can fail
+	 * reports it.  (A bad block is the caller's bug and leaves the pool usable.)
+	 */
+	if (r < 0 && r != -EINVAL && !cp->error)
+		cp->error = r;
+}
+
+static int cuda_host_alloc(struct backend_pool *p, uint64_t bytes, void **ret)
+{
+	struct cuda_pool *cp = p->priv;
+	void *mem = NULL;
+	int r;
+
+	if (bytes == 0 || bytes > SIZE_MAX)
+		return fail(-EINVAL, "host_alloc: bad size");
+	r = enter(cp);
+	if (r < 0)
+		return r;
+	/* Portable: any context may use it; devicemap: kernels can read and write it directly. */
+	CU_CHECK(cu.cuMemHostAlloc(&mem, (size_t)bytes,
+				   CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP),
+		 "cuMemHostAlloc");
+	*ret = mem;
+out:
+	leave();
+	return r;
+}
+
+static void cuda_host_free(struct backend_pool *p, void *mem, uint64_t bytes)
+{
+	struct cuda_pool *cp = p->priv;
+
+	if (!mem || enter(cp) < 0)
+		return;
+	(void)cu.cuMemFreeHost(mem);
+	leave();
+}
+
+/* Through the copy engines: one copy per run of blocks adjacent on both sides. */
+static int move_dma(struct backend_pool *p, struct cuda_pool *cp, enum backend_dir dir,
+		    const struct backend_move *m, uint32_t n)
+{
+	CUstream s = cp->lane[dir].stream;
+	const uint64_t bb = p->block_bytes;
+	int r = 0;
+
+	for (uint32_t i = 0, j; i < n; i = j) {
+		CUdeviceptr dev = cp->base + (CUdeviceptr)m[i].block * bb;
+		uint8_t *host = m[i].host;
+
+		for (j = i + 1; j < n && m[j].block == m[j - 1].block + 1 &&
+				(uint8_t *)m[j].host == (uint8_t *)m[j - 1].host + bb;
+		     j++)
+			;
+		if (dir == BACKEND_TO_HOST)
+			CU_CHECK(cu.cuMemcpyDtoHAsync(host, dev, (size_t)(bb * (j - i)), s),
+				 "cuMemcpyDtoHAsync");
+		else
+			CU_CHECK(cu.cuMemcpyHtoDAsync(dev, host, (size_t)(bb * (j - i)), s),
+				 "cuMemcpyHtoDAsync");
+	}
+out:
+	return r;
+}
+
+/*
+ * Through kvpd_copy_blocks: the SMs read or write pinned host memory directly.  The lists go
+ * inline, KVPD_INLINE blocks a launch: nothing of the call's must outlive it.
+ */
+static int move_kernel(struct backend_pool *p, struct cuda_pool *cp, enum backend_dir dir,
+		       const struct backend_move *m, uint32_t n)
+{
+	struct kvpd_copy_args a;
+	int r = 0;
+
+	a.bytes = p->block_bytes;
+	a.ext = 0;
+	for (uint32_t first = 0; first < n && r == 0; first += KVPD_INLINE) {
+		uint32_t k = n - first < KVPD_INLINE ? n - first : KVPD_INLINE;
+		uint64_t align = p->block_bytes;
+
+		a.n = k;
+		for (uint32_t i = 0; i < k; i++) {
+			uint64_t dev = (uint64_t)cp->base + (uint64_t)m[first + i].block * a.bytes;
+			uint64_t host = (uint64_t)(uintptr_t)m[first + i].host; /* unified addressing */
+
+			a.e[i].dst = dir == BACKEND_TO_HOST ? host : dev;
+			a.e[i].src = dir == BACKEND_TO_HOST ? dev : host;
+			align |= host;
+		}
+		a.width = width_of(align);
+		r = launch_copies(cp, &a, cp->lane[dir].stream);
+	}
+	return r;
+}
+
+static int cuda_move(struct backend_pool *p, enum backend_dir dir, const struct backend_move *m,
+		     uint32_t n, uint64_t *ret_ticket)
+{
+	struct cuda_pool *cp = p->priv;
+	struct lane *lane;
+	int r;
+
+	if (dir != BACKEND_TO_HOST && dir != BACKEND_FROM_HOST)
+		return fail(-EINVAL, "move: bad direction");
+	if (cp->error)
+		return cp->error;
+	for (uint32_t i = 0; i < n; i++)
+		if (m[i].block >= cp->nblocks || !m[i].host)
+			return fail(-EINVAL, "move: no block %u, or no host memory", m[i].block);
+	lane = &cp->lane[dir];
+	r = enter(cp);
+	if (r < 0)
+		return r;
+	r = cp->swap == SWAP_KERNEL ? move_kernel(p, cp, dir, m, n) : move_dma(p, cp, dir, m, n);
+	/* Queued after the copies on the same stream: runs once they are done. */
+	if (r == 0) {
+		CUresult cr = cu.cuLaunchHostFunc(lane->stream, on_moved, lane);
+
+		if (cr != CUDA_SUCCESS)
+			r = cu_fail(cr, "cuLaunchHostFunc");
+	}
+	if (r < 0) {
+		/* Part of the move may be queued: let it finish, the caller reuses the memory. */
+		(void)cu.cuStreamSynchronize(lane->stream);
+		goto out;
+	}
+	lane->queued++;
+	*ret_ticket = lane->queued << 1 | (uint64_t)dir;
+out:
+	leave();
+	return r;
+}
+
+static int cuda_move_done(struct backend_pool *p, uint64_t ticket)
+{
+	struct cuda_pool *cp = p->priv;
+	struct lane *lane = &cp->lane[ticket & 1];
+	uint64_t seq = ticket >> 1;
+	CUresult cr;
+	int r;
+
+	if (seq == 0 || seq > lane->queued)
+		return fail(-EINVAL, "move_done: no ticket %llu", (unsigned long long)ticket);
+	if (atomic_load_explicit(&lane->done, memory_order_acquire) >= seq)
+		return 1;
+	/* Not yet: or never, if the stream failed (its host functions do not run then). */
+	r = enter(cp);
+	if (r < 0)
+		return r;
+	cr = cu.cuStreamQuery(lane->stream);
+	leave();
+	if (cr != CUDA_SUCCESS && cr != CUDA_ERROR_NOT_READY)
+		return cu_fail(cr, "a move failed");
+	return atomic_load_explicit(&lane->done, memory_order_acquire) >= seq ? 1 : 0;
+}
+
+static int cuda_move_wait(struct backend_pool *p, uint64_t ticket)
+{
+	struct cuda_pool *cp = p->priv;
+	struct lane *lane = &cp->lane[ticket & 1];
+	int r = cuda_move_done(p, ticket);
+
+	if (r != 0)
+		return r < 0 ? r : 0;
+	r = enter(cp);
+	if (r < 0)
+		return r;
+	/* The stream's host functions are part of it: on_moved() has run when this returns. */
+	CU_CHECK(cu.cuStreamSynchronize(lane->stream), "waiting for a move");
+out:
+	leave();
+	if (r < 0)
+		return r;
+	return cuda_move_done(p, ticket) == 1 ? 0 : fail(-EIO, "a move did not complete");
+}
+
+static const struct backend_ops cuda_ops = {
+	.name = "cuda",
+	.create = cuda_create,
+	.destroy = cuda_destroy,
+	.copy_block = cuda_copy_block,
+	.copy_blocks = cuda_copy_blocks,
+	.copy_slot = cuda_copy_slot,
+	.copy_slots = cuda_copy_slots,
+	.host_alloc = cuda_host_alloc,
+	.host_free = cuda_host_free,
+	.move = cuda_move,
+	.move_done = cuda_move_done,
+	.move_wait = cuda_move_wait,
+};
+
+EXPORT const struct backend_module kvpaged_backend_module = {
+	.abi = BACKEND_MODULE_ABI,
+	.ops = &cuda_ops,
+	.probe = cuda_probe,
+	.last_error = cuda_last_error,
+};

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Every GPU test and the GPU benchmark, on a machine with an NVIDIA GPU and driver: builds
+# kvpaged with the CUDA backend (in build-gpu/, or $KVPAGED_GPU_BUILD), runs the GPU tests and
+# kvpaged-gpu-bench, and ends with a summary.  Meant to take well under 5 minutes.
+#   tests/gpu/run.sh [CONFIGURE FLAGS...]      (e.g. --with-cuda=/usr/local/cuda-13.0)
+# Exit status: 0 all passed and every benchmark bar met; 1 something failed or missed a bar;
+# 77 no GPU (nothing to run).
+set -uo pipefail
+top=$(cd "$(dirname "$0")/../.." && pwd)
+build=${KVPAGED_GPU_BUILD:-$top/build-gpu}
+cd "$top"
+start=$SECONDS
+
+flags=("$@")
+printf '%s\n' "${flags[@]}" | grep -q -- '--with-cuda' || flags+=(--with-cuda)
+echo "== build ($build: ${flags[*]})"
+if ! scripts/build.sh "$build" --enable-werror "${flags[@]}" >"$top/gpu-build.log" 2>&1; then
+	tail -40 "$top/gpu-build.log"
+	echo "gpu: build failed"
+	exit 1
+fi
+make -C "$build" -s -j"$(nproc)" check TESTS= >>"$top/gpu-build.log" 2>&1 || {
+	tail -40 "$top/gpu-build.log"
+	echo "gpu: building the tests failed"
+	exit 1
+}
+rm -f "$top/gpu-build.log"
+
+export KVPAGED_CUDA_MODULE=$build/.libs/kvpaged-cuda.so
+export KVPAGED_CUDA_MODULE_BUILT=$KVPAGED_CUDA_MODULE
+export KVPAGED_BIN=$build/kvpaged KVPAGEDCTL_BIN=$build/kvpagedctl
+export abs_top_builddir=$build srcdir=$top CK_DEFAULT_TIMEOUT=120
+
+passed=() failed=() skipped=()
+run() { # NAME TIMEOUT COMMAND...: one test, its output kept in $build/gpu-NAME.log
+	local name=$1 limit=$2 rc
+	shift 2
+	echo "== $name"
+	(cd "$build" && timeout "$limit" "$@") >"$build/gpu-$name.log" 2>&1
+	rc=$?
+	case $rc in
+	0) passed+=("$name") ;;
+	77) skipped+=("$name"); grep -m1 SKIP "$build/gpu-$name.log" ;;
+	*) failed+=("$name"); tail -30 "$build/gpu-$name.log" ;;
+	esac
+	return $rc
+}
+
+run gpu-backend 120 ./tests/gpu/test-gpu-backend
+if [ "${skipped[*]-}" = gpu-backend ]; then
+	echo "gpu: no GPU here; nothing to run"
+	exit 77
+fi
+run gpu-share 180 ./tests/gpu/test-gpu-share
+run nodriver 60 ./tests/gpu/test-nodriver
+run nolink 30 "$top/tests/gpu/nolink.test"
+run bench 180 ./tests/gpu/kvpaged-gpu-bench
+bench_rc=$?
+sed -n '/^7B geometry/,$p' "$build/gpu-bench.log"
+
+echo
+echo "gpu: ${#passed[@]} passed (${passed[*]-}), ${#failed[@]} failed (${failed[*]-}), ${#skipped[@]} skipped (${skipped[*]-}); benchmark bars $([ $bench_rc -eq 0 ] && echo met || echo MISSED); $((SECONDS - start)) s"
+[ ${#failed[@]} -eq 0 ]
