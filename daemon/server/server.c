@@ -170,6 +170,21 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 		srv->admin_activated = true;
 	}
 
+	/*
+	 * Before the pools: allocating them can take a while (a large pool, a swap file to size,
+	 * a bandwidth to measure), and a SIGTERM meanwhile must wait in the signalfd and start a
+	 * graceful stop once the loop runs, not kill the process.
+	 */
+	sigemptyset(&mask);
+	sigaddset(&mask, SIGTERM);
+	sigaddset(&mask, SIGINT);
+	sigaddset(&mask, SIGHUP);
+	sigprocmask(SIG_BLOCK, &mask, NULL);
+	signal(SIGPIPE, SIG_IGN);
+	srv->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
+	if (srv->signal_fd < 0)
+		return log_error_errno(errno, "signalfd: %m");
+
 	srv->pools = calloc(cfg->npools, sizeof(*srv->pools));
 	if (!srv->pools)
 		return log_error_errno(ENOMEM, "out of memory");
@@ -194,16 +209,6 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 		r = io_uring_queue_init(RING_DEPTH, &srv->ring, 0);
 	if (r < 0)
 		return log_error_errno(r, "io_uring_queue_init: %m");
-
-	sigemptyset(&mask);
-	sigaddset(&mask, SIGTERM);
-	sigaddset(&mask, SIGINT);
-	sigaddset(&mask, SIGHUP);
-	sigprocmask(SIG_BLOCK, &mask, NULL);
-	signal(SIGPIPE, SIG_IGN);
-	srv->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
-	if (srv->signal_fd < 0)
-		return log_error_errno(errno, "signalfd: %m");
 
 	/*
 	 * The pool ACLs guard the client socket; the admin socket is for root and the admin group.
