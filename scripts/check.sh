@@ -41,7 +41,7 @@ echo "== build with the CUDA backend (--with-cuda: compile and link)"
 nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [ -z "$nvcc_path" ]; then
 	echo "SKIP: nvcc not found: the CUDA backend is not compiled (install the CUDA toolkit)"
-elif scripts/build.sh build-cuda --enable-werror --with-cuda="$(dirname "$(dirname "$nvcc_path")")"; then
+elif scripts/build.sh build-cuda --enable-werror --with-cuda; then
 	run_suite "CUDA backend without a driver" build-cuda \
 		TESTS="tests/gpu/nolink.test tests/gpu/test-nodriver tests/gpu/test-gpu-backend tests/gpu/test-gpu-share" ||
 		status=1
