@@ -482,8 +482,9 @@ static void packed_put(struct core *c, struct core_seq *s, uint32_t k, uint32_t 
 /*
  * H2O at token granularity: while more than budget tokens are held, evicts the token with the
  * lowest score (the earliest among equals) among the packed ones and those of blocks holding
- * none of the last recent committed tokens.  A block losing its first token has its others
- * packed and is released; a packed token is replaced by the last packed one.
+ * none of the last recent committed tokens, leaving out the first n_sink positions.  A block
+ * losing its first token has its others (sinks included) packed and is released; a packed
+ * token is replaced by the last packed one.
  */
 static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 {
@@ -498,8 +499,10 @@ static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 		float best = 0;
 
 		for (uint32_t k = 0; k < s->npacked; k++)
-			if (best_k == CORE_NONE && best_i == CORE_NONE ? true
-			    : s->pscore[k] < best || (s->pscore[k] == best && s->ppos[k] < best_pos)) {
+			if (s->ppos[k] >= s->n_sink &&
+			    (best_k == CORE_NONE ? true
+			     : s->pscore[k] < best ||
+				       (s->pscore[k] == best && s->ppos[k] < best_pos))) {
 				best = s->pscore[k];
 				best_pos = s->ppos[k];
 				best_k = k;
@@ -511,6 +514,8 @@ static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 				uint32_t pos = i * B + j;
 				float sc = s->tscore[pos];
 
+				if (pos < s->n_sink)
+					continue;
 				if ((best_k == CORE_NONE && best_i == CORE_NONE) || sc < best ||
 				    (sc == best && pos < best_pos)) {
 					best = sc;
@@ -559,12 +564,14 @@ static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 
 /*
  * H2O at block granularity: while more than budget tokens are held, releases the held block
- * with the lowest score among those holding none of the last recent committed tokens (ties:
- * the earliest).  Linear in the blocks held, which the budget bounds.
+ * with the lowest score among those holding none of the first n_sink and none of the last
+ * recent committed tokens (ties: the earliest).  Linear in the blocks held, which the budget
+ * bounds.
  */
 static void prune_h2o(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
+	const uint32_t sinks = (uint32_t)(((uint64_t)s->n_sink + B - 1) / B);
 	uint32_t held = s->ntokens - s->freed * B, end;
 
 	if (s->ncommitted <= s->recent)
@@ -576,7 +583,7 @@ static void prune_h2o(struct core *c, struct core_seq *s)
 		for (uint32_t h = 0; h < s->nhl && s->hl[h] < end; h++) {
 			uint32_t i = s->hl[h];
 
-			if (victim == CORE_NONE || s->score[i] < s->score[victim])
+			if (i >= sinks && (victim == CORE_NONE || s->score[i] < s->score[victim]))
 				victim = i;
 		}
 		if (victim == CORE_NONE)
@@ -910,7 +917,10 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	return 0;
 }
 
-/* A window pool decides for its sequences; elsewhere sinks need a recent window. */
+/*
+ * A window pool decides for its sequences; elsewhere sinks need a recent window, and h2o's
+ * sinks and recent tokens must fit in its budget.
+ */
 static int retention_check(const struct core *c, const struct core_open *o)
 {
 	switch (o->retention) {
@@ -920,7 +930,8 @@ static int retention_check(const struct core *c, const struct core_open *o)
 		return c->cfg.window || o->recent == 0 ? -EINVAL : 0;
 	case CORE_RETAIN_H2O:
 		if (c->cfg.window || o->recent == 0 || o->budget < o->recent ||
-		    !(o->decay >= 0 && o->decay <= 1) || o->granularity > CORE_H2O_TOKENS)
+		    o->n_sink > o->budget - o->recent || !(o->decay >= 0 && o->decay <= 1) ||
+		    o->granularity > CORE_H2O_TOKENS)
 			return -EINVAL;
 		if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slot)
 			return -EOPNOTSUPP;
@@ -995,7 +1006,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->recent = c->cfg.window;
 	} else {
 		s->retention = (uint8_t)o->retention;
-		s->n_sink = o->retention == CORE_RETAIN_SINKS ? o->n_sink : 0;
+		s->n_sink = o->retention == CORE_RETAIN_FULL ? 0 : o->n_sink;
 		s->recent = o->recent;
 		s->budget = o->budget;
 		s->decay = o->decay > 0 ? o->decay : 1;

@@ -209,9 +209,11 @@ struct core_open {
 	uint32_t flags;   /* CORE_OPEN_* */
 	uint32_t priority; /* higher is more important (CORE_POLICY_PRIORITY) */
 	uint32_t retention; /* enum core_retention */
-	uint32_t n_sink;    /* CORE_RETAIN_SINKS: leading tokens always kept */
+	uint32_t n_sink;    /* SINKS, H2O: leading tokens always kept (H2O: n_sink + recent <=
+			       budget; at block granularity the blocks holding them) */
 	uint32_t recent;    /* SINKS, H2O: trailing tokens always kept, >= 1 */
-	uint32_t budget;    /* H2O: tokens kept in all (recent ones and heavy hitters), >= recent */
+	uint32_t budget;    /* H2O: tokens kept in all (sinks, recent ones and heavy hitters),
+			       >= recent */
 	float decay;        /* H2O: running scores are multiplied by this once per step (a
 			       commit that moves on), in (0, 1]; 0 means 1 (no decay) */
 	uint32_t granularity; /* H2O: CORE_H2O_BLOCKS or CORE_H2O_TOKENS */
@@ -334,7 +336,7 @@ int core_seq_resume(struct core *c, uint64_t seq, uint32_t *ret_recompute);
  * by the sequence's decay, however many reports the step made.  The client sums a decode
  * step's attention over heads and layers.  When tokens are committed and
  * the sequence holds more than budget tokens, whole blocks that hold none of the last recent
- * committed tokens are released lowest total score first (ties: the earliest block first)
+ * committed tokens (nor any of the first n_sink) are released lowest total score first (ties: the earliest block first)
  * until it holds at most budget tokens or no such block is left.  Returns 0, -ENOENT,
  * -EINVAL (not an H2O sequence, n == 0, a weight that is negative or not finite, or a
  * position the sequence does not hold: beyond its tokens or released), -EBUSY (parked).

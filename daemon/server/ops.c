@@ -88,6 +88,28 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 	res->table_len = info.nblocks - from;
 }
 
+/* Why core_seq_open refused a retention policy (its checks, in words). */
+static const char *retention_why(const struct core_open *o)
+{
+	if (o->retention > CORE_RETAIN_H2O)
+		return "bad retention: unknown policy";
+	if (o->retention == CORE_RETAIN_FULL)
+		return "bad retention";
+	if (o->recent == 0)
+		return "bad retention: recent 0 (a policy must keep the last token at least)";
+	if (o->retention == CORE_RETAIN_SINKS)
+		return "bad retention";
+	if (o->budget < o->recent)
+		return "bad retention: budget below recent";
+	if (o->n_sink > o->budget - o->recent)
+		return "bad retention: n_sink + recent exceed the budget";
+	if (!(o->decay >= 0 && o->decay <= 1))
+		return "bad retention: decay outside [0, 1]";
+	if (o->granularity > CORE_H2O_TOKENS)
+		return "bad retention: unknown granularity";
+	return "bad retention";
+}
+
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
 	     uint32_t flags, uint32_t priority, const struct core_open *retention,
 	     struct seq_result *res, const char **why)
@@ -128,10 +150,8 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		return r;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
 	if (r == -EINVAL)
-		*why = s->pool->cfg->window
-			       ? "the pool's window decides what its sequences keep"
-			       : "bad retention: unknown policy, recent 0, budget below recent, "
-				 "decay outside [0, 1] or unknown granularity";
+		*why = s->pool->cfg->window ? "the pool's window decides what its sequences keep"
+					    : retention_why(&o);
 	if (r == -EOPNOTSUPP)
 		*why = "this pool's backend cannot gather tokens";
 	if (r < 0)

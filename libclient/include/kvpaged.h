@@ -55,16 +55,18 @@ extern "C" {
  * between them is released and its table entry becomes KVP_TABLE_HOLE, so entry i still holds
  * tokens [i * block_tokens, (i + 1) * block_tokens).  Such a sequence cannot be parked.
  *
- * KVP_RETAIN_H2O keeps the last recent tokens plus, up to budget tokens in all, the blocks
+ * KVP_RETAIN_H2O keeps the first n_sink tokens (optional; at granularity 0 the blocks
+ * holding them) and the last recent tokens plus, up to budget tokens in all, the blocks
  * (granularity 0) or tokens (granularity 1) whose tokens received the most attention, as
- * reported with kvp_report_scores(), lowest score first, the earliest among equals.  At token
+ * reported with kvp_report_scores(): the lowest scores go first, the earliest among equals,
+ * and n_sink + recent must not exceed budget.  At token
  * granularity the survivors of a block are packed into the sequence's packed blocks, whose
  * slots' positions kvp_seq_packed() gives.
  */
 struct kvp_retention {
 	uint32_t size;   /* sizeof(struct kvp_retention) */
 	uint32_t policy; /* KVP_RETAIN_* */
-	uint32_t n_sink; /* sinks */
+	uint32_t n_sink; /* sinks; h2o: 0 or more, n_sink + recent <= budget */
 	uint32_t recent; /* sinks, h2o: >= 1 */
 	uint32_t budget; /* h2o: >= recent */
 	uint32_t granularity; /* h2o: 0 blocks, 1 tokens */

@@ -178,8 +178,17 @@ START_TEST(test_h2o)
 	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "budget below recent"));
 	keep.budget = 32;
+	keep.n_sink = 32;
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "n_sink + recent exceed the budget"));
+	keep.n_sink = 0;
+	keep.decay = 2;
+	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "decay outside"));
+	keep.decay = 0;
 	keep.granularity = 2;
 	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, NULL), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "unknown granularity"));
 
 	/* The rings: open with KVP_OPEN_H2O, scores as a bulk entry in the data area. */
 	r = connect_ns(NULL, 64);

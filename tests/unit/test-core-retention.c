@@ -347,6 +347,38 @@ START_TEST(test_h2o_keeps_recent_and_heavy_hitters)
 END_TEST
 
 /*
+ * The same with one sink token: block 0, which holds it, stays whatever its score, and the
+ * lowest of the others go (1, 3, 4, then 6) until 64 tokens are held.
+ */
+START_TEST(test_h2o_keeps_the_sinks)
+{
+	struct core *c = pool_with(64, 0, 4096);
+	struct core_open o = { .ntokens = 128, .retention = CORE_RETAIN_H2O, .budget = 64,
+			       .recent = 16, .n_sink = 1 };
+	uint32_t p[128];
+	uint64_t s;
+
+	fill_tokens(p, 128, 1);
+	o.tokens = p;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	report(c, s, 128, 1u << 2 | 1u << 5, 1.0f, 0.01f);
+	ck_assert_int_eq(core_seq_commit(c, s, 128), 0);
+	ck_assert_uint_eq(holes_mask(c, s), 1u << 1 | 1u << 3 | 1u << 4 | 1u << 6);
+	assert_verified(c);
+	/* Later steps never take block 0, even with nothing reported for it. */
+	for (uint32_t k = 0; k < 4; k++) {
+		ck_assert_int_ge(core_seq_append(c, s, p, 16), 0);
+		report(c, s, 144 + 16 * k, ~1u, 1.0f, 0.0f);
+		ck_assert_int_eq(core_seq_commit(c, s, 144 + 16 * k), 0);
+		ck_assert_uint_eq(holes_mask(c, s) & 1u, 0);
+		ck_assert_uint_eq(info_of(c, s).held_blocks, 4);
+	}
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/*
  * With decay, old attention fades.  Block 0 got 40 once, block 1 got 8 in each of three later
  * steps: without decay block 1 (24) is the one to go; with decay 0.5 a step block 0 is down to
  * 40 / 32 = 1.25 against 7, and goes.  Decay is per step (a commit), however many reports.
@@ -432,6 +464,16 @@ START_TEST(test_h2o_bad_input)
 	o.decay = 0;
 	o.recent = 0;
 	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	/* Sinks must fit in the budget beside the recent tokens. */
+	o.recent = 16;
+	o.n_sink = 32;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL); /* n_sink >= budget */
+	o.n_sink = 17;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL); /* n_sink + recent > budget */
+	o.n_sink = 16;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_uint_eq(info_of(c, s).n_sink, 16);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
 	s = open_h2o(c, p, 64, 32, 16, 0);
 	ck_assert_int_eq(core_seq_scores(c, s, 62, w, 4), -EINVAL); /* beyond its tokens */
 	ck_assert_int_eq(core_seq_scores(c, s, 0, w, 0), -EINVAL);
@@ -525,6 +567,50 @@ START_TEST(test_h2o_tokens_pack_the_heavy_hitters)
 }
 END_TEST
 
+/*
+ * Token granularity with two sink tokens (positions 0 and 1, low scores): they survive, packed
+ * with the two heavy hitters 3 and 5 beside the recent 12..15, budget 8.
+ */
+START_TEST(test_h2o_tokens_keep_the_sinks)
+{
+	static const float score[16] = { 0.05f, 0.01f, 0.2f, 9, 0.3f, 8, 0.4f, 0.5f,
+					 7, 0.6f, 6, 0.7f, 1, 1, 1, 1 };
+	struct core_config cfg = { .capacity_blocks = 16, .block_tokens = 4, .max_sequences = 2,
+				   .max_seq_tokens = 64, .copy_block = fake_copy,
+				   .copy_slot = fake_copy_slot, .copy_ctx = &mem };
+	struct core_open o = { .ntokens = 16, .retention = CORE_RETAIN_H2O, .budget = 8,
+			       .recent = 4, .n_sink = 2, .granularity = CORE_H2O_TOKENS };
+	struct core_seq_info si;
+	struct core *c = NULL;
+	uint32_t p[16], kept = 0;
+	uint64_t s;
+
+	fake_mem_init(&mem, 16, 4);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	fill_tokens(p, 16, 100);
+	o.tokens = p;
+	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	si = info_of(c, s);
+	for (uint32_t pos = 0; pos < 16; pos++)
+		mem.slots[(size_t)si.table[pos / 4] * 4 + pos % 4] = 1000 + pos;
+	ck_assert_int_eq(core_seq_scores(c, s, 0, score, 16), 0);
+	ck_assert_int_eq(core_seq_commit(c, s, 16), 0);
+
+	si = info_of(c, s);
+	ck_assert_uint_eq(si.npacked, 4);
+	for (uint32_t k = 0; k < si.npacked; k++) {
+		uint32_t pos = si.packed_positions[k];
+
+		kept |= 1u << pos;
+		ck_assert_uint_eq(mem.slots[(size_t)si.packed[k / 4] * 4 + k % 4], 1000 + pos);
+	}
+	ck_assert_uint_eq(kept, 1u << 0 | 1u << 1 | 1u << 3 | 1u << 5);
+	assert_verified(c);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
 /* Without the backend's gather, token granularity is refused. */
 START_TEST(test_h2o_tokens_need_a_gather)
 {
@@ -590,10 +676,12 @@ int main(void)
 	tcase_add_test(tc, test_bad_policies);
 	tcase_add_test(tc, test_window_hit_without_early_blocks);
 	tcase_add_test(tc, test_h2o_keeps_recent_and_heavy_hitters);
+	tcase_add_test(tc, test_h2o_keeps_the_sinks);
 	tcase_add_test(tc, test_h2o_decay);
 	tcase_add_test(tc, test_h2o_stream_bounded);
 	tcase_add_test(tc, test_h2o_bad_input);
 	tcase_add_test(tc, test_h2o_tokens_pack_the_heavy_hitters);
+	tcase_add_test(tc, test_h2o_tokens_keep_the_sinks);
 	tcase_add_test(tc, test_h2o_tokens_need_a_gather);
 	tcase_add_test(tc, test_h2o_tokens_stream);
 	suite_add_tcase(s, tc);

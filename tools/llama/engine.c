@@ -83,6 +83,7 @@ static int open_paged(struct engine *e, struct seq *s, const uint32_t *tokens, u
 					    .n_sink = e->mask.n_sink,
 					    .recent = e->mask.window };
 	const struct kvp_retention h2o = { .size = sizeof(h2o), .policy = KVP_RETAIN_H2O,
+					   .n_sink = e->h2o_cfg.n_sink,
 					   .recent = e->h2o_cfg.recent, .budget = e->h2o_cfg.budget,
 					   .granularity = e->h2o_cfg.tokens,
 					   .decay = e->h2o_cfg.decay };
@@ -1194,10 +1195,10 @@ static int park_and_resume(struct engine *e, const struct generate_options *o,
 static void print_mask_json(const struct engine *e)
 {
 	if (e->h2o) {
-		printf("\"h2o_budget\":%u,\"h2o_recent\":%u,\"h2o_decay\":%g,"
+		printf("\"h2o_budget\":%u,\"h2o_recent\":%u,\"h2o_sinks\":%u,\"h2o_decay\":%g,"
 		       "\"h2o_granularity\":\"%s\",\"block_tokens\":%u,\"evicted_tokens\":%llu,"
 		       "\"compactions\":%llu,",
-		       e->h2o_cfg.budget, e->h2o_cfg.recent, (double)e->h2o_cfg.decay,
+		       e->h2o_cfg.budget, e->h2o_cfg.recent, e->h2o_cfg.n_sink, (double)e->h2o_cfg.decay,
 		       e->h2o_cfg.tokens ? "tokens" : "blocks", e->h2o_cfg.block_tokens,
 		       (unsigned long long)e->h2o_evicted, (unsigned long long)e->h2o_compactions);
 		if (e->client)

@@ -321,7 +321,8 @@ int kv_h2o_init(struct kv_h2o *h, const struct kv_h2o_config *cfg, uint32_t posi
 	const uint32_t B = cfg->block_tokens;
 	const uint32_t nblocks = positions / B + 2, cap = nblocks * B;
 
-	*h = (struct kv_h2o){ .budget = cfg->budget, .recent = cfg->recent, .block_tokens = B,
+	*h = (struct kv_h2o){ .budget = cfg->budget, .recent = cfg->recent,
+			      .n_sink = cfg->n_sink, .block_tokens = B,
 			      .tokens = cfg->tokens, .decay = cfg->decay, .scale = 1, .cap = cap };
 	h->score = calloc(cfg->tokens ? cap : nblocks, sizeof(*h->score));
 	h->block_held = calloc(nblocks, sizeof(*h->block_held));
@@ -376,12 +377,15 @@ static void h2o_release(struct kv_h2o *h, uint32_t i, uint32_t evicted_pos)
 	}
 }
 
-/* Block granularity: the held block below end with the lowest score, the earliest of equals. */
+/*
+ * Block granularity: the held block below end and past the sinks' blocks with the lowest
+ * score, the earliest of equals.
+ */
 static bool h2o_evict_block(struct kv_h2o *h, uint32_t end)
 {
 	uint32_t victim = UINT32_MAX;
 
-	for (uint32_t i = 0; i < end; i++)
+	for (uint32_t i = (h->n_sink + h->block_tokens - 1) / h->block_tokens; i < end; i++)
 		if (h->block_held[i] && (victim == UINT32_MAX || h->score[i] < h->score[victim]))
 			victim = i;
 	if (victim == UINT32_MAX)
@@ -394,7 +398,7 @@ static void h2o_decay(struct kv_h2o *h);
 
 /*
  * Token granularity: the token with the lowest score (the earliest position of equals) among
- * the packed ones and those of held blocks below end.
+ * the packed ones and those of held blocks below end, the sinks left out.
  */
 static bool h2o_evict_token(struct kv_h2o *h, uint32_t end)
 {
@@ -406,6 +410,8 @@ static bool h2o_evict_token(struct kv_h2o *h, uint32_t end)
 		uint32_t pos = h->packed_list[k];
 		float sc = h->score[pos];
 
+		if (pos < h->n_sink)
+			continue;
 		if (best_pos == UINT32_MAX || sc < best || (sc == best && pos < best_pos)) {
 			best = sc;
 			best_pos = pos;
@@ -418,6 +424,8 @@ static bool h2o_evict_token(struct kv_h2o *h, uint32_t end)
 		for (uint32_t pos = i * B; pos < (i + 1) * B; pos++) {
 			float sc = h->score[pos];
 
+			if (pos < h->n_sink)
+				continue;
 			if (best_pos == UINT32_MAX || sc < best || (sc == best && pos < best_pos)) {
 				best = sc;
 				best_pos = pos;

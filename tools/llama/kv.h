@@ -100,10 +100,11 @@ void kv_paged_free(struct kv_paged *kv);
  * before, while more than budget tokens are held, evicts the lowest score first (the earliest
  * position among equals) among what holds none of the last recent committed tokens: whole
  * blocks scored by the sum of their tokens' scores, or single tokens, a block's survivors
- * going to the packed set.
+ * going to the packed set.  The first n_sink positions are never evicted (at block granularity
+ * the blocks holding them).
  */
 struct kv_h2o {
-	uint32_t budget, recent, block_tokens;
+	uint32_t budget, recent, n_sink, block_tokens;
 	bool tokens;   /* token granularity */
 	float decay;   /* 1: none */
 	double scale;
@@ -117,7 +118,7 @@ struct kv_h2o {
 };
 
 struct kv_h2o_config {
-	uint32_t budget, recent, block_tokens;
+	uint32_t budget, recent, n_sink, block_tokens;
 	bool tokens;
 	float decay; /* (0, 1] */
 };

@@ -63,7 +63,8 @@ static void usage(FILE *f)
 	      "                        then every story's tokens), past the model's context\n"
 	      "  --window W            bounded attention: the token at t attends to [t-W+1, t]\n"
 	      "                        (and the sinks); paged, the daemon keeps only those blocks\n"
-	      "  --sinks N             with --window: also attend to positions [0, N)\n"
+	      "  --sinks N             with --window: also attend to positions [0, N); with\n"
+	      "                        --h2o: never evict them (N + R <= B)\n"
 	      "  --h2o B[:R[:D]]       heavy hitters: keep B tokens, the last R (default B/4) and\n"
 	      "                        those with the most attention, decayed by D (default 1)\n"
 	      "  --h2o-tokens          with --h2o: evict single tokens, not whole blocks\n"
@@ -232,9 +233,10 @@ static int bench(struct engine *e, struct generate_options *g, uint32_t reps)
 			printf("\"sinks\":%u,\"window\":%u,\"pool_window\":%s,", mask.n_sink,
 			       mask.window, e->pool_window ? "true" : "false");
 		if (h2o)
-			printf("\"h2o_budget\":%u,\"h2o_recent\":%u,\"h2o_decay\":%g,"
-			       "\"h2o_granularity\":\"%s\",", e->h2o_cfg.budget, e->h2o_cfg.recent,
-			       (double)e->h2o_cfg.decay, e->h2o_cfg.tokens ? "tokens" : "blocks");
+			printf("\"h2o_budget\":%u,\"h2o_recent\":%u,\"h2o_sinks\":%u,"
+			       "\"h2o_decay\":%g,\"h2o_granularity\":\"%s\",", e->h2o_cfg.budget,
+			       e->h2o_cfg.recent, e->h2o_cfg.n_sink, (double)e->h2o_cfg.decay,
+			       e->h2o_cfg.tokens ? "tokens" : "blocks");
 		if (with_full)
 			printf("\"contiguous_full_decode_tok_s\":%.1f,"
 			       "\"paged_full_decode_tok_s\":%.1f,\"full_decode_forwards\":%u,"
@@ -460,9 +462,18 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
-	if (sinks && !mask.window) {
-		fprintf(stderr, "kvpaged-llama: --sinks goes with --window (without one, every "
-				"position is attended to)\n");
+	if (sinks && e.h2o) {
+		/* H2O's sinks: positions its policy never evicts, not a mask. */
+		e.h2o_cfg.n_sink = mask.n_sink;
+		mask.n_sink = 0;
+		if (e.h2o_cfg.n_sink > e.h2o_cfg.budget - e.h2o_cfg.recent) {
+			fprintf(stderr, "kvpaged-llama: --sinks with --h2o: the sinks and the "
+					"recent tokens must fit in the budget\n");
+			return 2;
+		}
+	} else if (sinks && !mask.window) {
+		fprintf(stderr, "kvpaged-llama: --sinks goes with --window or --h2o (without "
+				"either, every position is attended to)\n");
 		return 2;
 	}
 	if (h2o_tokens && !e.h2o) {
@@ -477,7 +488,7 @@ int main(int argc, char **argv)
 	e.h2o_cfg.block_tokens = block_tokens ? block_tokens : DEFAULT_BLOCK_TOKENS;
 	if (e.h2o && (mask.window || g.forks > 1 || g.park)) {
 		fprintf(stderr, "kvpaged-llama: --h2o decides alone what tokens attend to: not "
-				"with --window, --sinks, --fork or --park-at\n");
+				"with --window, --fork or --park-at\n");
 		return 2;
 	}
 	if (stream && !perplexity) {
