@@ -77,6 +77,9 @@ struct core {
 	uint32_t *hit_slot;
 	struct core_hash *hit_hash; /* walk + 1 */
 	struct core_load *loads;
+	/* One eviction's gather (H2O tokens): a block's survivors, block_tokens at most. */
+	struct core_slot_copy *gather;
+	uint32_t ngather;
 	struct core_preemption log[CORE_PREEMPTION_LOG];
 	uint32_t nlog; /* preemptions recorded in all; the newest is log[(nlog - 1) % size] */
 };

@@ -79,8 +79,10 @@ int core_new(const struct core_config *cfg, struct core **ret)
 	c->seqs = calloc(cfg->max_sequences, sizeof(*c->seqs));
 	c->victims = malloc((size_t)cfg->max_sequences * sizeof(*c->victims));
 	c->free_slots = malloc((size_t)cfg->max_sequences * sizeof(*c->free_slots));
+	if (cfg->copy_slots)
+		c->gather = malloc((size_t)cfg->block_tokens * sizeof(*c->gather));
 	if (!c->tokens || !c->walk || !c->seqs || !c->victims || !c->free_slots || !c->hit_tier ||
-	    !c->hit_slot || !c->hit_hash || !c->loads)
+	    !c->hit_slot || !c->hit_hash || !c->loads || (cfg->copy_slots && !c->gather))
 		goto fail;
 	/* Hand out low slots first: ids stay small and the slot array stays warm. */
 	for (uint32_t i = 0; i < cfg->max_sequences; i++)
@@ -117,6 +119,7 @@ struct core *core_free(struct core *c)
 	free(c->hit_slot);
 	free(c->hit_hash);
 	free(c->loads);
+	free(c->gather);
 	free(c->seqs);
 	free(c->victims);
 	free(c->free_slots);
@@ -466,14 +469,18 @@ static int packed_reserve(struct core *c, struct core_seq *s, uint32_t n)
 	return 0;
 }
 
-/* Copies the token in (src, src_slot) into packed slot k, with its position and score. */
+/*
+ * Queues copying the token in (src, src_slot) into packed slot k, and gives the slot its token
+ * id, position and score.  gather_flush() runs what was queued: one eviction's copies never
+ * read what they write.
+ */
 static void packed_put(struct core *c, struct core_seq *s, uint32_t k, uint32_t src,
 		       uint32_t src_slot, uint32_t pos, float score)
 {
 	const uint32_t B = c->cfg.block_tokens;
 	uint32_t dst = s->packed[k / B];
 
-	c->cfg.copy_slot(c->cfg.copy_ctx, dst, k % B, src, src_slot);
+	c->gather[c->ngather++] = (struct core_slot_copy){ dst, k % B, src, src_slot };
 	c->tokens[(size_t)dst * B + k % B] = c->tokens[(size_t)src * B + src_slot];
 	s->ppos[k] = pos;
 	s->pscore[k] = score;
@@ -486,6 +493,13 @@ static void packed_put(struct core *c, struct core_seq *s, uint32_t k, uint32_t 
  * losing its first token has its others (sinks included) packed and is released; a packed
  * token is replaced by the last packed one.
  */
+static void gather_flush(struct core *c)
+{
+	if (c->ngather)
+		c->cfg.copy_slots(c->cfg.copy_ctx, c->gather, c->ngather);
+	c->ngather = 0;
+}
+
 static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
@@ -539,13 +553,17 @@ static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 				packed_put(c, s, s->npacked++, b, j, pos, s->tscore[pos]);
 				c->stats.compactions++;
 			}
+			/* Copied before the block goes back: it may be handed out next. */
+			gather_flush(c);
 			release_entry(c, s, best_i, 1);
 		} else if (best_k != CORE_NONE) {
 			uint32_t last = s->npacked - 1;
 
-			if (best_k != last)
+			if (best_k != last) {
 				packed_put(c, s, best_k, s->packed[last / B], last % B, s->ppos[last],
 					   s->pscore[last]);
+				gather_flush(c);
+			}
 			s->npacked--;
 			c->stats.pruned_tokens++;
 			/* The last packed block emptied: give it back. */
@@ -933,7 +951,7 @@ static int retention_check(const struct core *c, const struct core_open *o)
 		    o->n_sink > o->budget - o->recent || !(o->decay >= 0 && o->decay <= 1) ||
 		    o->granularity > CORE_H2O_TOKENS)
 			return -EINVAL;
-		if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slot)
+		if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slots)
 			return -EOPNOTSUPP;
 		return 0;
 	}

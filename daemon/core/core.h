@@ -39,12 +39,18 @@ enum core_policy {
 /* Copies the whole content of block src into block dst (copy-on-write).  0 or -errno. */
 typedef int (*core_copy_block_fn)(void *ctx, uint32_t dst, uint32_t src);
 
+/* One token slot (every layer's K and V) to copy from (src, src_slot) to (dst, dst_slot). */
+struct core_slot_copy {
+	uint32_t dst, dst_slot, src, src_slot;
+};
+
 /*
- * Copies one token slot (every layer's K and V) from (src, src_slot) to (dst, dst_slot): the
- * backend's gather, for H2O at token granularity.
+ * Copies n token slots, complete on return: the backend's gather, for H2O at token
+ * granularity.  A call never writes a slot twice, nor reads a slot it writes, so the copies
+ * may run in any order (one kernel launch on a GPU).  The core hands over a whole block's
+ * survivors at once.
  */
-typedef void (*core_copy_slot_fn)(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
-				  uint32_t src_slot);
+typedef void (*core_copy_slots_fn)(void *ctx, const struct core_slot_copy *c, uint32_t n);
 
 #define CORE_MAX_BLOCK_TOKENS 65536u
 
@@ -113,7 +119,7 @@ struct core_config {
 	uint32_t vocab_size;      /* token ids must be below this; 0 accepts any id */
 	core_copy_block_fn copy_block; /* required: the backend's block copy */
 	void *copy_ctx;
-	core_copy_slot_fn copy_slot;   /* optional (H2O at token granularity); ctx copy_ctx */
+	core_copy_slots_fn copy_slots; /* optional (H2O at token granularity); ctx copy_ctx */
 	core_hash_fn hash_fn; /* NULL: XXH3-128.  Tests set a weak one to force collisions. */
 	enum core_policy policy;
 	/* Told about every sequence dropped to make room (may be NULL). */
@@ -222,7 +228,7 @@ struct core_open {
 /*
  * H2O granularity.  Blocks: whole blocks are released, nothing is copied.  Tokens: single
  * tokens are evicted; the first eviction from a block moves its other tokens into the
- * sequence's packed blocks (copy_slot) and releases the block, and an eviction from the packed
+ * sequence's packed blocks (copy_slots) and releases the block, and an eviction from the packed
  * blocks moves the last packed token into the hole.  The packed blocks and the position each
  * of their slots holds are in core_seq_info (the position map).
  */

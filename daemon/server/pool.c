@@ -5,6 +5,7 @@
  * layer's K (or V) of a block is contiguous for attention kernels.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,34 @@ static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 		s->blocks -= nblocks;
 	log_debug("pool %s: parked sequence %llu dropped, %u blocks released", p->cfg->name,
 		  (unsigned long long)seq, nblocks);
+}
+
+/*
+ * core_config.copy_slots: the backend's batched gather.  The two structs are the same four
+ * words in the same order (checked here), so the core's list goes to the backend as it is.
+ * A failed batch (a GPU's staging list could not be had) is retried slot by slot; a device
+ * error is sticky, and the next call that can fail reports it.
+ */
+_Static_assert(sizeof(struct core_slot_copy) == sizeof(struct backend_slot_copy) &&
+		       offsetof(struct core_slot_copy, dst) ==
+			       offsetof(struct backend_slot_copy, dst) &&
+		       offsetof(struct core_slot_copy, dst_slot) ==
+			       offsetof(struct backend_slot_copy, dst_slot) &&
+		       offsetof(struct core_slot_copy, src) ==
+			       offsetof(struct backend_slot_copy, src) &&
+		       offsetof(struct core_slot_copy, src_slot) ==
+			       offsetof(struct backend_slot_copy, src_slot),
+	       "struct core_slot_copy and struct backend_slot_copy differ");
+
+static void pool_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n)
+{
+	struct backend_pool *mem = ctx;
+	const struct backend_slot_copy *bc = (const struct backend_slot_copy *)c;
+
+	if (mem->ops->copy_slots(mem, bc, n) < 0)
+		for (uint32_t i = 0; i < n; i++)
+			mem->ops->copy_slot(mem, bc[i].dst, bc[i].dst_slot, bc[i].src,
+					    bc[i].src_slot);
 }
 
 static struct tier_key tier_key_of(const struct core_key *k)
@@ -479,7 +508,7 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		.max_seq_tokens = cfg->max_seq_tokens,
 		.vocab_size = cfg->vocab_size,
 		.copy_block = backend_copy_block,
-		.copy_slot = backend_copy_slot,
+		.copy_slots = pool_copy_slots,
 		.copy_ctx = &p->mem,
 		.policy = (enum core_policy)cfg->policy,
 		.on_drop = on_drop,

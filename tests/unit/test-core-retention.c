@@ -494,16 +494,28 @@ START_TEST(test_h2o_bad_input)
 }
 END_TEST
 
-static void fake_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
-			   uint32_t src_slot)
+/*
+ * The gather, checked for what the core promises: no slot written twice or read after being
+ * written in one call (so the copies could run in any order).
+ */
+static void fake_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n)
 {
 	struct fake_mem *m = ctx;
 
-	ck_assert_uint_lt(dst, m->capacity);
-	ck_assert_uint_lt(src, m->capacity);
-	m->slots[(size_t)dst * m->block_tokens + dst_slot] =
-		m->slots[(size_t)src * m->block_tokens + src_slot];
-	m->copies++;
+	ck_assert_uint_gt(n, 0);
+	for (uint32_t i = 0; i < n; i++) {
+		ck_assert_uint_lt(c[i].dst, m->capacity);
+		ck_assert_uint_lt(c[i].src, m->capacity);
+		for (uint32_t j = 0; j < n; j++) {
+			ck_assert(j == i || c[j].dst != c[i].dst || c[j].dst_slot != c[i].dst_slot);
+			ck_assert(c[j].src != c[i].dst || c[j].src_slot != c[i].dst_slot);
+		}
+	}
+	for (uint32_t i = 0; i < n; i++)
+		m->slots[(size_t)c[i].dst * m->block_tokens + c[i].dst_slot] =
+			m->slots[(size_t)c[i].src * m->block_tokens + c[i].src_slot];
+	m->copies += n;
+	m->gathers++;
 }
 
 /*
@@ -517,7 +529,7 @@ START_TEST(test_h2o_tokens_pack_the_heavy_hitters)
 					 7, 0.6f, 6, 0.7f, 1, 1, 1, 1 };
 	struct core_config cfg = { .capacity_blocks = 16, .block_tokens = 4, .max_sequences = 2,
 				   .max_seq_tokens = 64, .copy_block = fake_copy,
-				   .copy_slot = fake_copy_slot, .copy_ctx = &mem };
+				   .copy_slots = fake_copy_slots, .copy_ctx = &mem };
 	struct core_open o = { .ntokens = 16, .retention = CORE_RETAIN_H2O, .budget = 8,
 			       .recent = 4, .granularity = CORE_H2O_TOKENS };
 	struct core_seq_info si;
@@ -555,6 +567,9 @@ START_TEST(test_h2o_tokens_pack_the_heavy_hitters)
 	core_get_stats(c, &st);
 	ck_assert_uint_eq(st.pruned_tokens, 8);
 	ck_assert_uint_eq(st.compactions, 9);
+	/* One gather per compacted block (3 slots each), one per packed slot refilled. */
+	ck_assert_uint_eq(mem.gathers, 6);
+	ck_assert_uint_eq(mem.copies, 12);
 	assert_verified(c);
 
 	/* The packed tokens take scores in packed order; positions are refused. */
@@ -577,7 +592,7 @@ START_TEST(test_h2o_tokens_keep_the_sinks)
 					 7, 0.6f, 6, 0.7f, 1, 1, 1, 1 };
 	struct core_config cfg = { .capacity_blocks = 16, .block_tokens = 4, .max_sequences = 2,
 				   .max_seq_tokens = 64, .copy_block = fake_copy,
-				   .copy_slot = fake_copy_slot, .copy_ctx = &mem };
+				   .copy_slots = fake_copy_slots, .copy_ctx = &mem };
 	struct core_open o = { .ntokens = 16, .retention = CORE_RETAIN_H2O, .budget = 8,
 			       .recent = 4, .n_sink = 2, .granularity = CORE_H2O_TOKENS };
 	struct core_seq_info si;
@@ -633,7 +648,7 @@ START_TEST(test_h2o_tokens_stream)
 {
 	struct core_config cfg = { .capacity_blocks = 64, .block_tokens = B, .max_sequences = 2,
 				   .max_seq_tokens = 1u << 20, .copy_block = fake_copy,
-				   .copy_slot = fake_copy_slot, .copy_ctx = &mem };
+				   .copy_slots = fake_copy_slots, .copy_ctx = &mem };
 	struct core_open o = { .ntokens = 1, .retention = CORE_RETAIN_H2O, .budget = 100,
 			       .recent = 32, .granularity = CORE_H2O_TOKENS, .decay = 0.95f };
 	struct core *c = NULL;

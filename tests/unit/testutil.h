@@ -18,6 +18,7 @@ struct fake_mem {
 	uint32_t block_tokens;
 	uint32_t capacity;
 	uint32_t copies;
+	uint32_t gathers; /* copy_slots calls */
 	uint32_t last_dst, last_src;
 	int fail_copy; /* next copy returns this error when negative */
 };

@@ -268,19 +268,21 @@ struct kv_arena {
 #define KV_LAYERS 32u
 #define KV_SLOT 2048u /* one layer's K (or V) of one token */
 
-static void arena_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
-			    uint32_t src_slot)
+/* The host backend's gather: per slot, per layer a K and a V copy. */
+static void arena_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n)
 {
 	struct kv_arena *a = ctx;
 	const uint64_t layer = 2ull * a->B * KV_SLOT, block = KV_LAYERS * layer;
 
-	for (uint32_t l = 0; l < KV_LAYERS; l++)
-		for (uint32_t kv = 0; kv < 2; kv++) {
-			uint64_t off = l * layer + kv * (uint64_t)a->B * KV_SLOT;
+	for (uint32_t i = 0; i < n; i++)
+		for (uint32_t l = 0; l < KV_LAYERS; l++)
+			for (uint32_t kv = 0; kv < 2; kv++) {
+				uint64_t off = l * layer + kv * (uint64_t)a->B * KV_SLOT;
 
-			memcpy(a->mem + dst * block + off + dst_slot * KV_SLOT,
-			       a->mem + src * block + off + src_slot * KV_SLOT, KV_SLOT);
-		}
+				memcpy(a->mem + c[i].dst * block + off + c[i].dst_slot * KV_SLOT,
+				       a->mem + c[i].src * block + off + c[i].src_slot * KV_SLOT,
+				       KV_SLOT);
+			}
 }
 
 static double bench_retention_one(uint32_t B, int kind, uint32_t budget)
@@ -290,7 +292,7 @@ static double bench_retention_one(uint32_t B, int kind, uint32_t budget)
 	struct kv_arena a = { .B = B };
 	struct core_config cfg = { .capacity_blocks = capacity, .block_tokens = B,
 				   .max_sequences = 4, .max_seq_tokens = N + 1,
-				   .copy_block = no_copy, .copy_slot = arena_copy_slot,
+				   .copy_block = no_copy, .copy_slots = arena_copy_slots,
 				   .copy_ctx = &a };
 	uint64_t *samples = calloc(repeat, sizeof(*samples));
 	float *w = malloc((size_t)(budget + 2 * B) * sizeof(*w));
