@@ -124,7 +124,7 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 		uint32_t held = 0;
 		int64_t off;
 
-		if (op->opcode > KVP_SCORES)
+		if (op->opcode > KVP_PACKED)
 			return i ? (int)i : client_fail(c, -EINVAL, "unknown opcode %u", op->opcode);
 		/* At most one ring's worth in flight, so the completion ring never overflows. */
 		if (c->sq_tail - c->slot_head == c->entries)

@@ -79,6 +79,8 @@ enum kvp_ring_op {
 	KVP_OP_PARK = 8,     /* seq */
 	KVP_OP_RESUME = 9,   /* seq; out: table; aux: tokens to recompute */
 	KVP_OP_SCORES = 10,  /* seq; arg: first position; in: float32 weights (h2o) */
+	KVP_OP_PACKED = 11,  /* seq; out: packed blocks, then their slots' positions (h2o
+				tokens); aux: packed blocks; value: positions */
 	KVP_OP_MAX
 };
 

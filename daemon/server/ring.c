@@ -179,6 +179,27 @@ static void put_table(struct session_ring *r, const struct kvp_sqe *e, struct kv
 	c->out_len = n * sizeof(uint32_t);
 }
 
+/*
+ * Writes the position map, the packed blocks then their slots' positions, to the entry's
+ * output space: all of it, or nothing and truncation marked (half a map is no map).
+ */
+static void put_packed(struct session_ring *r, const struct kvp_sqe *e, struct kvp_cqe *c,
+		       const struct core_seq_info *info, uint32_t block_tokens)
+{
+	const uint32_t nblocks = (info->npacked + block_tokens - 1) / block_tokens;
+
+	c->aux = nblocks;
+	c->value = info->npacked;
+	if ((uint64_t)e->out_len / sizeof(uint32_t) < (uint64_t)nblocks + info->npacked) {
+		c->flags |= KVP_CQE_TRUNCATED;
+		return;
+	}
+	memcpy(r->data + e->out_off, info->packed, (size_t)nblocks * sizeof(uint32_t));
+	memcpy(r->data + e->out_off + (size_t)nblocks * sizeof(uint32_t), info->packed_positions,
+	       (size_t)info->npacked * sizeof(uint32_t));
+	c->out_len = (nblocks + info->npacked) * sizeof(uint32_t);
+}
+
 /* Executes one copied, checked entry.  Returns false when the session must be closed. */
 static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *c,
 		    uint32_t **scratch, size_t *scratch_cap)
@@ -285,6 +306,14 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 			c->value = (uint64_t)info.ntokens << 32 | info.ncommitted;
 			put_table(r, e, c, info.table, info.nblocks);
 		}
+		break;
+	}
+	case KVP_OP_PACKED: {
+		struct core_seq_info info;
+
+		rc = ops_info(s, e->seq, &info, &why);
+		if (rc == 0)
+			put_packed(r, e, c, &info, s->pool->cfg->block_tokens);
 		break;
 	}
 	}

@@ -248,6 +248,12 @@ enum kvp_opcode {
 	KVP_PARK = 8,
 	KVP_RESUME = 9, /* aux: tokens to recompute */
 	KVP_SCORES = 10, /* arg: first position; tokens: the float weights, ntokens of them */
+	/*
+	 * The position map (kvp_seq_packed()): table_out gets the aux packed blocks, then the
+	 * value positions their slots hold.  Give it room for both; when it is short the
+	 * completion is KVP_COMPLETION_TRUNCATED and the map is to be had with kvp_seq_packed().
+	 */
+	KVP_PACKED = 11,
 };
 
 /* One operation for kvp_submit().  tokens are copied at submission. */

@@ -265,7 +265,7 @@ START_TEST(test_h2o_tokens)
 
 	daemon_start(&d, POOL(""));
 	prompt(p, 64, 1);
-	c = connect_ns(NULL, 0);
+	c = connect_ns(NULL, 64);
 	ck_assert_int_eq(kvp_open_retained(c, p, 64, 0, 0, &keep, &s, NULL, &t), 0);
 	for (uint32_t q = 0; q < 64; q++)
 		slot_kv(c, t.blocks[q / 16], q % 16, q, true);
@@ -300,6 +300,35 @@ START_TEST(test_h2o_tokens)
 			want_hi |= 1ull << q;
 	ck_assert_uint_eq(got, want);
 	ck_assert_uint_eq(got_hi, want_hi);
+
+	/* The same map over the rings: the packed blocks, then the positions. */
+	uint32_t map[40];
+	struct kvp_completion comp[2];
+	struct kvp_op ops[2] = {
+		{ .opcode = KVP_PACKED, .user_data = 1, .seq = s, .table_cap = 40,
+		  .table_out = map },
+		{ .opcode = KVP_PACKED, .user_data = 2, .seq = s, .table_cap = 16,
+		  .table_out = map + 20 }, /* one short of 1 + 16 */
+	};
+	ck_assert_int_eq(kvp_submit(c, ops, 2), 2);
+	ck_assert_int_eq(kvp_complete(c, comp, 2, 2, 5000), 2);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_uint_eq(comp[0].aux, 1);
+	ck_assert_uint_eq(comp[0].value, 16);
+	ck_assert_uint_eq(comp[0].table_len, 17);
+	ck_assert_uint_eq(comp[0].flags & KVP_COMPLETION_TRUNCATED, 0);
+	ck_assert_uint_eq(map[0], packed.blocks[0]);
+	for (uint32_t k = 0; k < 16; k++)
+		ck_assert_uint_eq(map[1 + k], pos.blocks[k]);
+	ck_assert_int_eq(comp[1].res, 0);
+	ck_assert_uint_eq(comp[1].value, 16);
+	ck_assert_uint_eq(comp[1].table_len, 0);
+	ck_assert_uint_ne(comp[1].flags & KVP_COMPLETION_TRUNCATED, 0);
+	ops[0].seq = s + 1000; /* not ours */
+	ck_assert_int_eq(kvp_submit(c, ops, 1), 1);
+	ck_assert_int_eq(kvp_complete(c, comp, 1, 1, 5000), 1);
+	ck_assert_int_eq(comp[0].res, -ENOENT);
+
 	ck_assert_int_eq(kvp_seq_info(c, s, NULL, NULL, &t), 0);
 	for (uint32_t i = 0; i < 3; i++)
 		ck_assert_uint_eq(t.blocks[i], KVP_TABLE_HOLE);

@@ -65,6 +65,19 @@ static int ring_tables_reserve(struct engine *e)
 
 	if (!e->rings || cap <= e->ring_table_cap)
 		return 0;
+	if (e->h2o && e->h2o_cfg.tokens) {
+		/*
+		 * The packed blocks and a position per packed slot: fewer than the tokens.  At
+		 * most 64 KiB of the data area; a longer map comes over the socket.
+		 */
+		const uint32_t n = cap + e->max_tokens < 16384 ? cap + e->max_tokens : 16384;
+		uint32_t *t = realloc(e->ring_packed, (size_t)n * sizeof(*t));
+
+		if (!t)
+			return -ENOMEM;
+		e->ring_packed = t;
+		e->ring_packed_cap = n;
+	}
 	for (int i = 0; i < 3; i++) {
 		uint32_t *t = realloc(e->ring_tables[i], (size_t)cap * sizeof(*t));
 
@@ -510,14 +523,41 @@ static int table_refreshed(struct engine *e, struct seq *s, uint32_t tokens, uin
 	return 0;
 }
 
+/* A position map from a KVP_PACKED completion into the sequence's next_packed tables. */
+static int packed_fetched(struct engine *e, struct seq *s, const struct kvp_completion *c)
+{
+	const uint32_t nblocks = c->aux, npos = (uint32_t)c->value;
+
+	if (c->table_len != nblocks + npos)
+		return table_fail();
+	for (int i = 0; i < 2; i++) {
+		struct kvp_table *t = i ? &s->next_packed_positions : &s->next_packed_blocks;
+		const uint32_t n = i ? npos : nblocks;
+
+		if (t->cap < n) {
+			uint32_t *b = realloc(t->blocks, (size_t)n * sizeof(uint32_t));
+
+			if (!b)
+				return -ENOMEM;
+			t->blocks = b;
+			t->cap = n;
+		}
+		memcpy(t->blocks, e->ring_packed + (i ? nblocks : 0), (size_t)n * sizeof(uint32_t));
+		t->len = n;
+	}
+	s->packed_fetched = true;
+	return 0;
+}
+
 /*
  * Both operations in one submission, reaped together: one wake-up of the daemon per token.
  * A pending H2O report goes first, so that the commit's evictions count it.  With refresh (the
  * sequence's tokens after the append), a SEQ_INFO goes last and its table, which shows the
- * blocks the commit released, replaces ours.
+ * blocks the commit released, replaces ours.  With packed (a commit that may evict at token
+ * granularity), a PACKED after the commit brings the position map in the same round trip.
  */
 static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t token,
-		     bool wait, uint32_t refresh)
+		     bool wait, uint32_t refresh, bool packed)
 {
 	unsigned n = 0, reaped = 0;
 	int r;
@@ -525,7 +565,7 @@ static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, u
 	r = ring_settle(e, s);
 	if (r < 0)
 		return r;
-	r = ring_ops_reserve(e, (s->report_pending ? s->nruns + 1 : 0) + 3);
+	r = ring_ops_reserve(e, (s->report_pending ? s->nruns + 1 : 0) + 4);
 	if (r < 0)
 		return r;
 	if (s->report_pending)
@@ -535,6 +575,11 @@ static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, u
 						    .user_data = KVP_COMMIT, .seq = s->id,
 						    .table_cap = e->ring_table_cap,
 						    .table_out = e->ring_tables[0] };
+	if (commit_ntokens && packed)
+		e->ring_ops[n++] = (struct kvp_op){ .opcode = KVP_PACKED,
+						    .user_data = KVP_PACKED, .seq = s->id,
+						    .table_cap = e->ring_packed_cap,
+						    .table_out = e->ring_packed };
 	e->ring_ops[n++] = (struct kvp_op){ .opcode = KVP_APPEND, .user_data = KVP_APPEND,
 					    .seq = s->id, .tokens = &token, .ntokens = 1,
 					    .table_cap = e->ring_table_cap,
@@ -569,6 +614,13 @@ static int ring_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, u
 			return completion_fail(c);
 		if (c->user_data == KVP_SCORES)
 			continue;
+		if (c->user_data == KVP_PACKED) {
+			/* Short of room: h2o_committed asks over the socket instead. */
+			r = c->flags & KVP_COMPLETION_TRUNCATED ? 0 : packed_fetched(e, s, c);
+			if (r < 0)
+				return r;
+			continue;
+		}
 		if (c->flags & KVP_COMPLETION_TRUNCATED)
 			return table_fail();
 		if (commit && c->aux == 0 && c->value == 0)
@@ -680,8 +732,10 @@ static int h2o_committed(struct engine *e, struct seq *s, uint32_t ncommitted,
 	if (!e->client || (!prune && !evicted))
 		return 0;
 	if (e->h2o_cfg.tokens && prune) {
-		r = kvp_seq_packed(e->client, s->id, &s->next_packed_blocks,
-				   &s->next_packed_positions);
+		r = s->packed_fetched ? 0
+				      : kvp_seq_packed(e->client, s->id, &s->next_packed_blocks,
+						       &s->next_packed_positions);
+		s->packed_fetched = false;
 		if (r < 0)
 			return paged_fail(e, r, "packed blocks");
 		r = kv_paged_set_packed(kv, &s->next_packed_blocks, &s->next_packed_positions,
@@ -749,7 +803,8 @@ int seq_step(struct engine *e, struct seq *s, uint32_t commit_ntokens, uint32_t 
 		bool wait = !e->defer || ntokens % B == 0 ||
 			    (uint64_t)s->paged.table.len * B <= ntokens || refresh || prune;
 
-		r = ring_step(e, s, commit_ntokens, token, wait, refresh ? ntokens + 1 : 0);
+		r = ring_step(e, s, commit_ntokens, token, wait, refresh ? ntokens + 1 : 0,
+			      prune && e->h2o_cfg.tokens);
 		if (r < 0)
 			return r;
 	} else {

@@ -36,6 +36,9 @@ struct engine {
 	uint32_t max_tokens;       /* positions a sequence of this run may reach */
 	uint32_t ring_table_cap;   /* entries each of ring_tables holds */
 	uint32_t *ring_tables[3];  /* where a step's commit, append and seq info put tables */
+	uint32_t *ring_packed;     /* where a step's KVP_PACKED puts the position map (h2o
+				      tokens): ring_packed_cap entries */
+	uint32_t ring_packed_cap;
 	uint64_t replaced;         /* table entries kvp_commit switched to an equal block */
 	uint32_t max_held;         /* bounded: most blocks the daemon's table held at a refresh */
 	/*
@@ -92,6 +95,7 @@ struct seq {
 	uint32_t npacked_weights, weights_cap; /* weights_cap: entries each of the above holds */
 	bool report_pending;   /* paged: the report goes to the daemon before the next commit */
 	struct kvp_table next_packed_blocks, next_packed_positions; /* kvp_seq_packed() fills */
+	bool packed_fetched;   /* a step's KVP_PACKED filled them: no kvp_seq_packed() needed */
 };
 
 struct generate_options {

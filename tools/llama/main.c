@@ -557,6 +557,7 @@ out:
 	kvp_disconnect(e.client);
 	for (int i = 0; i < 3; i++)
 		free(e.ring_tables[i]);
+	free(e.ring_packed);
 	free(e.ring_ops);
 	free(e.ring_done);
 	llama_state_free(&e.st);
