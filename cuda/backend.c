@@ -18,11 +18,12 @@
  * writing to or reading from pinned host memory directly; KVPAGED_CUDA_SWAP=dma|kernel picks,
  * else the size of a block does (small blocks: the kernel, whose one launch beats many copies).
  *
- * Environment (read when a pool is created): KVPAGED_CUDA_DEVICE, the device ordinal (0);
- * KVPAGED_CUDA_SWAP as above.
+ * The device is the pool's device key, passed to probe() and create().  Environment (read when
+ * a pool is created): KVPAGED_CUDA_SWAP as above.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -162,18 +163,6 @@ static void leave(void)
 	unblock_signals();
 }
 
-static int device_ordinal(void)
-{
-	const char *s = getenv("KVPAGED_CUDA_DEVICE");
-	char *end;
-	long v;
-
-	if (!s || !*s)
-		return 0;
-	v = strtol(s, &end, 10);
-	return *end || v < 0 || v > 1024 ? -1 : (int)v;
-}
-
 static int attribute(CUdevice dev, CUdevice_attribute a)
 {
 	int v = 0;
@@ -181,18 +170,15 @@ static int attribute(CUdevice dev, CUdevice_attribute a)
 	return cu.cuDeviceGetAttribute(&v, a, dev) == CUDA_SUCCESS ? v : 0;
 }
 
-/* The device a pool goes on, checked for what pools need. */
-static int pick_device(CUdevice *ret, char *why, size_t why_len)
+/* The device a pool goes on (its device key, an ordinal), checked for what pools need. */
+static int pick_device(uint32_t device, CUdevice *ret, char *why, size_t why_len)
 {
-	int ordinal = device_ordinal(), count = 0;
+	const int ordinal = device > INT_MAX ? INT_MAX : (int)device;
+	int count = 0;
 	CUdevice dev;
 	CUresult cr;
 	char e[200];
 
-	if (ordinal < 0) {
-		snprintf(why, why_len, "KVPAGED_CUDA_DEVICE is not a device ordinal");
-		return -EINVAL;
-	}
 	cr = cu.cuDeviceGetCount(&count);
 	if (cr != CUDA_SUCCESS || count == 0) {
 		snprintf(why, why_len, "no CUDA device%s%s", cr != CUDA_SUCCESS ? ": " : "",
@@ -200,7 +186,8 @@ static int pick_device(CUdevice *ret, char *why, size_t why_len)
 		return -ENODEV;
 	}
 	if (ordinal >= count || cu.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS) {
-		snprintf(why, why_len, "no CUDA device %d (there are %d)", ordinal, count);
+		snprintf(why, why_len, "no CUDA device %d (the pool's device key; there are %d, "
+			 "numbered from 0)", ordinal, count);
 		return -ENODEV;
 	}
 	if (!attribute(dev, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED) ||
@@ -214,7 +201,7 @@ static int pick_device(CUdevice *ret, char *why, size_t why_len)
 	return 0;
 }
 
-static int cuda_probe(char *why, size_t why_len)
+static int cuda_probe(uint32_t device, char *why, size_t why_len)
 {
 	CUdevice dev;
 	int r;
@@ -222,7 +209,7 @@ static int cuda_probe(char *why, size_t why_len)
 	block_signals();
 	r = cu_load(why, why_len);
 	if (r == 0)
-		r = pick_device(&dev, why, why_len);
+		r = pick_device(device, &dev, why, why_len);
 	else if (r == -ENOSYS)
 		r = -ENODEV;
 	unblock_signals();
@@ -299,7 +286,7 @@ static enum swap_mode swap_mode(uint64_t block_bytes, bool uva)
 }
 
 static int cuda_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
-		       struct backend_pool *ret)
+		       uint32_t device, struct backend_pool *ret)
 {
 	struct backend_pool p = { .ops = NULL, .fd = -1, .done_fd = -1 };
 	CUmemAllocationProp prop = { 0 };
@@ -311,7 +298,7 @@ static int cuda_create(const char *pool_name, uint64_t bytes, uint64_t block_byt
 
 	if (bytes == 0 || block_bytes == 0 || bytes % block_bytes || bytes / block_bytes > UINT32_MAX)
 		return fail(-EINVAL, "pool %s: bad size", pool_name);
-	r = cuda_probe(why, sizeof(why));
+	r = cuda_probe(device, why, sizeof(why));
 	if (r < 0)
 		return fail(r, "%s", why);
 	cp = calloc(1, sizeof(*cp));
@@ -319,7 +306,7 @@ static int cuda_create(const char *pool_name, uint64_t bytes, uint64_t block_byt
 		return fail(-ENOMEM, "out of memory");
 	p.priv = cp;
 	cp->nblocks = (uint32_t)(bytes / block_bytes);
-	r = pick_device(&cp->dev, why, sizeof(why));
+	r = pick_device(device, &cp->dev, why, sizeof(why));
 	if (r < 0) {
 		fail(r, "%s", why);
 		goto fail;

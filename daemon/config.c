@@ -142,6 +142,7 @@ static const struct config_key schema[] = {
 	{ .name = "backend_module", .section = SECTION_POOL, .type = TYPE_PATH, .flags = KEY_FILE,
 	  .def_path = KVPD_MODULEDIR "/kvpaged-cuda.so",
 	  .offset = offsetof(struct kvpd_pool_config, backend_module) },
+	POOL_NUMBER(TYPE_U32, device, 0, 0, 1023, 0),
 	POOL_NUMBER(TYPE_U32, window, 0, 1, UINT64_C(1) << 31, 0),
 	POOL_NUMBER(TYPE_U32, host_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
 	POOL_NUMBER(TYPE_U32, file_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
@@ -1019,6 +1020,15 @@ static int check_pool(struct parse *p, size_t i)
 			       " bytes (2 * layers * kv_heads * head_dim * element_bytes * "
 			       "block_tokens * capacity_blocks), is more than 2^48 bytes (256TiB)",
 			       pc->name, bytes);
+	/*
+	 * A device on a host pool is a mistake: most likely backend = cuda was meant.  0, the
+	 * default, is let through so that every printed configuration loads back.
+	 */
+	if (pc->backend == KVPD_BACKEND_HOST && pc->device != 0)
+		return fail_at(p, -EINVAL, st->key_line[find_key(SECTION_POOL, "device")],
+			       "[pool %s] device: a host pool has no device (backend = host); set "
+			       "backend = cuda or auto to put the pool on GPU %" PRIu32,
+			       pc->name, pc->device);
 	return check_tiers(p, i, bytes / pc->capacity_blocks);
 }
 

@@ -64,11 +64,12 @@ enum backend_dir {
 struct backend_ops {
 	const char *name; /* "host", "cuda": what the Welcome tells clients */
 	/*
-	 * Allocates bytes of pool memory (block_bytes divides it) exported as an fd, zeroed.
+	 * Allocates bytes of pool memory (block_bytes divides it) exported as an fd, zeroed, on
+	 * the given device (the pool's device key; a backend without devices ignores it).
 	 * 0 or -errno; on failure *ret is untouched.
 	 */
 	int (*create)(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
-		      struct backend_pool *ret);
+		      uint32_t device, struct backend_pool *ret);
 	/* Waits for what is in flight, frees everything.  Accepts a pool create() failed on. */
 	void (*destroy)(struct backend_pool *p);
 	/* Copies one whole block (copy-on-write), complete on return.  0 or -errno. */
@@ -117,24 +118,25 @@ void backend_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
 /* A module exports one symbol of this name: a const struct backend_module. */
 #define BACKEND_MODULE_SYMBOL "kvpaged_backend_module"
 /* Bumped whenever struct backend_module or struct backend_ops changes incompatibly. */
-#define BACKEND_MODULE_ABI 1
+#define BACKEND_MODULE_ABI 2 /* 2: create() and probe() take the device */
 
 struct backend_module {
 	uint32_t abi; /* BACKEND_MODULE_ABI */
 	const struct backend_ops *ops;
 	/*
-	 * Whether the backend can work here (a driver, a device that can export its memory).
-	 * 0, or -errno (-ENODEV: no device; -ENOENT: no driver) with why filled in.
+	 * Whether the backend can work here: a driver, and device (an ordinal) present and able
+	 * to export its memory.  0, or -errno (-ENODEV: no such device; -ENOENT: no driver) with
+	 * why filled in.
 	 */
-	int (*probe)(char *why, size_t why_len);
+	int (*probe)(uint32_t device, char *why, size_t why_len);
 	/* Why the last failed call failed, in words ("" if unknown). */
 	const char *(*last_error)(void);
 };
 
 /*
- * Loads the module at path (once per path; it stays loaded) and probes it.  0 with *ret set,
- * or -errno with why filled in: -ENOENT no such module or no driver, -ENODEV no device,
- * -ENOEXEC not a kvpaged backend module (or another ABI).
+ * Loads the module at path (once per path; it stays loaded) and probes it for device.  0 with
+ * *ret set, or -errno with why filled in: -ENOENT no such module or no driver, -ENODEV no such
+ * device, -ENOEXEC not a kvpaged backend module (or another ABI).
  */
-int backend_module_load(const char *path, const struct backend_module **ret, char *why,
-			size_t why_len);
+int backend_module_load(const char *path, uint32_t device, const struct backend_module **ret,
+			char *why, size_t why_len);

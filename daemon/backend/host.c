@@ -20,8 +20,9 @@ struct host_state {
 	uint64_t tickets; /* the last ticket handed out */
 };
 
+/* Host memory has no devices: device is ignored (the configuration refuses one but 0). */
 static int host_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
-		       struct backend_pool *ret)
+		       uint32_t device, struct backend_pool *ret)
 {
 	char name[96];
 	struct host_state *st;

@@ -20,8 +20,8 @@ struct loaded_module {
 
 static struct loaded_module *loaded;
 
-int backend_module_load(const char *path, const struct backend_module **ret, char *why,
-			size_t why_len)
+int backend_module_load(const char *path, uint32_t device, const struct backend_module **ret,
+			char *why, size_t why_len)
 {
 	const struct backend_module *m = NULL;
 	struct loaded_module *l;
@@ -67,7 +67,7 @@ int backend_module_load(const char *path, const struct backend_module **ret, cha
 		l->next = loaded;
 		loaded = l;
 	}
-	r = m->probe(why, why_len);
+	r = m->probe(device, why, why_len);
 	if (r < 0)
 		return r;
 	*ret = m;

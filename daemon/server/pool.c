@@ -479,9 +479,13 @@ static int backend_select(const struct kvpd_pool_config *cfg, const struct backe
 		*ret = &backend_host;
 		return 0;
 	}
+	/* Earlier builds chose the GPU by this variable; the key replaced it (one source). */
+	if (getenv("KVPAGED_CUDA_DEVICE"))
+		log_warning("pool %s: $KVPAGED_CUDA_DEVICE is not read any more; the pool's device "
+			    "key chooses the GPU (here %u)", cfg->name, cfg->device);
 	if (!path || !*path)
 		path = cfg->backend_module;
-	r = backend_module_load(path, &m, why, sizeof(why));
+	r = backend_module_load(path, cfg->device, &m, why, sizeof(why));
 	if (r == 0) {
 		*ret = m->ops;
 		*ret_module = m;
@@ -528,7 +532,8 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	r = backend_select(cfg, &ops, &module);
 	if (r < 0)
 		return r;
-	r = ops->create(cfg->name, p->block_bytes * cfg->capacity_blocks, p->block_bytes, &p->mem);
+	r = ops->create(cfg->name, p->block_bytes * cfg->capacity_blocks, p->block_bytes,
+			cfg->device, &p->mem);
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot allocate %llu bytes of %s memory: %m%s%s%s",
 				       cfg->name,

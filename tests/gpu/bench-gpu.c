@@ -80,7 +80,7 @@ static struct backend_pool pool_new(uint32_t tokens, const char *swap)
 	int r;
 
 	setenv("KVPAGED_CUDA_SWAP", swap, 1);
-	r = module->ops->create("bench", POOL_BYTES / block * block, block, &p);
+	r = module->ops->create("bench", POOL_BYTES / block * block, block, 0, &p);
 	if (r < 0)
 		die("create", r);
 	p.layers = LAYERS;
@@ -257,7 +257,7 @@ int main(void)
 
 	if (gpu_skip())
 		return GPU_SKIP;
-	if (!path || !*path || backend_module_load(path, &module, why, sizeof(why)) < 0) {
+	if (!path || !*path || backend_module_load(path, 0, &module, why, sizeof(why)) < 0) {
 		fprintf(stderr, "bench: cannot load the module %s: %s\n", path ? path : "(unset)",
 			path ? why : "set KVPAGED_CUDA_MODULE");
 		return 2;

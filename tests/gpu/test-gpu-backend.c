@@ -37,13 +37,13 @@ static void pools_open(struct pools *p, const struct geometry *g, const char *sw
 	ck_assert_msg(path && *path, "KVPAGED_CUDA_MODULE is not set");
 	setenv("KVPAGED_CUDA_SWAP", swap, 1);
 	*p = (struct pools){ .dev = { .fd = -1, .done_fd = -1 }, .host = { .fd = -1, .done_fd = -1 } };
-	r = backend_module_load(path, &p->module, why, sizeof(why));
+	r = backend_module_load(path, 0, &p->module, why, sizeof(why));
 	ck_assert_msg(r == 0, "%s", why);
 	p->block_bytes = slot * g->block_tokens * 2 * g->layers;
 	p->bytes = p->block_bytes * g->capacity;
-	r = p->module->ops->create("test", p->bytes, p->block_bytes, &p->dev);
+	r = p->module->ops->create("test", p->bytes, p->block_bytes, 0, &p->dev);
 	ck_assert_msg(r == 0, "create: %s", p->module->last_error());
-	ck_assert_int_eq(backend_host.create("test", p->bytes, p->block_bytes, &p->host), 0);
+	ck_assert_int_eq(backend_host.create("test", p->bytes, p->block_bytes, 0, &p->host), 0);
 	ck_assert_ptr_null(p->dev.base);
 	ck_assert(p->dev.device_base != 0);
 	ck_assert_uint_ge(p->dev.bytes, p->bytes);

@@ -97,6 +97,8 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->host_tier_bandwidth, b->host_tier_bandwidth);
 	ck_assert_uint_eq(a->window, b->window);
 	ck_assert_uint_eq(a->file_tier_bandwidth, b->file_tier_bandwidth);
+	ck_assert_int_eq(a->backend, b->backend);
+	ck_assert_uint_eq(a->device, b->device);
 }
 
 static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_config *b)
@@ -840,6 +842,67 @@ START_TEST(test_namespace)
 }
 END_TEST
 
+/* Where the memory lives: backend, its module and the GPU; a host pool takes no device. */
+START_TEST(test_backend_and_device)
+{
+	static const struct {
+		const char *value;
+		enum kvpd_backend backend;
+	} backends[] = {
+		{ "host", KVPD_BACKEND_HOST },
+		{ "cuda", KVPD_BACKEND_CUDA },
+		{ "auto", KVPD_BACKEND_AUTO },
+	};
+	struct kvpd_config a, b;
+	char *text;
+
+	load_ok(POOL_MAIN, &a);
+	ck_assert_int_eq(a.pools[0].backend, KVPD_BACKEND_HOST);
+	ck_assert_uint_eq(a.pools[0].device, 0);
+	ck_assert_ptr_nonnull(strstr(a.pools[0].backend_module, "/kvpaged-cuda.so"));
+	config_free(&a);
+	for (size_t i = 0; i < sizeof(backends) / sizeof(backends[0]); i++) {
+		char conf[512];
+
+		snprintf(conf, sizeof(conf), POOL_MAIN "backend = %s\n", backends[i].value);
+		load_ok(conf, &a);
+		ck_assert_int_eq(a.pools[0].backend, backends[i].backend);
+		config_free(&a);
+	}
+
+	load_ok(POOL_MAIN "backend = cuda\ndevice = 3\nbackend_module = /opt/k/cuda.so\n", &a);
+	ck_assert_uint_eq(a.pools[0].device, 3);
+	ck_assert_str_eq(a.pools[0].backend_module, "/opt/k/cuda.so");
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "\nbackend = cuda\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\ndevice = 3\n"));
+	load_ok(text, &b);
+	ck_assert_uint_eq(b.pools[0].device, 3);
+	free(text);
+	config_free(&b);
+	load_ok(POOL_MAIN "backend = auto\ndevice = 1023\n", &b);
+	ck_assert_uint_eq(b.pools[0].device, 1023);
+	/* The device is the pool's memory: a reload keeps the running one. */
+	ck_assert_int_eq(config_apply_live(&a, &b, NULL, NULL), 0);
+	ck_assert_uint_eq(a.pools[0].device, 3);
+	config_free(&a);
+	config_free(&b);
+
+	/* 0 is the default: a host pool's printed configuration says it and loads back. */
+	load_ok(POOL_MAIN "device = 0\n", &a);
+	config_free(&a);
+	expect_pool_error("device = 1",
+			  "kvpaged.conf:8: [pool main] device: a host pool has no device "
+			  "(backend = host); set backend = cuda or auto to put the pool on GPU 1");
+	expect_pool_error("backend = host\ndevice = 2", "kvpaged.conf:9: [pool main] device: a "
+			  "host pool has no device");
+	expect_pool_error("backend = cuda\ndevice = 1024",
+			  "kvpaged.conf:9: [pool main] device: 1024 is out of range 0..1023");
+	expect_pool_error("backend = cuda\ndevice = -1", "device: '-1' is not");
+	expect_pool_error("backend = gpu", "backend: 'gpu' is not one of host, cuda, auto");
+}
+END_TEST
+
 START_TEST(test_pool_memory_limit)
 {
 	struct kvpd_config c;
@@ -1032,6 +1095,7 @@ int main(void)
 	tcase_add_test(tc, test_users_and_groups);
 	tcase_add_test(tc, test_continuation_lines);
 	tcase_add_test(tc, test_namespace);
+	tcase_add_test(tc, test_backend_and_device);
 	tcase_add_test(tc, test_pool_memory_limit);
 	tcase_add_test(tc, test_paths);
 	tcase_add_test(tc, test_syntax_errors_and_line_numbers);
