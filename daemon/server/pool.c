@@ -411,7 +411,8 @@ static int tiers_open(struct dpool *p, struct core_config *cc)
 	int r;
 
 	if (c->host_tier_blocks) {
-		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, &p->host);
+		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, NULL,
+				  &p->host);
 		if (r < 0)
 			return log_error_errno(r, "pool %s: cannot allocate the host tier (%u blocks "
 					       "of %llu bytes): %m", c->name, c->host_tier_blocks,

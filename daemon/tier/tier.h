@@ -26,19 +26,49 @@ struct tier_key {
 
 struct host_tier;
 
-/* nslots slots of block_bytes each (plus the tokens).  0, -EINVAL or -ENOMEM. */
+/*
+ * Where the arena (the slots' bytes) comes from when not from an anonymous mapping: for a pool
+ * on a device, the backend's pinned, device-visible host memory (host_alloc), so that moves run
+ * straight between the pool and a slot.  Such an arena is committed, and pinned, whole when it
+ * is allocated, not page by page as slots fill.  alloc: 0 or -errno; free gets what it gave.
+ */
+struct host_tier_arena {
+	int (*alloc)(void *ctx, uint64_t bytes, void **ret);
+	void (*free)(void *ctx, void *mem, uint64_t bytes);
+	void *ctx;
+};
+
+/*
+ * nslots slots of block_bytes each (plus the tokens), the bytes from arena (copied; NULL: an
+ * anonymous mapping, committed as slots are first written).  0, -EINVAL, -ENOMEM, or what
+ * arena->alloc returned.
+ */
 int host_tier_new(uint32_t nslots, uint64_t block_bytes, uint32_t block_tokens,
-		  struct host_tier **ret);
+		  const struct host_tier_arena *arena, struct host_tier **ret);
 struct host_tier *host_tier_free(struct host_tier *t);
 
 /*
  * Copies a block's bytes and identity into a slot (slot < nslots).  Not thread-safe: one owner
- * stores and loads; the arena is committed page by page as slots are first written.
+ * stores and loads.
  */
 void host_tier_store(struct host_tier *t, uint32_t slot, const struct tier_key *key,
 		     const void *data);
 /* Copies a slot's bytes to dst if its identity is key's: 0, else -EBADMSG (nothing copied). */
 int host_tier_load(struct host_tier *t, uint32_t slot, const struct tier_key *key, void *dst);
+
+/*
+ * A store whose bytes someone else writes (a device's move into a pinned arena), in two steps.
+ * host_tier_slot_for_write() forgets what the slot held and returns its block_bytes of memory;
+ * once the bytes are in, host_tier_commit() records the identity.  In between the slot matches
+ * no key, so a write that fails half way leaves nothing that could be loaded as a block.
+ */
+void *host_tier_slot_for_write(struct host_tier *t, uint32_t slot);
+void host_tier_commit(struct host_tier *t, uint32_t slot, const struct tier_key *key);
+/*
+ * A load whose bytes someone else reads: the slot's memory if its identity is key's (as
+ * host_tier_load() checks it), else NULL.  Valid until the slot is next written.
+ */
+const void *host_tier_lookup(const struct host_tier *t, uint32_t slot, const struct tier_key *key);
 /* The slot's stored identity (tokens point into the tier) and bytes. */
 void host_tier_key(const struct host_tier *t, uint32_t slot, struct tier_key *ret);
 const void *host_tier_data(const struct host_tier *t, uint32_t slot);

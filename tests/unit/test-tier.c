@@ -88,8 +88,8 @@ START_TEST(test_host_round_trip)
 	uint8_t src[BYTES], dst[BYTES], junk[BYTES];
 	struct tier_key k;
 
-	ck_assert_int_eq(host_tier_new(0, BYTES, TOKENS, &t), -EINVAL);
-	ck_assert_int_eq(host_tier_new(SLOTS, BYTES, TOKENS, &t), 0);
+	ck_assert_int_eq(host_tier_new(0, BYTES, TOKENS, NULL, &t), -EINVAL);
+	ck_assert_int_eq(host_tier_new(SLOTS, BYTES, TOKENS, NULL, &t), 0);
 
 	/* A slot never stored matches nothing, not even an all-zero key. */
 	{
@@ -154,6 +154,102 @@ START_TEST(test_host_round_trip)
 	}
 	ck_assert_ptr_null(host_tier_free(t));
 	ck_assert_ptr_null(host_tier_free(NULL));
+}
+END_TEST
+
+/* An arena from elsewhere (a backend's pinned memory in the daemon): counted, and checked. */
+struct test_arena {
+	int allocs, frees, fail;
+	void *mem;
+	uint64_t bytes;
+};
+
+static int test_arena_alloc(void *ctx, uint64_t bytes, void **ret)
+{
+	struct test_arena *a = ctx;
+
+	if (a->fail)
+		return a->fail;
+	a->allocs++;
+	a->bytes = bytes;
+	a->mem = malloc(bytes);
+	if (!a->mem)
+		return -ENOMEM;
+	/* Whatever the memory held, a new tier must not find it. */
+	memset(a->mem, 0x5a, bytes);
+	*ret = a->mem;
+	return 0;
+}
+
+static void test_arena_free(void *ctx, void *mem, uint64_t bytes)
+{
+	struct test_arena *a = ctx;
+
+	ck_assert_ptr_eq(mem, a->mem);
+	ck_assert_uint_eq(bytes, a->bytes);
+	a->frees++;
+	free(mem);
+}
+
+/*
+ * The two-step store and the lookup that moves to and from a device use, on an arena given by
+ * the caller: the bytes written into a slot come back through lookup under its key only, and
+ * a slot being written matches no key, not even the one it held before.
+ */
+START_TEST(test_host_arena_and_slot_access)
+{
+	enum { SLOTS = 6, BYTES = 1000 };
+	struct test_arena a = { 0 };
+	const struct host_tier_arena arena = { test_arena_alloc, test_arena_free, &a };
+	const struct host_tier_arena half = { test_arena_alloc, NULL, &a };
+	struct host_tier *t = NULL;
+	struct block b[SLOTS], nb;
+	uint8_t src[BYTES], dst[BYTES];
+	const uint8_t *at;
+	uint8_t *w;
+
+	ck_assert_int_eq(host_tier_new(SLOTS, BYTES, TOKENS, &half, &t), -EINVAL);
+	a.fail = -ENOSPC;
+	ck_assert_int_eq(host_tier_new(SLOTS, BYTES, TOKENS, &arena, &t), -ENOSPC);
+	ck_assert_ptr_null(t);
+	a.fail = 0;
+	ck_assert_int_eq(host_tier_new(SLOTS, BYTES, TOKENS, &arena, &t), 0);
+	ck_assert_int_eq(a.allocs, 1);
+	ck_assert_uint_eq(a.bytes, (uint64_t)SLOTS * BYTES);
+
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		make_block(&b[i], i);
+		ck_assert_ptr_null(host_tier_lookup(t, i, &b[i].key));
+		w = host_tier_slot_for_write(t, i);
+		/* The slot is the arena's, in order: a device writes it in place. */
+		ck_assert_ptr_eq(w, (uint8_t *)a.mem + (size_t)i * BYTES);
+		fill_data(w, BYTES, i, 0);
+		ck_assert_ptr_null(host_tier_lookup(t, i, &b[i].key)); /* not committed yet */
+		host_tier_commit(t, i, &b[i].key);
+	}
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		fill_data(src, BYTES, i, 0);
+		at = host_tier_lookup(t, i, &b[i].key);
+		ck_assert_ptr_eq(at, host_tier_data(t, i));
+		ck_assert_mem_eq(at, src, BYTES);
+		ck_assert_ptr_null(host_tier_lookup(t, i, &b[(i + 1) % SLOTS].key));
+		ck_assert_int_eq(host_tier_load(t, i, &b[i].key, dst), 0);
+		ck_assert_mem_eq(dst, src, BYTES);
+	}
+
+	/* Rewriting a slot forgets its block at once: a failed write leaves no stale hit. */
+	host_tier_slot_for_write(t, 2);
+	ck_assert_ptr_null(host_tier_lookup(t, 2, &b[2].key));
+	ck_assert_int_eq(host_tier_load(t, 2, &b[2].key, dst), -EBADMSG);
+	/* And host_tier_store() into an arena slot is the same as a written and committed one. */
+	make_block(&nb, 77);
+	fill_data(src, BYTES, 77, 3);
+	host_tier_store(t, 2, &nb.key, src);
+	ck_assert_mem_eq(host_tier_lookup(t, 2, &nb.key), src, BYTES);
+	ck_assert_ptr_nonnull(host_tier_lookup(t, 3, &b[3].key));
+
+	ck_assert_ptr_null(host_tier_free(t));
+	ck_assert_int_eq(a.frees, 1);
 }
 END_TEST
 
@@ -808,6 +904,7 @@ int main(void)
 	TCase *host = tcase_create("host"), *file = tcase_create("file");
 
 	tcase_add_test(host, test_host_round_trip);
+	tcase_add_test(host, test_host_arena_and_slot_access);
 	tcase_add_test(file, test_file_bad_config);
 	tcase_add_test(file, test_file_round_trip);
 	tcase_add_test(file, test_file_round_trip_shm);

@@ -398,7 +398,7 @@ static int bench_host_tier(const struct swap_opts *o, struct swap_blocks *b,
 	res->errors = 0;
 	if (!tns || !mns)
 		goto out;
-	r = host_tier_new(o->slots, o->block_bytes, SWAP_TOKENS, &t);
+	r = host_tier_new(o->slots, o->block_bytes, SWAP_TOKENS, NULL, &t);
 	if (r < 0)
 		goto out;
 	/* The baseline's memory is the tier's kind: anonymous, huge pages where granted. */
