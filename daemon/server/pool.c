@@ -70,10 +70,13 @@ static void *block_at(const struct dpool *p, uint32_t b)
 }
 
 /*
- * A pool on a device (no mapping of its own in the daemon): the tiers' bytes go through the
- * pool's pinned staging, stage_blocks blocks at a time.  The core's tier calls are synchronous
- * (the block is reused, or handed to a client, when they return), so the moves are waited for
- * here; the pool's done_fd is for callers that can wait in the event loop instead.
+ * A pool on a device (no mapping of its own in the daemon) reaches the tiers through backend
+ * moves.  The host tier's arena is then the backend's pinned memory (host_direct), and blocks
+ * move straight between the pool and its slots.  The file tier's bytes, and the host tier's
+ * when its arena could not be pinned, go through the pool's pinned staging, stage_blocks
+ * blocks at a time.  The core's tier calls are synchronous (the block is reused, or handed to
+ * a client, when they return), so the moves are waited for here; the pool's done_fd is for
+ * callers that can wait in the event loop instead.
  */
 #define STAGE_MAX_BLOCKS 64u
 
@@ -82,8 +85,8 @@ static void *stage_at(const struct dpool *p, uint32_t i)
 	return (char *)p->mem.stage + (uint64_t)i * p->block_bytes;
 }
 
-static int stage_move(struct dpool *p, enum backend_dir dir, const struct backend_move *m,
-		      uint32_t n)
+static int move_and_wait(struct dpool *p, enum backend_dir dir, const struct backend_move *m,
+			 uint32_t n)
 {
 	uint64_t ticket;
 	int r;
@@ -106,9 +109,21 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 	struct tier_key key = tier_key_of(ck);
 	const void *data;
 
+	if (from_tier == CORE_TIER_POOL && !p->mem.base && to_tier == CORE_TIER_HOST &&
+	    p->host_direct) {
+		/* The slot matches nothing until committed: a failed move leaves no stale block. */
+		struct backend_move m = { .block = from,
+					  .host = host_tier_slot_for_write(p->host, to) };
+		int r = move_and_wait(p, BACKEND_TO_HOST, &m, 1);
+
+		if (r < 0)
+			return r;
+		host_tier_commit(p->host, to, &key);
+		return 0;
+	}
 	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
 		struct backend_move m = { .block = from, .host = p->mem.stage };
-		int r = stage_move(p, BACKEND_TO_HOST, &m, 1);
+		int r = move_and_wait(p, BACKEND_TO_HOST, &m, 1);
 
 		if (r < 0)
 			return r;
@@ -136,30 +151,89 @@ static void warn_file_load(const struct dpool *p, uint32_t slot, int r)
 		    slot, r == -EBADMSG ? "checksum or identity mismatch" : strerror(-r));
 }
 
-/* tier_load for a pool on a device: each chunk is read into the staging, then moved in. */
-static void tier_load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
+/* Whether a load into a device pool goes through the staging (else straight from its slot). */
+static bool load_is_staged(const struct dpool *p, const struct core_load *l)
+{
+	return l->tier == CORE_TIER_FILE || !p->host_direct;
+}
+
+/*
+ * A device pool's hits in a pinned host tier: checked against their slots' identities, then
+ * moved from the slots into the pool in one move.
+ */
+static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t n)
+{
+	struct backend_move *moves = NULL;
+	uint32_t nhost = 0, nmoves = 0, *which = NULL;
+	int r;
+
+	for (uint32_t i = 0; i < n; i++)
+		nhost += !load_is_staged(p, &loads[i]);
+	if (!nhost)
+		return;
+	moves = malloc(nhost * sizeof(*moves));
+	which = malloc(nhost * sizeof(*which));
+	if (!moves || !which) {
+		/* No memory for the batch: every such hit is a miss, recomputed. */
+		for (uint32_t i = 0; i < n; i++)
+			if (!load_is_staged(p, &loads[i]))
+				loads[i].result = -ENOMEM;
+		goto out;
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		struct tier_key key = tier_key_of(&loads[i].key);
+		const void *data;
+
+		if (load_is_staged(p, &loads[i]))
+			continue;
+		data = host_tier_lookup(p->host, loads[i].slot, &key);
+		if (!data) {
+			loads[i].result = -EBADMSG;
+			continue;
+		}
+		/* A move into the pool only reads its host side. */
+		moves[nmoves] = (struct backend_move){ .block = loads[i].block, .host = (void *)data };
+		which[nmoves++] = i;
+	}
+	r = nmoves ? move_and_wait(p, BACKEND_FROM_HOST, moves, nmoves) : 0;
+	for (uint32_t k = 0; k < nmoves; k++)
+		loads[which[k]].result = r;
+out:
+	free(moves);
+	free(which);
+}
+
+/* A device pool's other hits: each chunk is read into the staging, then moved in. */
+static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 {
 	const uint32_t cap = p->mem.stage_blocks;
+	struct core_load *chunk[STAGE_MAX_BLOCKS];
 	struct backend_move moves[STAGE_MAX_BLOCKS];
 	uint32_t fslots[STAGE_MAX_BLOCKS], fwhich[STAGE_MAX_BLOCKS];
 	struct tier_key fkeys[STAGE_MAX_BLOCKS];
 	void *fdsts[STAGE_MAX_BLOCKS];
 	int results[STAGE_MAX_BLOCKS], fresults[STAGE_MAX_BLOCKS];
+	uint32_t next = 0;
 
-	for (uint32_t first = 0; first < n; first += cap) {
-		uint32_t k, count = n - first < cap ? n - first : cap, nfile = 0, nmoves = 0;
-		struct core_load *chunk = loads + first;
+	for (;;) {
+		uint32_t k, count = 0, nfile = 0, nmoves = 0;
 		int r;
 
+		/* No staging was allocated when nothing needs it (cap 0): nothing is taken then. */
+		for (; next < n && count < cap; next++)
+			if (load_is_staged(p, &loads[next]))
+				chunk[count++] = &loads[next];
+		if (!count)
+			break;
 		for (k = 0; k < count; k++) {
-			struct tier_key key = tier_key_of(&chunk[k].key);
+			struct tier_key key = tier_key_of(&chunk[k]->key);
 
-			if (chunk[k].tier == CORE_TIER_HOST) {
-				results[k] = host_tier_load(p->host, chunk[k].slot, &key,
+			if (chunk[k]->tier == CORE_TIER_HOST) {
+				results[k] = host_tier_load(p->host, chunk[k]->slot, &key,
 							    stage_at(p, k));
 				continue;
 			}
-			fslots[nfile] = chunk[k].slot;
+			fslots[nfile] = chunk[k]->slot;
 			fkeys[nfile] = key;
 			fdsts[nfile] = stage_at(p, k);
 			fwhich[nfile++] = k;
@@ -174,12 +248,23 @@ static void tier_load_staged(struct dpool *p, struct core_load *loads, uint32_t 
 		}
 		for (k = 0; k < count; k++)
 			if (results[k] == 0)
-				moves[nmoves++] = (struct backend_move){ .block = chunk[k].block,
+				moves[nmoves++] = (struct backend_move){ .block = chunk[k]->block,
 									 .host = stage_at(p, k) };
-		r = nmoves ? stage_move(p, BACKEND_FROM_HOST, moves, nmoves) : 0;
+		r = nmoves ? move_and_wait(p, BACKEND_FROM_HOST, moves, nmoves) : 0;
 		for (k = 0; k < count; k++)
-			chunk[k].result = results[k] == 0 ? r : results[k];
+			chunk[k]->result = results[k] == 0 ? r : results[k];
 	}
+	/* Only if the staging is missing where it is needed, which dpool_init() rules out. */
+	for (; next < n; next++)
+		if (load_is_staged(p, &loads[next]))
+			loads[next].result = -ENOMEM;
+}
+
+/* tier_load for a pool on a device: pinned host slots move straight in, the rest staged. */
+static void tier_load_device(struct dpool *p, struct core_load *loads, uint32_t n)
+{
+	load_host_direct(p, loads, n);
+	load_staged(p, loads, n);
 }
 
 /* core_tier_ops.load: host slots are copied at once; file slots are read in one batch. */
@@ -192,7 +277,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 	int *results = NULL;
 
 	if (!p->mem.base) {
-		tier_load_staged(p, loads, n);
+		tier_load_device(p, loads, n);
 		return;
 	}
 	for (uint32_t i = 0; i < n; i++) {
@@ -405,18 +490,66 @@ static uint64_t geometry_of(const struct dpool *p)
 	return XXH3_64bits(g, sizeof(g));
 }
 
-static int tiers_open(struct dpool *p, struct core_config *cc)
+/* The host tier's arena from the pool's backend: pinned, device-visible host memory. */
+static int pinned_arena_alloc(void *ctx, uint64_t bytes, void **ret)
+{
+	struct backend_pool *mem = ctx;
+
+	return mem->ops->host_alloc(mem, bytes, ret);
+}
+
+static void pinned_arena_free(void *ctx, void *arena, uint64_t bytes)
+{
+	struct backend_pool *mem = ctx;
+
+	mem->ops->host_free(mem, arena, bytes);
+}
+
+static int host_tier_open(struct dpool *p, const struct backend_module *module)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	const struct host_tier_arena pinned = { .alloc = pinned_arena_alloc,
+						.free = pinned_arena_free, .ctx = &p->mem };
+	const unsigned long long bytes = (unsigned long long)c->host_tier_blocks * p->block_bytes;
+	int r;
+
+	/*
+	 * A pool on a device: with the arena pinned, swaps move between the pool and a slot at
+	 * bus speed with no CPU copy.  Pinning commits the whole arena now, where plain memory is
+	 * committed as slots fill.  Where it cannot be had (not enough memory, a limit), the tier
+	 * is plain memory reached through the staging, as a host tier was before.
+	 */
+	if (!p->mem.base) {
+		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, &pinned,
+				  &p->host);
+		if (r == 0) {
+			p->host_direct = true;
+			log_info("pool %s: host tier of %llu bytes pinned for direct moves (committed "
+				 "now, not as it fills)", c->name, bytes);
+			return 0;
+		}
+		log_warning("pool %s: cannot pin the host tier's %llu bytes: %s%s%s%s; it uses plain "
+			    "memory, and its moves go through the pool's staging", c->name, bytes,
+			    strerror(-r), module ? " (" : "", module ? module->last_error() : "",
+			    module ? ")" : "");
+	}
+	r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, NULL, &p->host);
+	if (r < 0)
+		return log_error_errno(r, "pool %s: cannot allocate the host tier (%u blocks of %llu "
+				       "bytes): %m", c->name, c->host_tier_blocks,
+				       (unsigned long long)p->block_bytes);
+	return 0;
+}
+
+static int tiers_open(struct dpool *p, const struct backend_module *module, struct core_config *cc)
 {
 	const struct kvpd_pool_config *c = p->cfg;
 	int r;
 
 	if (c->host_tier_blocks) {
-		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, NULL,
-				  &p->host);
+		r = host_tier_open(p, module);
 		if (r < 0)
-			return log_error_errno(r, "pool %s: cannot allocate the host tier (%u blocks "
-					       "of %llu bytes): %m", c->name, c->host_tier_blocks,
-					       (unsigned long long)p->block_bytes);
+			return r;
 	}
 	if (c->file_tier_blocks) {
 		struct file_tier_config fc = {
@@ -545,7 +678,11 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	p->mem.layer_stride = p->layer_stride;
 	p->mem.kv_stride = p->kv_stride;
 	p->mem.slot_stride = p->slot_stride;
-	if (!p->mem.base && (cfg->host_tier_blocks || cfg->file_tier_blocks)) {
+	r = tiers_open(p, module, &cc);
+	if (r < 0)
+		return r;
+	/* A device pool's file tier, or a host tier that could not be pinned, needs the staging. */
+	if (!p->mem.base && (p->file || (p->host && !p->host_direct))) {
 		uint64_t n = (UINT64_C(32) << 20) / p->block_bytes;
 
 		n = n < 1 ? 1 : n > STAGE_MAX_BLOCKS ? STAGE_MAX_BLOCKS : n;
@@ -556,9 +693,6 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 					       (unsigned long long)(n * p->block_bytes));
 		p->mem.stage_blocks = (uint32_t)n;
 	}
-	r = tiers_open(p, &cc);
-	if (r < 0)
-		return r;
 	r = core_new(&cc, &p->core);
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot create the block manager: %m", cfg->name);

@@ -67,6 +67,7 @@ struct dpool {
 	/* Tiers below the pool (NULL when not configured). */
 	struct host_tier *host;
 	struct file_tier *file;
+	bool host_direct; /* a device pool's host tier is pinned: moves reach its slots directly */
 	double bandwidth[CORE_NTIERS]; /* bytes/s the cost model uses (configured or measured) */
 	uint32_t *lost;                /* file slots whose write failed, for core_tier_lost */
 	uint32_t nlost, lost_cap;
