@@ -57,7 +57,8 @@
 	X(cuLaunchKernel)                                                                          \
 	X(cuModuleLoadData)                                                                        \
 	X(cuModuleUnload)                                                                          \
-	X(cuModuleGetFunction)
+	X(cuModuleGetFunction)                                                                     \
+	X(cuPointerGetAttribute)
 
 struct cu_api {
 #define CU_MEMBER(fn) __typeof__(fn) *fn;

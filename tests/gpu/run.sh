@@ -46,12 +46,12 @@ run() { # NAME TIMEOUT COMMAND...: one test, its output kept in $build/gpu-NAME.
 	return $rc
 }
 
-run gpu-backend 120 ./tests/gpu/test-gpu-backend
+run gpu-backend 180 ./tests/gpu/test-gpu-backend
 if [ "${skipped[*]-}" = gpu-backend ]; then
 	echo "gpu: no GPU here; nothing to run"
 	exit 77
 fi
-run gpu-share 180 ./tests/gpu/test-gpu-share
+run gpu-share 300 ./tests/gpu/test-gpu-share
 run nodriver 60 ./tests/gpu/test-nodriver
 run nolink 30 "$top/tests/gpu/nolink.test"
 run bench 180 ./tests/gpu/kvpaged-gpu-bench

@@ -4,7 +4,9 @@
  * the same copies (copy-on-write blocks, token gather), the same moves out to pinned host
  * memory and back in, through both swap paths (copy engines and kernel); afterwards the two
  * pools and the host buffers must be equal byte for byte.  Two layouts: a 16-byte one (the
- * vector path) and an odd one (bytes).  Exits 77 without a GPU.
+ * vector path) and an odd one (bytes).  A host tier whose arena is the module's pinned memory,
+ * as the daemon makes it for a GPU pool, takes blocks straight from the pool and gives them
+ * back.  The device argument picks the device.  Exits 77 without a GPU.
  */
 #include <check.h>
 #include <errno.h>
@@ -13,6 +15,7 @@
 #include <string.h>
 
 #include "daemon/backend/backend.h"
+#include "daemon/tier/tier.h"
 #include "tests/gpu/gpu.h"
 
 struct geometry {
@@ -242,6 +245,146 @@ START_TEST(test_fd_imports)
 }
 END_TEST
 
+/* The daemon's pinned arena for a GPU pool's host tier (daemon/server/pool.c). */
+static int arena_alloc(void *ctx, uint64_t bytes, void **ret)
+{
+	struct backend_pool *b = ctx;
+
+	return b->ops->host_alloc(b, bytes, ret);
+}
+
+static void arena_free(void *ctx, void *mem, uint64_t bytes)
+{
+	struct backend_pool *b = ctx;
+
+	b->ops->host_free(b, mem, bytes);
+}
+
+/*
+ * Blocks moved out into host tier slots (one move, straight into the pinned arena) hold the
+ * pool's bytes; moved back in from the slots (one move) into other blocks, the device pool
+ * equals the host pool that copied the same blocks.
+ */
+static void run_host_tier(const struct geometry *g, const char *swap)
+{
+	enum { N = 24, TOKENS = 4 };
+	const uint32_t cap = g->capacity;
+	struct host_tier *t = NULL;
+	struct backend_move m[N];
+	uint32_t tokens[N][TOKENS];
+	struct tier_key keys[N];
+	uint64_t ticket;
+	struct pools p;
+
+	pools_open(&p, g, swap);
+	{
+		const struct host_tier_arena pinned = { arena_alloc, arena_free, &p.dev };
+
+		ck_assert_int_eq(host_tier_new(2 * N, p.block_bytes, TOKENS, &pinned, &t), 0);
+	}
+	for (uint32_t i = 0; i < N; i++) {
+		uint32_t slot = i < N / 2 ? i : 2 * N - 1 - i;
+
+		for (uint32_t k = 0; k < TOKENS; k++)
+			tokens[i][k] = i * 100 + k;
+		keys[i] = (struct tier_key){ .hash_lo = i + 1, .hash_hi = 7, .tokens = tokens[i] };
+		/* The first half one run (adjacent on both sides), the second half reversed. */
+		m[i] = (struct backend_move){ .block = i < N / 2 ? i : cap / 2 - 1 - (i - N / 2),
+					      .host = host_tier_slot_for_write(t, slot) };
+	}
+	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, N, &ticket), 0);
+	wait_move(&p.dev, ticket);
+	for (uint32_t i = 0; i < N; i++) {
+		uint32_t slot = i < N / 2 ? i : 2 * N - 1 - i;
+		const void *data;
+
+		ck_assert_ptr_null(host_tier_lookup(t, slot, &keys[i])); /* not committed */
+		host_tier_commit(t, slot, &keys[i]);
+		data = host_tier_lookup(t, slot, &keys[i]);
+		ck_assert_ptr_eq(data, m[i].host);
+		ck_assert_msg(!memcmp(data, (uint8_t *)p.host.base + (uint64_t)m[i].block *
+								      p.block_bytes,
+				      p.block_bytes),
+			      "host tier slot %u differs from block %u after the move out (%s)", slot,
+			      m[i].block, swap);
+		ck_assert_ptr_null(host_tier_lookup(t, slot, &keys[(i + 1) % N]));
+	}
+
+	/* Back in, from the slots as lookups give them, into the other half of the pool. */
+	for (uint32_t i = 0; i < N; i++) {
+		uint32_t slot = i < N / 2 ? i : 2 * N - 1 - i;
+		uint32_t dst = cap / 2 + i;
+
+		ck_assert_int_eq(backend_host.copy_block(&p.host, dst, m[i].block), 0);
+		m[i] = (struct backend_move){ .block = dst,
+					      .host = (void *)host_tier_lookup(t, slot, &keys[i]) };
+		ck_assert_ptr_nonnull(m[i].host);
+	}
+	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_FROM_HOST, m, N, &ticket), 0);
+	wait_move(&p.dev, ticket);
+	assert_same(&p, "moves in from the host tier");
+
+	/* The arena goes back to the module before the pool does, as in the daemon. */
+	ck_assert_ptr_null(host_tier_free(t));
+	pools_close(&p);
+}
+
+START_TEST(test_host_tier_dma)
+{
+	run_host_tier(&wide, "dma");
+	run_host_tier(&odd, "dma");
+}
+END_TEST
+
+START_TEST(test_host_tier_kernel)
+{
+	run_host_tier(&wide, "kernel");
+	run_host_tier(&odd, "kernel");
+}
+END_TEST
+
+/*
+ * The device argument picks the device: a pool on the last one is allocated there, and one
+ * past it is refused by probe() and create() alike, with the ordinal in the message.
+ */
+START_TEST(test_device_argument)
+{
+	const char *path = getenv("KVPAGED_CUDA_MODULE");
+	const struct backend_module *module;
+	struct backend_pool pool = { .fd = -1, .done_fd = -1 };
+	CUmemGenericAllocationHandle h;
+	CUmemAllocationProp prop = { 0 };
+	const uint64_t block = 4096;
+	char why[512] = "", want[64];
+	int count = 0;
+
+	ck_assert_msg(path && *path, "KVPAGED_CUDA_MODULE is not set");
+	gpu_use(0);
+	GPU_OK(cu.cuDeviceGetCount(&count));
+	ck_assert_int_ge(count, 1);
+	ck_assert_int_eq(backend_module_load(path, (uint32_t)count - 1, &module, why, sizeof(why)),
+			 0);
+	ck_assert_int_eq(module->ops->create("dev", 64 * block, block, (uint32_t)count - 1, &pool),
+			 0);
+	GPU_OK(cu.cuMemImportFromShareableHandle(&h, (void *)(intptr_t)pool.fd,
+						 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+	GPU_OK(cu.cuMemGetAllocationPropertiesFromHandle(&prop, h));
+	ck_assert_int_eq(prop.location.type, CU_MEM_LOCATION_TYPE_DEVICE);
+	ck_assert_int_eq(prop.location.id, count - 1);
+	GPU_OK(cu.cuMemRelease(h));
+	module->ops->destroy(&pool);
+
+	snprintf(want, sizeof(want), "no CUDA device %d", count);
+	ck_assert_int_eq(backend_module_load(path, (uint32_t)count, &module, why, sizeof(why)),
+			 -ENODEV);
+	ck_assert_msg(strstr(why, want), "probe: %s", why);
+	pool = (struct backend_pool){ .fd = -1, .done_fd = -1 };
+	ck_assert_int_eq(module->ops->create("dev", 64 * block, block, (uint32_t)count, &pool),
+			 -ENODEV);
+	ck_assert_msg(strstr(module->last_error(), want), "create: %s", module->last_error());
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("gpu-backend");
@@ -257,6 +400,9 @@ int main(void)
 	tcase_add_test(tc, test_odd_dma);
 	tcase_add_test(tc, test_odd_kernel);
 	tcase_add_test(tc, test_fd_imports);
+	tcase_add_test(tc, test_host_tier_dma);
+	tcase_add_test(tc, test_host_tier_kernel);
+	tcase_add_test(tc, test_device_argument);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

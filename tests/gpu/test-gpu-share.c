@@ -3,8 +3,9 @@
  * The CUDA backend through the real daemon and real client processes: two processes map the
  * same GPU pool and read each other's bytes; the daemon's copy-on-write and token gather give
  * identical bytes on the GPU; blocks swapped out through the host and file tiers come back
- * byte for byte (through both swap paths); a client killed while writing leaves the pool and
- * the daemon intact.  Exits 77 without a GPU.
+ * byte for byte (through both swap paths), the host tier's moving straight between the pool
+ * and its pinned slots; a client killed while writing leaves the pool and the daemon intact;
+ * the pool's device key picks the GPU.  Exits 77 without a GPU.
  *
  * The test process itself never initializes CUDA before Check forks a test (see gpu.h); each
  * test, and each client process it forks, does on its own.
@@ -348,6 +349,8 @@ static void swap_through_tiers(const char *swap)
 			  "swap_files = %s/swap0\n",
 		 dir);
 	daemon_start(&d, pool);
+	/* The host tier is pinned, so pool <-> host tier moves skip the staging. */
+	ck_assert_msg(daemon_log_has(&d, "pinned for direct moves"), "the host tier is not pinned");
 	prompt(ta, 64, 100);
 	prompt(tb, 128, 3000);
 	prompt(tc, 128, 6000);
@@ -401,6 +404,116 @@ START_TEST(test_swap_kernel)
 }
 END_TEST
 
+/*
+ * The host tier alone (no file tier): every swap goes straight between the pool and a pinned
+ * slot, one move per store and one per load.  A parked sequence goes out and comes back; a
+ * closed prompt's cached blocks go out and are found again whole.
+ */
+static void swap_through_host_tier(const char *swap)
+{
+	uint32_t ta[64], tb[128], tc[128], rec = 99, cached = 0;
+	struct kvp_table tab_a = { 0 }, tab_b = { 0 }, tab_c = { 0 }, tr = { 0 };
+	struct kvp_client *c1, *c2;
+	uint64_t sa, sb, sc;
+
+	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	daemon_start(&d, GEOMETRY "capacity_blocks = 8\nhost_tier_blocks = 16\n");
+	ck_assert_msg(daemon_log_has(&d, "pinned for direct moves"), "the host tier is not pinned");
+	prompt(ta, 64, 100);
+	prompt(tb, 128, 3000);
+	prompt(tc, 128, 6000);
+	c1 = gpu_connect();
+	c2 = gpu_connect();
+	ck_assert_ptr_nonnull(c1);
+	ck_assert_ptr_nonnull(c2);
+
+	sa = fill(c1, ta, 64, 0x10, &tab_a);
+	ck_assert_int_eq(kvp_park(c1, sa), 0);
+	sb = fill(c2, tb, 128, 0x30, &tab_b); /* 8 blocks: a goes out to the host tier */
+	ck_assert_int_eq(kvp_close(c2, sb), 0);
+	sc = fill(c2, tc, 128, 0x50, &tab_c); /* b's cached blocks go out too */
+	ck_assert_int_eq(kvp_close(c2, sc), 0);
+	assert_verified(&d);
+
+	ck_assert_int_eq(kvp_resume(c1, sa, &rec, &tr), 0);
+	ck_assert_uint_eq(tr.len, 4);
+	ck_assert_uint_le(rec, 16);
+	for (uint32_t i = 0; i < 3; i++)
+		ck_assert_msg(block_is(c1, tr.blocks[i], 0x10 + i),
+			      "block %u of the resumed sequence differs (%s)", i, swap);
+	ck_assert_int_eq(kvp_close(c1, sa), 0);
+	ck_assert_int_eq(kvp_open(c2, tb, 128, 0, 0, &sb, &cached, &tab_b), 0);
+	ck_assert_uint_eq(cached, 128);
+	for (uint32_t i = 0; i < 8; i++)
+		ck_assert_msg(block_is(c2, tab_b.blocks[i], 0x30 + i),
+			      "block %u of b differs after the host tier (%s)", i, swap);
+	assert_verified(&d);
+	kvp_table_free(&tab_a);
+	kvp_table_free(&tab_b);
+	kvp_table_free(&tab_c);
+	kvp_table_free(&tr);
+	kvp_disconnect(c1);
+	kvp_disconnect(c2);
+	daemon_stop(&d);
+}
+
+START_TEST(test_host_tier_dma)
+{
+	swap_through_host_tier("dma");
+}
+END_TEST
+
+START_TEST(test_host_tier_kernel)
+{
+	swap_through_host_tier("kernel");
+}
+END_TEST
+
+/*
+ * The pool's device key reaches the module: a pool on the last device is mapped there by a
+ * client; one past it stops a cuda pool with a message naming the ordinal, and makes an auto
+ * pool use host memory.
+ */
+START_TEST(test_device_key)
+{
+	char conf[512], log[8192], want[64];
+	struct kvp_client *c;
+	int count = 0, ordinal = -1;
+
+	gpu_use(0);
+	GPU_OK(cu.cuDeviceGetCount(&count));
+	ck_assert_int_ge(count, 1);
+
+	snprintf(conf, sizeof(conf), GEOMETRY "capacity_blocks = 64\ndevice = %d\n", count - 1);
+	daemon_start(&d, conf);
+	c = gpu_connect();
+	ck_assert_ptr_nonnull(c);
+	GPU_OK(cu.cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+					(CUdeviceptr)kvp_pool_device_ptr(c)));
+	ck_assert_int_eq(ordinal, count - 1);
+	kvp_disconnect(c);
+	assert_verified(&d);
+	daemon_stop(&d);
+
+	snprintf(conf, sizeof(conf), GEOMETRY "capacity_blocks = 64\ndevice = %d\n", count);
+	snprintf(want, sizeof(want), "no CUDA device %d", count);
+	ck_assert_int_ne(daemon_refuses(conf, log, sizeof(log)), 0);
+	ck_assert_msg(strstr(log, "pool main: backend = cuda") && strstr(log, want),
+		      "unclear refusal: %s", log);
+
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nbackend = auto\ndevice = %d\nlayers = 2\nkv_heads = 2\n"
+		 "head_dim = 64\nelement_bytes = 2\nblock_tokens = 16\ncapacity_blocks = 64\n",
+		 count);
+	daemon_start(&d, conf);
+	ck_assert(daemon_log_has(&d, "backend = auto: using host memory"));
+	c = connect_ns(NULL, 0);
+	ck_assert_str_eq(kvp_pool(c)->backend, "host");
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("gpu-share");
@@ -416,6 +529,9 @@ int main(void)
 	tcase_add_test(tc, test_killed_client);
 	tcase_add_test(tc, test_swap_dma);
 	tcase_add_test(tc, test_swap_kernel);
+	tcase_add_test(tc, test_host_tier_dma);
+	tcase_add_test(tc, test_host_tier_kernel);
+	tcase_add_test(tc, test_device_key);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -14,51 +14,6 @@
 	"[pool main]\nbackend = " backend "\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"          \
 	"element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 64\n"
 
-/* Runs kvpaged on a configuration it must refuse: its exit status, its log in log. */
-static int daemon_refuses(const char *rest, char *log, size_t log_len)
-{
-	struct daemon d;
-	int status = 0, fd;
-	pid_t r = 0;
-	ssize_t n;
-	FILE *f;
-
-	snprintf(d.dir, sizeof(d.dir), "/tmp/kvpaged-test-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(d.dir));
-	snprintf(d.sock, sizeof(d.sock), "%s/kvpaged.sock", d.dir);
-	snprintf(d.admin, sizeof(d.admin), "%s/admin.sock", d.dir);
-	snprintf(d.conf, sizeof(d.conf), "%s/kvpaged.conf", d.dir);
-	snprintf(d.log, sizeof(d.log), "%s/kvpaged.log", d.dir);
-	f = fopen(d.conf, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s", d.sock, d.admin, rest);
-	fclose(f);
-	d.pid = fork();
-	ck_assert_int_ge(d.pid, 0);
-	if (d.pid == 0) {
-		fd = open(d.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-		dup2(fd, 2);
-		execl(bin("KVPAGED_BIN", "./kvpaged"), "kvpaged", "--config", d.conf, (char *)NULL);
-		_exit(127);
-	}
-	for (int i = 0; i < 1000 && (r = waitpid(d.pid, &status, WNOHANG)) == 0; i++)
-		msleep(10);
-	if (r == 0) {
-		kill(d.pid, SIGKILL);
-		waitpid(d.pid, &status, 0);
-		ck_abort_msg("kvpaged did not exit within 10 s on a pool it cannot serve");
-	}
-	fd = open(d.log, O_RDONLY | O_CLOEXEC);
-	ck_assert_int_ge(fd, 0);
-	n = read(fd, log, log_len - 1);
-	log[n > 0 ? n : 0] = '\0';
-	close(fd);
-	unlink(d.conf);
-	unlink(d.log);
-	rmdir(d.dir);
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 static void assert_serves_host(void)
 {
 	struct kvp_client *c = connect_ns(NULL, 0);

@@ -108,6 +108,69 @@ static inline void daemon_start(struct daemon *d, const char *rest)
 	daemon_start_with(d, NULL, rest);
 }
 
+/*
+ * Runs kvpaged on a configuration (appended to a [daemon] section) that it must refuse at start:
+ * its exit status, and its log in log.
+ */
+static inline int daemon_refuses(const char *rest, char *log, size_t log_len)
+{
+	struct daemon d;
+	int status = 0, fd;
+	pid_t r = 0;
+	ssize_t n;
+	FILE *f;
+
+	snprintf(d.dir, sizeof(d.dir), "/tmp/kvpaged-test-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(d.dir));
+	snprintf(d.sock, sizeof(d.sock), "%s/kvpaged.sock", d.dir);
+	snprintf(d.admin, sizeof(d.admin), "%s/admin.sock", d.dir);
+	snprintf(d.conf, sizeof(d.conf), "%s/kvpaged.conf", d.dir);
+	snprintf(d.log, sizeof(d.log), "%s/kvpaged.log", d.dir);
+	f = fopen(d.conf, "w");
+	ck_assert_ptr_nonnull(f);
+	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s", d.sock, d.admin, rest);
+	fclose(f);
+	d.pid = fork();
+	ck_assert_int_ge(d.pid, 0);
+	if (d.pid == 0) {
+		fd = open(d.log, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+		dup2(fd, 2);
+		execl(bin("KVPAGED_BIN", "./kvpaged"), "kvpaged", "--config", d.conf, (char *)NULL);
+		_exit(127);
+	}
+	for (int i = 0; i < 1000 && (r = waitpid(d.pid, &status, WNOHANG)) == 0; i++)
+		msleep(10);
+	if (r == 0) {
+		kill(d.pid, SIGKILL);
+		waitpid(d.pid, &status, 0);
+		ck_abort_msg("kvpaged did not exit within 10 s on a pool it cannot serve");
+	}
+	fd = open(d.log, O_RDONLY | O_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	n = read(fd, log, log_len - 1);
+	log[n > 0 ? n : 0] = '\0';
+	close(fd);
+	unlink(d.conf);
+	unlink(d.log);
+	rmdir(d.dir);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/* Whether the running daemon's log (stderr) holds text. */
+static inline bool daemon_log_has(const struct daemon *d, const char *text)
+{
+	char buf[65536];
+	FILE *f = fopen(d->log, "r");
+	size_t n;
+
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strstr(buf, text) != NULL;
+}
+
 /* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
 static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
 {
