@@ -108,10 +108,11 @@ struct backend_ops {
 
 extern const struct backend_ops backend_host;
 
-/* Adapters for core_config.copy_block and copy_slot: ctx is a struct backend_pool. */
+/*
+ * The adapter for core_config.copy_block: ctx is a struct backend_pool.  (copy_slots' is in
+ * daemon/server/pool.c, which knows both structs of a slot copy.)
+ */
 int backend_copy_block(void *ctx, uint32_t dst, uint32_t src);
-void backend_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
-		       uint32_t src_slot);
 
 /* ---- modules ------------------------------------------------------------------------------ */
 

@@ -198,11 +198,3 @@ int backend_copy_block(void *ctx, uint32_t dst, uint32_t src)
 
 	return p->ops->copy_block(p, dst, src);
 }
-
-void backend_copy_slot(void *ctx, uint32_t dst, uint32_t dst_slot, uint32_t src,
-		       uint32_t src_slot)
-{
-	struct backend_pool *p = ctx;
-
-	p->ops->copy_slot(p, dst, dst_slot, src, src_slot);
-}
