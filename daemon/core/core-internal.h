@@ -44,6 +44,13 @@ struct core_seq {
 	uint32_t nhl;
 	/* H2O: scores are kept divided by scale, the product of the decays so far. */
 	double scale;
+	/*
+	 * LOADING: the loads of its tier hits, which the caller carries out (core_seq_loaded
+	 * takes them), the pool hits before them, and whether it is a resume (else an open).
+	 */
+	struct core_load *loads;
+	uint32_t nloads, load_nhit;
+	bool load_resume;
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */

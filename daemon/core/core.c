@@ -109,6 +109,7 @@ struct core *core_free(struct core *c)
 			free(c->seqs[i].pscore);
 			free(c->seqs[i].hl);
 			free(c->seqs[i].history);
+			free(c->seqs[i].loads);
 		}
 	pool_done(&c->pool);
 	index_done(&c->index);
@@ -801,20 +802,16 @@ static int make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t 
 }
 
 /*
- * Brings up the tier hits of the last walk into the pool blocks table[nhit, nhit + ntier) in
- * one load batch.  Returns how many leading ones arrived intact; those become READY (and
- * findable when their parent is) and leave their tier.  The first bad one is discarded and
- * counted; the ones after it stay where they are.
+ * The loads that bring the tier hits of the last walk into the pool blocks
+ * table[nhit, nhit + ntier), with the identities they must have.
  */
-static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *table,
-			uint32_t nhit, uint32_t ntier)
+static void loads_fill(struct core *c, const struct core_open *o, const uint32_t *table,
+		       uint32_t nhit, uint32_t ntier, struct core_load *loads)
 {
 	const uint32_t B = c->cfg.block_tokens;
-	bool findable = nhit == 0 || (c->pool.blocks[table[nhit - 1]].flags & CORE_BLOCK_INDEXED);
-	uint32_t good = 0;
 
 	for (uint32_t k = 0; k < ntier; k++)
-		c->loads[k] = (struct core_load){
+		loads[k] = (struct core_load){
 			.tier = c->hit_tier[k],
 			.slot = c->hit_slot[k],
 			.block = table[nhit + k],
@@ -827,18 +824,35 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 				 .tokens = o->tokens + (size_t)(nhit + k) * B },
 			.result = -EIO,
 		};
-	c->cfg.tier_ops->load(c->cfg.tier_ctx, c->loads, ntier);
-	while (good < ntier && c->loads[good].result == 0)
+}
+
+/*
+ * Takes the results of loads into the pool blocks table[nhit, nhit + ntier).  Returns how many
+ * leading ones arrived intact; those become READY (and findable when their parent is) and
+ * leave their tier.  The first bad one is discarded and counted; the ones after it stay where
+ * they are.
+ */
+static uint32_t promote_finish(struct core *c, const uint32_t *table, uint32_t nhit,
+			       const struct core_load *loads, uint32_t ntier)
+{
+	const uint32_t B = c->cfg.block_tokens;
+	bool findable = nhit == 0 || (c->pool.blocks[table[nhit - 1]].flags & CORE_BLOCK_INDEXED);
+	uint32_t good = 0;
+
+	while (good < ntier && loads[good].result == 0)
 		good++;
 
 	for (uint32_t k = 0; k < good; k++) {
-		const struct core_load *l = &c->loads[k];
+		const struct core_load *l = &loads[k];
 		uint32_t b = l->block;
 		struct core_block *blk = &c->pool.blocks[b];
 
-		memcpy(c->tokens + (size_t)b * B, l->key.tokens, (size_t)B * sizeof(uint32_t));
+		/* A deferred load's key points at the block's own tokens already. */
+		if (l->key.tokens != c->tokens + (size_t)b * B)
+			memcpy(c->tokens + (size_t)b * B, l->key.tokens,
+			       (size_t)B * sizeof(uint32_t));
 		blk->hash = l->key.hash;
-		blk->salt = o->salt;
+		blk->salt = l->key.salt;
 		blk->extra = l->key.extra;
 		blk->parent = l->key.parent;
 		blk->state = CORE_BLOCK_READY;
@@ -858,9 +872,9 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 	 * error the block may still be good, and stays.
 	 */
 	for (uint32_t k = ntier; k-- > good + 1;)
-		tier_put(c, c->loads[k].tier, c->loads[k].slot);
+		tier_put(c, loads[k].tier, loads[k].slot);
 	if (good < ntier) {
-		const struct core_load *l = &c->loads[good];
+		const struct core_load *l = &loads[good];
 
 		c->tiers[l->tier].stats.load_errors++;
 		if (l->result == -EBADMSG)
@@ -871,15 +885,31 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 	return good;
 }
 
+/* Brings up the tier hits of the last walk in one load batch, within the call. */
+static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *table,
+			uint32_t nhit, uint32_t ntier)
+{
+	loads_fill(c, o, table, nhit, ntier, c->loads);
+	c->cfg.tier_ops->load(c->cfg.tier_ctx, c->loads, ntier);
+	return promote_finish(c, table, nhit, c->loads, ntier);
+}
+
 /*
  * Builds the block table of a prompt: its cached prefix from the pool, what the tiers below
  * hold of the rest (promoted), fresh blocks for the remainder.  Everything that can fail
  * comes first.  *ret_ready gets the leading blocks whose K/V is there.
  */
+/*
+ * With ret_loads (CORE_OPEN_DEFER_LOADS), the tier hits are not loaded: *ret_loads gets their
+ * loads (malloc'ed; NULL when there are none), their blocks hold their tokens, and *ret_ready
+ * counts the pool hits only.
+ */
 static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
-		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes)
+		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes,
+		  struct core_load **ret_loads, uint32_t *ret_nloads)
 {
+	struct core_load *loads = NULL;
 	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier = 0, skipped = 0, collisions;
 	uint32_t cached_hits = 0, good = 0, first = 0;
 	uint32_t *table;
@@ -903,6 +933,11 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	r = make_room(c, nblocks - nhit, cached_hits, priority);
 	for (uint32_t i = first; i < nhit; i++)
 		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
+	if (r == 0 && ntier && ret_loads) {
+		loads = malloc((size_t)ntier * sizeof(*loads));
+		if (!loads)
+			r = -ENOMEM;
+	}
 	if (r < 0) {
 		free(table);
 		return r;
@@ -919,8 +954,22 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		pool_ref(&c->pool, table[i]);
 	for (uint32_t i = nhit; i < nblocks; i++)
 		table[i] = pool_alloc(&c->pool);
-	if (ntier)
+	if (loads) {
+		/* The keys point at the blocks' own tokens: the prompt is the caller's. */
+		loads_fill(c, o, table, nhit, ntier, loads);
+		for (uint32_t k = 0; k < ntier; k++) {
+			uint32_t *t = c->tokens + (size_t)table[nhit + k] * c->cfg.block_tokens;
+
+			memcpy(t, loads[k].key.tokens, c->cfg.block_tokens * sizeof(*t));
+			loads[k].key.tokens = t;
+		}
+	} else if (ntier) {
 		good = promote(c, o, table, nhit, ntier);
+	}
+	if (ret_loads) {
+		*ret_loads = loads;
+		*ret_nloads = loads ? ntier : 0;
+	}
 	if (skipped)
 		c->tiers[skipped].stats.skipped++;
 	c->stats.collisions += collisions;
@@ -933,6 +982,18 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	if (ret_holes)
 		*ret_holes = first;
 	return 0;
+}
+
+/* An open's figures: nhit pool hits, the rest of what it holds from the tiers or missing. */
+static void open_counted(struct core *c, const struct core_seq *s, uint32_t nhit)
+{
+	const uint32_t ready = s->ncommitted / c->cfg.block_tokens;
+
+	c->stats.lookups++;
+	c->stats.query_blocks += s->nblocks;
+	c->stats.hit_blocks += nhit;
+	c->stats.hit_tokens += s->ncommitted;
+	c->stats.miss_blocks += s->nblocks - ready;
 }
 
 /*
@@ -964,14 +1025,15 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	uint32_t nblocks, nhit, ready, slot;
 	struct core_hash chain;
 	struct core_seq *s;
-	uint32_t *table, *hl = NULL, holes = 0;
+	uint32_t *table, *hl = NULL, holes = 0, nloads = 0;
+	struct core_load *loads = NULL;
 	float *score = NULL;
 	int r;
 
 	r = tokens_check(c, o->tokens, o->ntokens);
 	if (r < 0)
 		return r;
-	if (o->flags & ~CORE_OPEN_RECOMPUTE_LAST)
+	if (o->flags & ~(CORE_OPEN_RECOMPUTE_LAST | CORE_OPEN_DEFER_LOADS))
 		return -EINVAL;
 	r = retention_check(c, o);
 	if (r < 0)
@@ -994,7 +1056,8 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		for (uint32_t i = 0; i < blocks_for(c, o->ntokens); i++)
 			hl[i] = i;
 	}
-	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes);
+	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes,
+		   o->flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0) {
 		free(score);
 		free(hl);
@@ -1042,15 +1105,20 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->tscore = NULL;
 	}
 	write_tokens(c, s, s->ncommitted, o->tokens + s->ncommitted, o->ntokens - s->ncommitted);
-	prune(c, s);
-
-	c->stats.lookups++;
-	c->stats.query_blocks += nblocks;
-	c->stats.hit_blocks += nhit;
-	c->stats.hit_tokens += s->ncommitted;
-	c->stats.miss_blocks += nblocks - ready;
-
 	*ret_seq = seq_id(c, slot);
+	if (loads) {
+		/* Pruning and the lookup's figures wait for the loads (core_seq_loaded). */
+		s->state = CORE_SEQ_LOADING;
+		s->loads = loads;
+		s->nloads = nloads;
+		s->load_nhit = ready;
+		s->load_resume = false;
+		if (ret_cached)
+			*ret_cached = s->ncommitted;
+		return 0;
+	}
+	prune(c, s);
+	open_counted(c, s, nhit);
 	if (ret_cached)
 		*ret_cached = s->ncommitted;
 	return 0;
@@ -1331,16 +1399,26 @@ int core_seq_park(struct core *c, uint64_t id)
 
 int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 {
+	return core_seq_resume_flags(c, id, 0, ret_recompute);
+}
+
+int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t *ret_recompute)
+{
 	struct core_seq *s = seq_get(c, id);
 	struct core_open o;
-	uint32_t nblocks, nhit, ready;
+	uint32_t nblocks, nhit, ready, nloads = 0;
+	struct core_load *loads = NULL;
 	uint32_t *table;
 	int r;
 
 	if (!s)
 		return -ENOENT;
+	if (flags & ~CORE_OPEN_DEFER_LOADS)
+		return -EINVAL;
 	if (s->state == CORE_SEQ_ACTIVE)
 		return -EINVAL;
+	if (s->state == CORE_SEQ_LOADING)
+		return -EBUSY;
 	if (s->state == CORE_SEQ_PARKED) {
 		free(s->history);
 		s->history = NULL;
@@ -1354,7 +1432,8 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
 				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
-	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL);
+	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL,
+		   flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0)
 		return r;
 	s->table = table;
@@ -1363,7 +1442,11 @@ int core_seq_resume(struct core *c, uint64_t id, uint32_t *ret_recompute)
 	write_tokens(c, s, s->ncommitted, s->history + s->ncommitted, s->ntokens - s->ncommitted);
 	free(s->history);
 	s->history = NULL;
-	s->state = CORE_SEQ_ACTIVE;
+	s->state = loads ? CORE_SEQ_LOADING : CORE_SEQ_ACTIVE;
+	s->loads = loads;
+	s->nloads = nloads;
+	s->load_nhit = ready;
+	s->load_resume = true;
 	s->last_use = ++c->tick;
 	if (ret_recompute)
 		*ret_recompute = s->ntokens - s->ncommitted;
@@ -1445,12 +1528,52 @@ int core_seq_scores_packed(struct core *c, uint64_t id, const float *weights, ui
 	return 0;
 }
 
+int core_seq_pending_loads(struct core *c, uint64_t id, struct core_load **ret,
+			   uint32_t *ret_n)
+{
+	struct core_seq *s = seq_get(c, id);
+
+	if (!s)
+		return -ENOENT;
+	*ret = s->state == CORE_SEQ_LOADING ? s->loads : NULL;
+	*ret_n = s->state == CORE_SEQ_LOADING ? s->nloads : 0;
+	return 0;
+}
+
+int core_seq_loaded(struct core *c, uint64_t id)
+{
+	struct core_seq *s = seq_get(c, id);
+	uint32_t good, ready;
+
+	if (!s)
+		return -ENOENT;
+	if (s->state != CORE_SEQ_LOADING)
+		return -EINVAL;
+	good = promote_finish(c, s->table, s->load_nhit, s->loads, s->nloads);
+	ready = s->load_nhit + good;
+	s->ncommitted = ready * c->cfg.block_tokens;
+	s->chain = ready ? c->pool.blocks[s->table[ready - 1]].hash : (struct core_hash){ 0, 0 };
+	free(s->loads);
+	s->loads = NULL;
+	s->nloads = 0;
+	s->state = CORE_SEQ_ACTIVE;
+	s->last_use = ++c->tick;
+	if (!s->load_resume) {
+		prune(c, s);
+		open_counted(c, s, s->load_nhit);
+	}
+	return 0;
+}
+
 int core_seq_close(struct core *c, uint64_t id)
 {
 	struct core_seq *s = seq_get(c, id);
 
 	if (!s)
 		return -ENOENT;
+	/* Its blocks are being written: closing waits for core_seq_loaded. */
+	if (s->state == CORE_SEQ_LOADING)
+		return -EBUSY;
 	release_table(c, s);
 	for (uint32_t k = 0; k < s->packed_cap / c->cfg.block_tokens; k++)
 		pool_unref(&c->pool, s->packed[k]);

@@ -257,11 +257,20 @@ enum core_retention {
  * token to compute (the hit stops one block early when the whole prompt is cached).
  */
 #define CORE_OPEN_RECOMPUTE_LAST (1u << 0)
+/*
+ * The caller's, never a client's: what the tiers below the pool hold of the prompt is not
+ * loaded within the call.  The sequence is opened LOADING instead, with its blocks for those
+ * hits allocated; the caller reads them in (core_seq_pending_loads) as it likes, then hands
+ * the results to core_seq_loaded.  Without tier hits the open is as without the flag.
+ */
+#define CORE_OPEN_DEFER_LOADS (1u << 16)
 
 enum core_seq_state {
 	CORE_SEQ_ACTIVE = 1, /* in use by a client: never moved */
 	CORE_SEQ_PARKED,     /* idle: may be dropped when memory runs out */
 	CORE_SEQ_DROPPED,    /* its blocks were released; resume recomputes what is not cached */
+	CORE_SEQ_LOADING,    /* opened or resumed with CORE_OPEN_DEFER_LOADS: waits for its loads
+				(nothing but core_seq_loaded and core_seq_info applies) */
 };
 
 struct core_seq_info {
@@ -334,6 +343,27 @@ int core_seq_park(struct core *c, uint64_t seq);
  * its logits can be had).  A parked one that kept its blocks needs nothing: 0.
  */
 int core_seq_resume(struct core *c, uint64_t seq, uint32_t *ret_recompute);
+/* The same, with flags: CORE_OPEN_DEFER_LOADS (then *ret_recompute counts the loads as missing
+ * until core_seq_loaded). */
+int core_seq_resume_flags(struct core *c, uint64_t seq, uint32_t flags, uint32_t *ret_recompute);
+
+/*
+ * A LOADING sequence's loads: the pool blocks to fill from which tier slots, with the
+ * identity each must have.  The caller sets every result (0 once the block holds the bytes;
+ * -EBADMSG when the slot held something else or was damaged; another -errno when the read
+ * failed) and calls core_seq_loaded.  The slots stay held (never reused) until then, and the
+ * blocks belong to the sequence.  0 (*ret_n = 0 if not LOADING) or -ENOENT.
+ */
+int core_seq_pending_loads(struct core *c, uint64_t seq, struct core_load **ret,
+			   uint32_t *ret_n);
+/*
+ * Takes a LOADING sequence's load results as a synchronous open or resume would have: the
+ * leading intact ones become READY (and findable), the first bad one is counted and dropped,
+ * and what follows is to be recomputed.  The sequence becomes ACTIVE; core_seq_info then
+ * gives its committed tokens (cached; for a resume, ntokens - ncommitted is to be recomputed).
+ * 0, -ENOENT, or -EINVAL (not LOADING).
+ */
+int core_seq_loaded(struct core *c, uint64_t seq);
 
 /*
  * Heavy-hitter retention (H2O, block granularity).  A sequence opened with CORE_RETAIN_H2O

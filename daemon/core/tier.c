@@ -264,11 +264,27 @@ __attribute__((format(printf, 3, 4))) static int fail(char *why, size_t len, con
 	return -EUCLEAN;
 }
 
+/* How many pending loads of LOADING sequences hold slot of tier t. */
+static uint32_t load_holds(const struct core *c, uint32_t t, uint32_t slot)
+{
+	uint32_t n = 0;
+
+	for (uint32_t i = 0; i < c->cfg.max_sequences; i++) {
+		const struct core_seq *s = &c->seqs[i];
+
+		if (s->state != CORE_SEQ_LOADING)
+			continue;
+		for (uint32_t k = 0; k < s->nloads; k++)
+			n += s->loads[k].tier == t && s->loads[k].slot == slot;
+	}
+	return n;
+}
+
 int tiers_verify(const struct core *c, char *why, size_t why_len)
 {
 	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
 		const struct tier *tr = &c->tiers[t];
-		uint32_t nfree = 0, ncached = 0, nindexed = 0;
+		uint32_t nfree = 0, ncached = 0, nindexed = 0, nheld = 0, nheld_indexed = 0;
 
 		if (!tier_exists(c, t))
 			continue;
@@ -284,10 +300,24 @@ int tiers_verify(const struct core *c, char *why, size_t why_len)
 		if (nfree != tr->pool.nfree || ncached != tr->pool.ncached)
 			return fail(why, why_len, "tier %u: %u free and %u cached slots on the lists",
 				    t, nfree, ncached);
-		/* Outside a call nothing holds a slot: every slot is free or cached. */
-		if (nfree + ncached != tr->pool.capacity)
-			return fail(why, why_len, "tier %u: %u slots neither free nor cached", t,
-				    tr->pool.capacity - nfree - ncached);
+		/*
+		 * Outside a call only the loads of LOADING sequences hold slots: every other slot
+		 * is free or cached.  (Linear in the loads per held slot: a check, not a path.)
+		 */
+		for (uint32_t s = 0; s < tr->pool.capacity; s++) {
+			const struct core_block *e = &tr->pool.blocks[s];
+
+			if (e->refcount == 0)
+				continue;
+			nheld++;
+			nheld_indexed += !!(e->flags & CORE_BLOCK_INDEXED);
+			if (e->refcount != load_holds(c, t, s))
+				return fail(why, why_len, "tier %u: slot %u held %u times, by %u loads",
+					    t, s, e->refcount, load_holds(c, t, s));
+		}
+		if (nfree + ncached + nheld != tr->pool.capacity)
+			return fail(why, why_len, "tier %u: %u slots neither free, cached nor held",
+				    t, tr->pool.capacity - nfree - ncached - nheld);
 		for (uint32_t s = 0; s < tr->pool.capacity; s++) {
 			const struct core_block *e = &tr->pool.blocks[s];
 
@@ -298,7 +328,7 @@ int tiers_verify(const struct core *c, char *why, size_t why_len)
 				return fail(why, why_len, "tier %u: slot %u not found under its hash",
 					    t, s);
 		}
-		if (nindexed != tr->index.count || nindexed != ncached)
+		if (nindexed != tr->index.count || nindexed != ncached + nheld_indexed)
 			return fail(why, why_len, "tier %u: %u indexed slots, index holds %u", t,
 				    nindexed, tr->index.count);
 	}

@@ -89,9 +89,20 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 		if (!s->state)
 			continue;
 		(*nseqs)++;
-		if (s->state > CORE_SEQ_DROPPED || (s->state == CORE_SEQ_ACTIVE) != !s->history)
+		if (s->state > CORE_SEQ_LOADING ||
+		    (s->state == CORE_SEQ_ACTIVE || s->state == CORE_SEQ_LOADING) != !s->history)
 			return fail(v, "sequence slot %u: state %u with%s a token history", slot,
 				    s->state, s->history ? "" : "out");
+		if ((s->state == CORE_SEQ_LOADING) != (s->loads != NULL) ||
+		    (s->loads && (s->nloads == 0 || s->load_nhit + s->nloads > s->nblocks ||
+				  s->ncommitted != s->load_nhit * B)))
+			return fail(v, "sequence slot %u: state %u with %u loads after %u hits", slot,
+				    s->state, s->nloads, s->load_nhit);
+		for (uint32_t k = 0; s->loads && k < s->nloads; k++)
+			if (s->loads[k].block != s->table[s->load_nhit + k])
+				return fail(v, "sequence slot %u: load %u fills block %u, not its "
+					    "entry %u", slot, k, s->loads[k].block,
+					    s->load_nhit + k);
 		if (s->state == CORE_SEQ_DROPPED) {
 			if (s->table || s->nblocks || s->ncommitted || !s->ntokens)
 				return fail(v, "dropped sequence slot %u still holds %u blocks", slot,

@@ -212,6 +212,129 @@ START_TEST(test_failed_load_is_a_counted_miss)
 }
 END_TEST
 
+static uint64_t open_deferred(struct core *c, const uint32_t *t, uint32_t n, uint32_t *cached)
+{
+	struct core_open o = { .tokens = t, .ntokens = n, .flags = CORE_OPEN_DEFER_LOADS };
+	uint64_t s;
+
+	ck_assert_int_eq(core_seq_open(c, &o, &s, cached), 0);
+	return s;
+}
+
+static uint32_t committed(const struct core *c, uint64_t s)
+{
+	struct core_seq_info si;
+
+	ck_assert_int_eq(core_seq_info(c, s, &si), 0);
+	return si.ncommitted;
+}
+
+/*
+ * Deferred loads: the open returns LOADING without calling the tier's load, the caller fills
+ * the blocks and reports, and core_seq_loaded takes the results as a synchronous promotion
+ * would.  Meanwhile the sequence refuses everything, its slots stay held (verified), and a
+ * second open of the same prompt loads the same slots into blocks of its own.
+ */
+START_TEST(test_deferred_loads)
+{
+	struct core *c = tiered(8, 2, 8, NULL);
+	uint32_t p[12], q[32], cached = 99, n, n2;
+	struct core_load *loads, *loads2;
+	struct core_seq_info si;
+	uint64_t s, s2, child;
+
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 32, 500);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 32); /* pushes p's 3 blocks down */
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
+
+	s = open_deferred(c, p, 12, &cached);
+	ck_assert_uint_eq(cached, 0);
+	ck_assert_uint_eq(fs.batches, 0);
+	ck_assert_int_eq(core_seq_info(c, s, &si), 0);
+	ck_assert_uint_eq(si.state, CORE_SEQ_LOADING);
+	ck_assert_int_eq(core_seq_pending_loads(c, s, &loads, &n), 0);
+	ck_assert_uint_eq(n, 3);
+	for (uint32_t k = 0; k < n; k++) {
+		ck_assert_uint_eq(loads[k].block, si.table[k]);
+		ck_assert_uint_eq(loads[k].key.tokens[0], p[k * B]);
+	}
+	assert_verified(c);
+	ck_assert_int_eq(core_seq_append(c, s, p, 1), -EBUSY);
+	ck_assert_int_eq(core_seq_commit(c, s, 12), -EBUSY);
+	ck_assert_int_eq(core_seq_park(c, s), -EBUSY);
+	ck_assert_int_eq(core_seq_fork(c, s, &child), -EBUSY);
+	ck_assert_int_eq(core_seq_resume(c, s, NULL), -EBUSY);
+	ck_assert_int_eq(core_seq_close(c, s), -EBUSY);
+
+	/* The same prompt again, before the first is loaded: its own blocks, the same slots. */
+	s2 = open_deferred(c, p, 12, &cached);
+	ck_assert_int_eq(core_seq_pending_loads(c, s2, &loads2, &n2), 0);
+	ck_assert_uint_eq(n2, 3);
+	for (uint32_t k = 0; k < n2; k++) {
+		ck_assert_uint_eq(loads2[k].slot, loads[k].slot);
+		ck_assert_uint_ne(loads2[k].block, loads[k].block);
+	}
+	assert_verified(c);
+
+	/* The caller's reads: the fake storage checks what each slot holds. */
+	load(&fs, loads, n);
+	ck_assert_int_eq(core_seq_loaded(c, s), 0);
+	ck_assert_int_eq(core_seq_loaded(c, s), -EINVAL);
+	ck_assert_uint_eq(committed(c, s), 12);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).promotions + tstats(c, CORE_TIER_FILE).promotions,
+			  3);
+	assert_verified(c);
+	/* The second: its slots were released by the first, but it held them: still good. */
+	load(&fs, loads2, n2);
+	loads2[1].result = -EBADMSG;
+	ck_assert_int_eq(core_seq_loaded(c, s2), 0);
+	ck_assert_uint_eq(committed(c, s2), 4);
+	assert_verified(c);
+	ck_assert_int_eq(core_seq_commit(c, s2, 12), 0);
+	ck_assert_int_eq(core_seq_close(c, s2), 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	/* A prompt whose blocks are all in the pool opens ACTIVE, as without the flag. */
+	s = open_deferred(c, p, 12, &cached);
+	ck_assert_uint_eq(cached, 12);
+	ck_assert_int_eq(core_seq_pending_loads(c, s, &loads, &n), 0);
+	ck_assert_uint_eq(n, 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/* A dropped sequence whose blocks were swapped out resumes LOADING, then takes its loads. */
+START_TEST(test_deferred_resume)
+{
+	struct core *c = tiered(4, 8, 0, NULL);
+	uint32_t a[16], b[16], recompute = 99, n;
+	struct core_load *loads;
+	uint64_t sa, sb;
+
+	fill_tokens(a, 16, 100);
+	fill_tokens(b, 16, 500);
+	ck_assert_uint_eq(open_cached(c, a, 16, &sa), 0);
+	ck_assert_int_eq(core_seq_commit(c, sa, 16), 0);
+	ck_assert_int_eq(core_seq_park(c, sa), 0);
+	ck_assert_uint_eq(open_cached(c, b, 16, &sb), 0); /* swaps a out */
+	ck_assert_int_eq(core_seq_close(c, sb), 0);
+	ck_assert_int_eq(core_seq_resume_flags(c, sa, CORE_OPEN_DEFER_LOADS, &recompute), 0);
+	ck_assert_int_eq(core_seq_pending_loads(c, sa, &loads, &n), 0);
+	ck_assert_uint_eq(n, 3); /* the last block is recomputed (its logits are needed) */
+	ck_assert_uint_eq(recompute, 16);
+	ck_assert_uint_eq(fs.batches, 0);
+	assert_verified(c);
+	load(&fs, loads, n);
+	ck_assert_int_eq(core_seq_loaded(c, sa), 0);
+	ck_assert_uint_eq(committed(c, sa), 12);
+	ck_assert_int_eq(core_seq_resume_flags(c, sa, 1u << 3, &recompute), -EINVAL);
+	ck_assert_int_eq(core_seq_close(c, sa), 0);
+	done(c);
+}
+END_TEST
+
 /* One parked victim each way: the cost model swaps a big model's blocks, drops a tiny one's. */
 static void preempt_one(const struct core_cost_config *cost, struct core_preemption *ret,
 			uint32_t *ret_host_demotions)
@@ -389,6 +512,8 @@ int main(void)
 	tcase_add_test(tc, test_config_needs_storage);
 	tcase_add_test(tc, test_demote_then_promote_in_one_batch);
 	tcase_add_test(tc, test_failed_load_is_a_counted_miss);
+	tcase_add_test(tc, test_deferred_loads);
+	tcase_add_test(tc, test_deferred_resume);
 	tcase_add_test(tc, test_swap_or_drop_by_cost);
 	tcase_add_test(tc, test_slow_tier_is_not_promoted_from);
 	tcase_add_test(tc, test_restore_and_lose);
