@@ -69,16 +69,22 @@ enum buf_state {
 struct staging {
 	enum buf_state state;
 	uint32_t slot;
-	uint32_t gen;   /* BUF_WRITE: the slot's generation when stored */
-	uint32_t index; /* reads: the position in the load's or the scan's batch */
+	uint32_t gen;        /* BUF_WRITE: the slot's generation when stored */
+	uint32_t index;      /* reads: the position in the load's or the scan's batch */
+	struct batch *batch; /* reads: the batch the read is for */
 };
 
 /* The batch a load or a scan is working through, seen by the completion handler. */
 struct batch {
+	/* a load */
 	const uint32_t *slots;
 	const struct tier_key *keys;
 	void *const *dsts;
 	int *results;
+	uint32_t n;
+	uint32_t next;    /* the first entry neither queued nor served yet */
+	uint32_t pending; /* entries whose result is not in yet */
+	/* a scan */
 	void (*found)(void *ctx, uint32_t slot, const struct tier_key *key);
 	void *found_ctx;
 	uint32_t found_count;
@@ -116,7 +122,7 @@ struct file_tier {
 	uint32_t *slot_buf;
 	uint32_t *slot_gen;
 
-	struct batch *batch;
+	struct batch *batch; /* the load's or the scan's in progress, for the nesting check */
 	void (*lost)(void *ctx, uint32_t slot, int err);
 	void *lost_ctx;
 	struct file_tier_stats stats;
@@ -458,7 +464,7 @@ static void complete_write(struct file_tier *t, uint32_t b, int res)
 static void complete_read(struct file_tier *t, uint32_t b, int res)
 {
 	struct staging *s = &t->bufs[b];
-	struct batch *batch = t->batch;
+	struct batch *batch = s->batch;
 	uint64_t want = s->state == BUF_READ_SLOT ? t->slot_bytes : t->header_bytes;
 	uint8_t *mem = buf_mem(t, b);
 
@@ -466,10 +472,12 @@ static void complete_read(struct file_tier *t, uint32_t b, int res)
 	t->reads_in_flight--;
 	if (res < 0 || (uint64_t)res != want) {
 		t->stats.read_errors++;
-		if (s->state == BUF_READ_SLOT)
+		if (s->state == BUF_READ_SLOT) {
 			batch->results[s->index] = -EIO;
-		else
+			batch->pending--;
+		} else {
 			batch->scan_error = res < 0 ? res : -EIO;
+		}
 		release_buf(t, b);
 		return;
 	}
@@ -479,6 +487,7 @@ static void complete_read(struct file_tier *t, uint32_t b, int res)
 	if (s->state == BUF_READ_SLOT) {
 		batch->results[s->index] = verify_and_copy(t, mem, s->slot, &batch->keys[s->index],
 							   batch->dsts[s->index]);
+		batch->pending--;
 	} else {
 		const struct slot_header *h = (const struct slot_header *)mem;
 		int r = check_header(t, mem, s->slot);
@@ -699,49 +708,67 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 	return submit(t);
 }
 
-void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
-		    const struct tier_key *keys, void *const *dsts, int *results)
+/*
+ * Moves a load's batch on without waiting or reaping: serves at once what needs no read (a
+ * slot out of range, a slot whose write is still in its staging buffer) and queues reads of
+ * the next slots into free buffers, in order, until the buffers run out.  Returns the number
+ * of reads queued; the caller submits them.
+ */
+static uint32_t batch_queue(struct file_tier *t, struct batch *batch)
 {
-	struct batch batch = { .slots = slots, .keys = keys, .dsts = dsts, .results = results };
-	uint32_t next = 0;
+	uint32_t queued = 0;
 
-	assert(!t->batch);
-	t->batch = &batch;
-	while (next < n || t->reads_in_flight > 0) {
-		bool queued = false;
+	while (batch->next < batch->n) {
+		uint32_t i = batch->next, slot = batch->slots[i], b;
 
-		while (next < n) {
-			uint32_t i = next, slot = slots[i], b;
-
-			if (slot >= t->nslots) {
-				results[i] = -EINVAL;
-				next++;
-				continue;
-			}
+		if (slot >= t->nslots) {
+			batch->results[i] = -EINVAL;
+		} else if (t->slot_buf[slot] != NO_BUF) {
 			/* Not on disk yet, but the staging buffer holds exactly what will be. */
-			if (t->slot_buf[slot] != NO_BUF) {
-				results[i] = verify_and_copy(t, buf_mem(t, t->slot_buf[slot]), slot,
-							     &keys[i], dsts[i]);
-				next++;
-				continue;
-			}
-			b = take_buf(t, false);
-			if (b == NO_BUF)
+			batch->results[i] = verify_and_copy(t, buf_mem(t, t->slot_buf[slot]), slot,
+							    &batch->keys[i], batch->dsts[i]);
+		} else {
+			if (t->nfree == 0)
 				break;
+			b = t->free_bufs[--t->nfree];
 			t->bufs[b] = (struct staging){
 				.state = BUF_READ_SLOT,
 				.slot = slot,
 				.index = i,
+				.batch = batch,
 			};
 			t->reads_in_flight++;
 			prep_io(t, b, false, slot, (uint32_t)t->slot_bytes);
-			queued = true;
-			next++;
+			queued++;
+			batch->next++;
+			continue;
 		}
+		batch->next++;
+		batch->pending--;
+	}
+	return queued;
+}
+
+void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
+		    const struct tier_key *keys, void *const *dsts, int *results)
+{
+	struct batch batch = {
+		.slots = slots,
+		.keys = keys,
+		.dsts = dsts,
+		.results = results,
+		.n = n,
+		.pending = n,
+	};
+
+	assert(!t->batch);
+	t->batch = &batch;
+	while (batch.pending > 0) {
 		/* A failed submit leaves the reads queued; reap_wait submits them again. */
-		if (queued)
+		if (batch_queue(t, &batch) > 0)
 			(void)submit(t);
-		if (t->reads_in_flight > 0 || (next < n && t->writes_in_flight > 0))
+		/* Still pending: reads of the batch in flight, or no buffer free for the next. */
+		if (batch.pending > 0)
 			reap_wait(t);
 	}
 	t->batch = NULL;
@@ -782,6 +809,7 @@ int file_tier_scan(struct file_tier *t,
 				.state = BUF_READ_HEADER,
 				.slot = next,
 				.index = next,
+				.batch = &batch,
 			};
 			t->reads_in_flight++;
 			prep_io(t, b, false, next, t->header_bytes);
