@@ -19,6 +19,7 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -94,6 +95,7 @@ struct batch {
 struct file_tier {
 	struct io_uring ring;
 	bool ring_ready;
+	int event_fd; /* registered with the ring: readable when completions were posted */
 	bool fixed_buffers;
 	bool persist;
 	int *fds;
@@ -254,6 +256,7 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 	t = calloc(1, sizeof(*t));
 	if (!t)
 		return -ENOMEM;
+	t->event_fd = -EBADF; /* before any failure: close must not close fd 0 */
 	t->npaths = cfg->npaths;
 	t->nslots = cfg->nslots;
 	t->block_bytes = cfg->block_bytes;
@@ -315,6 +318,17 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 		goto fail;
 	}
 	t->ring_ready = true;
+	/* The caller's event loop waits on this instead of blocking in the ring. */
+	t->event_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (t->event_fd < 0) {
+		r = log_error_errno(errno, "tier: cannot create an eventfd: %m");
+		goto fail;
+	}
+	r = io_uring_register_eventfd(&t->ring, t->event_fd);
+	if (r < 0) {
+		log_error_errno(r, "tier: cannot register an eventfd with the io_uring: %m");
+		goto fail;
+	}
 	r = io_uring_register_files(&t->ring, t->fds, t->npaths);
 	if (r < 0) {
 		log_error_errno(r, "tier: cannot register the swap files: %m");
@@ -345,8 +359,11 @@ struct file_tier *file_tier_close(struct file_tier *t)
 		return NULL;
 	if (t->ring_ready) {
 		file_tier_flush(t);
+		/* Unregisters the eventfd too. */
 		io_uring_queue_exit(&t->ring);
 	}
+	if (t->event_fd >= 0)
+		close(t->event_fd);
 	if (t->fds) {
 		for (uint32_t i = 0; i < t->npaths; i++) {
 			if (t->fds[i] < 0)
@@ -825,6 +842,11 @@ int file_tier_scan(struct file_tier *t,
 	if (batch.scan_error < 0)
 		return log_error_errno(batch.scan_error, "tier: reading slot headers: %m");
 	return (int)batch.found_count;
+}
+
+int file_tier_event_fd(const struct file_tier *t)
+{
+	return t->event_fd;
 }
 
 void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret)

@@ -106,7 +106,8 @@ struct file_tier_stats {
 
 /*
  * Opens (creating when missing) and sizes the files, registers them and the staging buffers
- * with a private io_uring.  Without persist, whatever the files held is forgotten.  Files on
+ * with a private io_uring, and registers an eventfd with the ring (file_tier_event_fd; failing
+ * that, open fails).  Without persist, whatever the files held is forgotten.  Files on
  * a file system without O_DIRECT are opened buffered (logged); staging buffers that
  * RLIMIT_MEMLOCK does not let the ring register are used unregistered (logged).  Each file is
  * locked (flock): -EBUSY when another tier holds it.  0, -EINVAL or another -errno.
@@ -136,6 +137,14 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
  */
 void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
 		    const struct tier_key *keys, void *const *dsts, int *results);
+
+/*
+ * An eventfd (non-blocking, close-on-exec) registered with the tier's io_uring
+ * (io_uring_register_eventfd): readable when completions were posted.  The event loop polls
+ * it, drains it (read 8 bytes; EAGAIN is fine) and calls file_tier_poll().  Owned by the tier,
+ * closed by file_tier_close().
+ */
+int file_tier_event_fd(const struct file_tier *t);
 
 /* Reaps finished writes without waiting (calling lost for failed ones).  Returns how many. */
 int file_tier_poll(struct file_tier *t);

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -730,6 +731,56 @@ START_TEST(test_file_locked)
 }
 END_TEST
 
+/* Reads the eventfd's counter: 0 when there was nothing to read (EAGAIN). */
+static uint64_t drain_event_fd(int fd)
+{
+	uint64_t v = 0;
+	ssize_t r = read(fd, &v, sizeof(v));
+
+	ck_assert_msg(r == sizeof(v) || (r < 0 && errno == EAGAIN), "read: %zd", r);
+	return r == sizeof(v) ? v : 0;
+}
+
+static bool event_fd_readable(int fd, int timeout_ms)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int r = poll(&p, 1, timeout_ms);
+
+	ck_assert_int_ge(r, 0);
+	return r == 1 && (p.revents & POLLIN);
+}
+
+/* The eventfd: close-on-exec, non-blocking, and woken by the ring's completions. */
+START_TEST(test_file_event_fd)
+{
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct dir d;
+	int fd;
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 1, 8, 2, false, NULL);
+	t = open_tier(&cfg);
+	fd = file_tier_event_fd(t);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fcntl(fd, F_GETFD) & FD_CLOEXEC, FD_CLOEXEC);
+	ck_assert_int_eq(fcntl(fd, F_GETFL) & O_NONBLOCK, O_NONBLOCK);
+	ck_assert(!event_fd_readable(fd, 0));
+	ck_assert_uint_eq(drain_event_fd(fd), 0);
+	store_block(t, 1, 1, 0);
+	/* The write's completion is posted whether or not anyone reaps it yet. */
+	ck_assert(event_fd_readable(fd, 5000));
+	ck_assert_uint_ge(drain_event_fd(fd), 1);
+	ck_assert(!event_fd_readable(fd, 0));
+	file_tier_flush(t);
+	ck_assert_int_eq(load_block(t, 1, 1, 0), 0);
+	file_tier_close(t);
+	/* Closed with the tier. */
+	ck_assert_int_eq(fcntl(fd, F_GETFD), -1);
+	dir_remove(&d);
+}
+END_TEST
+
 /*
  * The child's checks: a file system that takes only the first 4 slots of each file.  Returns
  * 0 or the number of the check that failed (Check's asserts do not cross this fork).
@@ -912,6 +963,7 @@ int main(void)
 	tcase_add_test(file, test_file_corrupt_data);
 	tcase_add_test(file, test_file_persist);
 	tcase_add_test(file, test_file_locked);
+	tcase_add_test(file, test_file_event_fd);
 	tcase_add_test(file, test_file_full);
 	tcase_add_test(file, test_file_lost_superseded);
 	tcase_add_test(file, test_file_no_memlock);
