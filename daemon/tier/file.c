@@ -85,6 +85,8 @@ struct batch {
 	uint32_t n;
 	uint32_t next;    /* the first entry neither queued nor served yet */
 	uint32_t pending; /* entries whose result is not in yet */
+	void (*done)(void *ctx); /* an asynchronous load's; NULL for the sync one */
+	void *done_ctx;
 	/* a scan */
 	void (*found)(void *ctx, uint32_t slot, const struct tier_key *key);
 	void *found_ctx;
@@ -125,6 +127,13 @@ struct file_tier {
 	uint32_t *slot_gen;
 
 	struct batch *batch; /* the load's or the scan's in progress, for the nesting check */
+	/*
+	 * The asynchronous load (file_tier_load_start), on the heap until its done runs.  Every
+	 * reap moves it on, so outside reap_ready() it has entries left to queue only while no
+	 * buffer is free: something is in flight whose completion moves it on again.
+	 */
+	struct batch *async_batch;
+	bool store_waiting; /* a store waits for a buffer: reaps keep freed ones for it */
 	void (*lost)(void *ctx, uint32_t slot, int err);
 	void *lost_ctx;
 	struct file_tier_stats stats;
@@ -353,10 +362,24 @@ fail:
 	return r;
 }
 
+static void wait_async_reads(struct file_tier *t);
+
 struct file_tier *file_tier_close(struct file_tier *t)
 {
 	if (!t)
 		return NULL;
+	/*
+	 * done runs only from file_tier_poll(), where it may call into the tier: a tier being
+	 * torn down cannot offer that.  The owner polls until file_tier_loading() is false first.
+	 */
+	assert(!t->async_batch);
+	if (t->async_batch) {
+		/* Without asserts: no read may land in a buffer being unmapped; done is not run. */
+		log_error("tier: closed with an asynchronous load in flight; its done never runs");
+		wait_async_reads(t);
+		free(t->async_batch);
+		t->async_batch = NULL;
+	}
 	if (t->ring_ready) {
 		file_tier_flush(t);
 		/* Unregisters the eventfd too. */
@@ -541,7 +564,45 @@ static void handle_cqe(struct file_tier *t, const struct io_uring_cqe *cqe)
 		complete_read(t, b, cqe->res);
 }
 
-/* Handles every completion already posted; never blocks. */
+/* Makes the eventfd readable, so the event loop comes round to file_tier_poll(). */
+static void wake_event_loop(struct file_tier *t)
+{
+	/* Fails only when the counter is about to overflow: readable anyway. */
+	(void)eventfd_write(t->event_fd, 1);
+}
+
+/*
+ * Submits what is queued in the ring, without waiting or reaping (callers may be inside a
+ * reap).  What the kernel refuses stays queued: the next submit takes it, and the event loop
+ * is woken so that file_tier_poll() retries even when nothing else is in flight.
+ */
+static void submit_queued(struct file_tier *t)
+{
+	int r;
+
+	do
+		r = io_uring_submit(&t->ring);
+	while (r == -EINTR);
+	if (r < 0)
+		wake_event_loop(t);
+}
+
+static uint32_t batch_queue(struct file_tier *t, struct batch *batch);
+
+/*
+ * Queues the asynchronous load's next reads into free buffers, unless a store is waiting for
+ * one (first come, first served: a store must not wait for a whole batch to be queued).
+ */
+static uint32_t async_queue(struct file_tier *t)
+{
+	struct batch *batch = t->async_batch;
+
+	if (!batch || batch->next == batch->n || t->nfree == 0 || t->store_waiting)
+		return 0;
+	return batch_queue(t, batch);
+}
+
+/* Handles every completion already posted, and moves the asynchronous load on; never blocks. */
 static unsigned reap_ready(struct file_tier *t)
 {
 	struct io_uring_cqe *cqe;
@@ -555,6 +616,8 @@ static unsigned reap_ready(struct file_tier *t)
 		handle_cqe(t, &done);
 		n++;
 	}
+	if (async_queue(t) > 0)
+		submit_queued(t);
 	return n;
 }
 
@@ -607,6 +670,13 @@ static uint32_t take_buf(struct file_tier *t, bool may_wait)
 		reap_wait(t);
 	}
 	return t->free_bufs[--t->nfree];
+}
+
+/* Waits until every read of the asynchronous load is done; its done runs at the next poll. */
+static void wait_async_reads(struct file_tier *t)
+{
+	while (t->async_batch && t->async_batch->pending > 0)
+		reap_wait(t);
 }
 
 static struct io_uring_sqe *get_sqe(struct file_tier *t)
@@ -675,6 +745,8 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 		return -EINVAL;
 	/* Bump first: a failure of the write being replaced must not report this store lost. */
 	t->slot_gen[slot]++;
+	/* Buffers freed while this store waits are its own before the asynchronous load's. */
+	t->store_waiting = true;
 	/* Cheap (no system call), and keeps lost reports close to the failures. */
 	reap_ready(t);
 	/* Two writes of one slot in flight could land in either order; let the older finish. */
@@ -682,6 +754,7 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 		reap_wait(t);
 
 	b = take_buf(t, true);
+	t->store_waiting = false;
 	mem = buf_mem(t, b);
 	h = (struct slot_header *)mem;
 	tok_bytes = (size_t)t->block_tokens * sizeof(uint32_t);
@@ -718,6 +791,8 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 	t->slot_buf[slot] = b;
 	t->writes_in_flight++;
 	prep_io(t, b, true, slot, (uint32_t)t->slot_bytes);
+	/* The buffers this store did not need go on to the asynchronous load, in one submit. */
+	async_queue(t);
 	/*
 	 * On failure the write stays queued in the ring and goes with the next submit; the
 	 * caller is told so it does not count on the slot.
@@ -763,6 +838,13 @@ static uint32_t batch_queue(struct file_tier *t, struct batch *batch)
 		batch->next++;
 		batch->pending--;
 	}
+	/*
+	 * An asynchronous load finished here, without a completion of its own to make the
+	 * eventfd readable (all served from staging, or nothing to read): the event loop must
+	 * still come round to the poll that calls done.
+	 */
+	if (batch->done && batch->pending == 0)
+		wake_event_loop(t);
 	return queued;
 }
 
@@ -779,6 +861,8 @@ void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
 	};
 
 	assert(!t->batch);
+	/* The asynchronous load came first: it finishes first (its done runs at the next poll). */
+	wait_async_reads(t);
 	t->batch = &batch;
 	while (batch.pending > 0) {
 		/* A failed submit leaves the reads queued; reap_wait submits them again. */
@@ -791,9 +875,61 @@ void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
 	t->batch = NULL;
 }
 
+int file_tier_load_start(struct file_tier *t, uint32_t n, const uint32_t *slots,
+			 const struct tier_key *keys, void *const *dsts, int *results,
+			 void (*done)(void *ctx), void *ctx)
+{
+	struct batch *batch;
+
+	if (!done || (n > 0 && (!slots || !keys || !dsts || !results)))
+		return -EINVAL;
+	/* From lost or found (inside a tier call), or a second batch: one at a time. */
+	if (t->batch || t->async_batch)
+		return -EBUSY;
+	batch = malloc(sizeof(*batch));
+	if (!batch)
+		return -ENOMEM;
+	*batch = (struct batch){
+		.slots = slots,
+		.keys = keys,
+		.dsts = dsts,
+		.results = results,
+		.n = n,
+		.pending = n,
+		.done = done,
+		.done_ctx = ctx,
+	};
+	t->async_batch = batch;
+	/* No reaping here: done and lost run only from the calls that say so. */
+	if (batch_queue(t, batch) > 0)
+		submit_queued(t);
+	return 0;
+}
+
+bool file_tier_loading(const struct file_tier *t)
+{
+	return t->async_batch != NULL;
+}
+
 int file_tier_poll(struct file_tier *t)
 {
-	return (int)reap_ready(t);
+	struct batch *batch;
+	unsigned n = reap_ready(t);
+
+	/* What the kernel refused before (a write, or the batch's reads) goes again. */
+	if (io_uring_sq_ready(&t->ring) > 0)
+		submit_queued(t);
+	batch = t->async_batch;
+	if (batch && batch->pending == 0) {
+		void (*done)(void *ctx) = batch->done;
+		void *ctx = batch->done_ctx;
+
+		/* Gone before done runs: done may start the next batch. */
+		t->async_batch = NULL;
+		free(batch);
+		done(ctx);
+	}
+	return (int)n;
 }
 
 void file_tier_flush(struct file_tier *t)
@@ -811,6 +947,8 @@ int file_tier_scan(struct file_tier *t,
 	if (!found)
 		return -EINVAL;
 	assert(!t->batch);
+	/* The asynchronous load came first: it finishes first (its done runs at the next poll). */
+	wait_async_reads(t);
 	/* Headers are read from the files: what is still in staging is not there yet. */
 	file_tier_flush(t);
 	t->batch = &batch;

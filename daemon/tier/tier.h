@@ -90,7 +90,8 @@ struct file_tier_config {
 	/*
 	 * Told about each queued write that failed after store returned (slot unusable; err is
 	 * -errno, -EIO for a short write), unless the slot was stored again since.  Called from
-	 * within store, load, poll, flush, scan or close: it must not call into the tier.
+	 * within store, load, poll, flush, scan or close (never load_start): it must not call
+	 * into the tier.
 	 */
 	void (*lost)(void *ctx, uint32_t slot, int err);
 	void *lost_ctx;
@@ -115,7 +116,12 @@ struct file_tier_stats {
  * A tier is not thread-safe: one owner calls everything below.
  */
 int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret);
-/* Waits for queued writes (with persist, fdatasyncs), then closes.  Accepts NULL; returns NULL. */
+/*
+ * Waits for queued writes (with persist, fdatasyncs), then closes.  Accepts NULL; returns NULL.
+ * No asynchronous load may be in flight (asserted): poll until file_tier_loading() is false
+ * first.  (Built without asserts, close waits for the batch's reads and drops it, logged;
+ * its done never runs.)
+ */
 struct file_tier *file_tier_close(struct file_tier *t);
 
 /*
@@ -133,28 +139,62 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
  * Reads n slots in one batch (up to queue_depth in flight), verifies each (header checksum,
  * identity against keys[i], data checksum) and copies its data to dsts[i].  results[i]: 0,
  * -EBADMSG (corrupt, never written, or another block: counted, nothing copied), -EIO (read
- * failed or short) or -EINVAL (slot out of range).  Returns when all are done.
+ * failed or short) or -EINVAL (slot out of range).  Returns when all are done.  With an
+ * asynchronous load in flight, first waits until all its reads are done (its done still runs
+ * only at the next file_tier_poll()).
  */
 void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
 		    const struct tier_key *keys, void *const *dsts, int *results);
 
 /*
+ * Starts reading n slots as file_tier_load() does, without waiting.  Reads go out as staging
+ * buffers allow; file_tier_poll() moves the batch on.  When every results[i] is in, done(ctx)
+ * is called -- ONLY from within file_tier_poll() (never from load_start, store, load, flush,
+ * scan or close), so done may call into the tier and into its caller's code freely.  slots,
+ * keys (and the tokens they point to), dsts and results must stay valid until done runs.
+ * One batch at a time: -EBUSY while one is in flight.  0, or -errno (nothing started).
+ *
+ * results[i] are as file_tier_load()'s, verified the same way.  Entries are taken in order,
+ * each when a buffer frees up for it; a slot whose write is still in a staging buffer then is
+ * served from it at once (as is a slot out of range), yet done still waits for the next poll.
+ * The batch also moves on wherever the tier reaps completions (store, load, flush, scan), but
+ * a store waiting for a buffer gets the next one freed before the batch does.  A slot stored
+ * again while the batch is in flight gives whichever block its entry finds, checked against
+ * keys[i] as always.  Errors: -EINVAL (done NULL, or n > 0 with a NULL array), -EBUSY (a batch
+ * in flight, or called from within a load or a scan), -ENOMEM.  A submit the kernel refuses is
+ * retried at the next poll (the eventfd is made readable for it).
+ */
+int file_tier_load_start(struct file_tier *t, uint32_t n, const uint32_t *slots,
+			 const struct tier_key *keys, void *const *dsts, int *results,
+			 void (*done)(void *ctx), void *ctx);
+/* Whether a batch started by file_tier_load_start() is in flight (done not yet called). */
+bool file_tier_loading(const struct file_tier *t);
+
+/*
  * An eventfd (non-blocking, close-on-exec) registered with the tier's io_uring
  * (io_uring_register_eventfd): readable when completions were posted.  The event loop polls
- * it, drains it (read 8 bytes; EAGAIN is fine) and calls file_tier_poll().  Owned by the tier,
+ * it, drains it (read 8 bytes; EAGAIN is fine) and calls file_tier_poll(), in that order: a
+ * completion posted after the drain makes it readable again.  The tier makes it readable
+ * itself when an asynchronous load finishes without a completion of its own (all served from
+ * staging, or n == 0), so that batch's done also comes at the next wake.  Owned by the tier,
  * closed by file_tier_close().
  */
 int file_tier_event_fd(const struct file_tier *t);
 
-/* Reaps finished writes without waiting (calling lost for failed ones).  Returns how many. */
+/*
+ * Reaps finished writes and reads without waiting (calling lost for failed writes), moves the
+ * asynchronous load on, and calls its done once every result is in (the batch is gone by
+ * then: done may start the next).  Returns how many completions were reaped.
+ */
 int file_tier_poll(struct file_tier *t);
 /* Waits until no write is in flight. */
 void file_tier_flush(struct file_tier *t);
 
 /*
- * With persist: reads every slot header (after waiting for queued writes) and calls found for
- * each one that is intact (header checksum, magic, version, sizes, geometry, and the slot it
- * was written as).  key->tokens points into a buffer valid only during the call; found must
+ * With persist: reads every slot header (after waiting for the reads of an asynchronous load,
+ * whose done runs at the next poll, and for queued writes) and calls found for each one that
+ * is intact (header checksum, magic, version, sizes, geometry, and the slot it was written
+ * as).  key->tokens points into a buffer valid only during the call; found must
  * not call into the tier.  The data checksum is checked when the slot is loaded.  Returns the
  * number found or -errno (a read failed; found may have been called for some slots).
  */

@@ -781,6 +781,490 @@ START_TEST(test_file_event_fd)
 }
 END_TEST
 
+/* ---- asynchronous loads ------------------------------------------------------------------ */
+
+/* Counts done calls, and those that came from anywhere but file_tier_poll(). */
+struct async_done {
+	int calls;
+	int calls_outside_poll;
+	bool in_poll;
+};
+
+static void on_done(void *ctx)
+{
+	struct async_done *a = ctx;
+
+	a->calls++;
+	if (!a->in_poll)
+		a->calls_outside_poll++;
+}
+
+/* What an event loop does: wait for the eventfd, drain it, poll; until done has run. */
+static void poll_until_called(struct file_tier *t, struct async_done *a)
+{
+	int fd = file_tier_event_fd(t);
+
+	for (int rounds = 0; a->calls == 0; rounds++) {
+		ck_assert_msg(rounds < 100000, "done never called");
+		/* A batch not done must have something that will wake the loop. */
+		ck_assert_msg(event_fd_readable(fd, 5000), "eventfd not readable, done not called");
+		drain_event_fd(fd);
+		a->in_poll = true;
+		file_tier_poll(t);
+		a->in_poll = false;
+	}
+	ck_assert_int_eq(a->calls, 1);
+	ck_assert_int_eq(a->calls_outside_poll, 0);
+}
+
+/* And the batch is gone: no other was started from done. */
+static void poll_until_done(struct file_tier *t, struct async_done *a)
+{
+	poll_until_called(t, a);
+	ck_assert(!file_tier_loading(t));
+}
+
+/* A load's arrays; entry i expects block ids[i], version versions[i], in slots[i]. */
+struct load_set {
+	uint32_t n;
+	struct block *b;
+	struct tier_key *keys;
+	uint32_t *slots;
+	uint32_t *ids, *versions;
+	void **dsts;
+	int *results;
+};
+
+static void set_make(struct load_set *ls, uint32_t n)
+{
+	ls->n = n;
+	ls->b = calloc(n, sizeof(*ls->b));
+	ls->keys = calloc(n, sizeof(*ls->keys));
+	ls->slots = calloc(n, sizeof(*ls->slots));
+	ls->ids = calloc(n, sizeof(*ls->ids));
+	ls->versions = calloc(n, sizeof(*ls->versions));
+	ls->dsts = calloc(n, sizeof(*ls->dsts));
+	ls->results = calloc(n, sizeof(*ls->results));
+	ck_assert(ls->b && ls->keys && ls->slots && ls->ids && ls->versions && ls->dsts &&
+		  ls->results);
+	for (uint32_t i = 0; i < n; i++) {
+		ls->dsts[i] = malloc(BLOCK_BYTES);
+		ck_assert_ptr_nonnull(ls->dsts[i]);
+		memset(ls->dsts[i], 0x5a, BLOCK_BYTES);
+		ls->results[i] = 1; /* no result yet */
+	}
+}
+
+static void set_entry(struct load_set *ls, uint32_t i, uint32_t slot, uint32_t id,
+		      uint32_t version)
+{
+	make_block(&ls->b[i], id);
+	ls->keys[i] = ls->b[i].key;
+	ls->slots[i] = slot;
+	ls->ids[i] = id;
+	ls->versions[i] = version;
+}
+
+/* Checks each entry's result is want[i] and its bytes: the block's, or untouched on failure. */
+static void set_check(const struct load_set *ls, const int *want)
+{
+	uint8_t *expect = malloc(BLOCK_BYTES), *untouched = malloc(BLOCK_BYTES);
+
+	memset(untouched, 0x5a, BLOCK_BYTES);
+	for (uint32_t i = 0; i < ls->n; i++) {
+		ck_assert_msg(ls->results[i] == want[i], "entry %u (slot %u): %d, want %d", i,
+			      ls->slots[i], ls->results[i], want[i]);
+		if (want[i] == 0) {
+			fill_data(expect, BLOCK_BYTES, ls->ids[i], ls->versions[i]);
+			ck_assert_msg(!memcmp(ls->dsts[i], expect, BLOCK_BYTES),
+				      "entry %u (slot %u): wrong bytes", i, ls->slots[i]);
+		} else {
+			ck_assert_msg(!memcmp(ls->dsts[i], untouched, BLOCK_BYTES),
+				      "entry %u (slot %u): failed, yet dst written", i, ls->slots[i]);
+		}
+	}
+	free(untouched);
+	free(expect);
+}
+
+static void set_free(struct load_set *ls)
+{
+	for (uint32_t i = 0; i < ls->n; i++)
+		free(ls->dsts[i]);
+	free(ls->b);
+	free(ls->keys);
+	free(ls->slots);
+	free(ls->ids);
+	free(ls->versions);
+	free(ls->dsts);
+	free(ls->results);
+}
+
+static int set_start(struct file_tier *t, struct load_set *ls, struct async_done *a)
+{
+	return file_tier_load_start(t, ls->n, ls->slots, ls->keys, (void *const *)ls->dsts,
+				    ls->results, on_done, a);
+}
+
+/*
+ * Many more slots than buffers, some on disk, some perhaps still in staging, some never
+ * written, out of range, asked for under another key, or asked for twice: the asynchronous
+ * load gives what the synchronous one gives, byte for byte, and done once, from a poll.
+ */
+START_TEST(test_file_async_load)
+{
+	enum { SLOTS = 64, WRITTEN = 48, N = SLOTS + 6 };
+	struct async_done a = { 0 };
+	struct load_set as, ss;
+	struct file_tier_stats st;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct dir d;
+	int want[N];
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 2, SLOTS, 4, false, NULL);
+	t = open_tier(&cfg);
+	for (uint32_t i = 0; i < WRITTEN; i++)
+		store_block(t, i, i + 100, 0);
+	file_tier_flush(t);
+	/* Stored again, not flushed: served from staging or read, whichever it is by then. */
+	for (uint32_t i = WRITTEN - 4; i < WRITTEN; i++)
+		store_block(t, i, i + 100, 1);
+
+	set_make(&as, N);
+	set_make(&ss, N);
+	for (struct load_set *ls = &as; ls; ls = ls == &as ? &ss : NULL) {
+		for (uint32_t i = 0; i < SLOTS; i++)
+			set_entry(ls, i, i, i + 100, i >= WRITTEN - 4 ? 1 : 0);
+		set_entry(ls, SLOTS + 0, SLOTS, 7, 0);       /* out of range */
+		set_entry(ls, SLOTS + 1, UINT32_MAX, 7, 0);  /* out of range */
+		set_entry(ls, SLOTS + 2, 3, 999, 0);         /* another block's key */
+		set_entry(ls, SLOTS + 3, 10, 110, 0);        /* twice */
+		set_entry(ls, SLOTS + 4, SLOTS - 1, 999, 0); /* never written */
+		set_entry(ls, SLOTS + 5, WRITTEN - 1, WRITTEN - 1 + 100, 1);
+	}
+	for (uint32_t i = 0; i < N; i++)
+		want[i] = i < WRITTEN ? 0 : i < SLOTS ? -EBADMSG : 0;
+	want[SLOTS + 0] = want[SLOTS + 1] = -EINVAL;
+	want[SLOTS + 2] = want[SLOTS + 4] = -EBADMSG;
+
+	ck_assert(!file_tier_loading(t));
+	ck_assert_int_eq(set_start(t, &as, &a), 0);
+	ck_assert(file_tier_loading(t));
+	ck_assert_int_eq(a.calls, 0);
+	/* No more reads than buffers went out, and none was reaped: loading is not waiting. */
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.reads, 0);
+	poll_until_done(t, &a);
+	set_check(&as, want);
+
+	file_tier_load(t, ss.n, ss.slots, ss.keys, (void *const *)ss.dsts, ss.results);
+	set_check(&ss, want);
+	ck_assert_mem_eq(as.results, ss.results, N * sizeof(int));
+	/* Polling on runs done no more. */
+	file_tier_poll(t);
+	ck_assert_int_eq(a.calls, 1);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.read_errors, 0);
+	set_free(&as);
+	set_free(&ss);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/* A flipped bit in a slot's data or header: -EBADMSG in the batch, the others whole. */
+START_TEST(test_file_async_corrupt)
+{
+	enum { SLOTS = 16 };
+	struct async_done a = { 0 };
+	struct file_tier_stats st;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct load_set ls;
+	struct dir d;
+	int want[SLOTS];
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 2, SLOTS, 2, false, NULL);
+	t = open_tier(&cfg);
+	for (uint32_t i = 0; i < SLOTS; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+	flip_byte(d.files[1], slot_offset(t, 2, 5) + 4096 + 777); /* slot 5's data */
+	flip_byte(d.files[0], slot_offset(t, 2, 8) + 104 + 4 * 3); /* a token of slot 8 */
+
+	set_make(&ls, SLOTS);
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		set_entry(&ls, i, i, i, 0);
+		want[i] = i == 5 || i == 8 ? -EBADMSG : 0;
+	}
+	ck_assert_int_eq(set_start(t, &ls, &a), 0);
+	poll_until_done(t, &a);
+	set_check(&ls, want);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.checksum_errors, 2);
+	ck_assert_uint_eq(st.identity_errors, 0);
+	set_free(&ls);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/*
+ * Two buffers, and stores while a batch of 32 reads is in flight: each store waits for a
+ * buffer, gets the first one freed (not after the whole batch), and the batch still finishes
+ * with the right bytes; so does what was stored.
+ */
+START_TEST(test_file_async_with_stores)
+{
+	enum { SLOTS = 64, N = 32, STORES = 16 };
+	struct async_done a = { 0 };
+	struct file_tier_stats st;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct load_set ls;
+	struct dir d;
+	int want[N] = { 0 };
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 1, SLOTS, 2, false, NULL);
+	t = open_tier(&cfg);
+	for (uint32_t i = 0; i < N; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+
+	set_make(&ls, N);
+	for (uint32_t i = 0; i < N; i++)
+		set_entry(&ls, i, i, i, 0);
+	ck_assert_int_eq(set_start(t, &ls, &a), 0);
+	for (uint32_t i = 0; i < STORES; i++) {
+		ck_assert(file_tier_loading(t));
+		store_block(t, N + i, N + i, 2);
+		if (i == 0) {
+			/* Both buffers were the batch's: the store took the first freed. */
+			file_tier_get_stats(t, &st);
+			ck_assert_uint_le(st.reads, 2);
+		}
+	}
+	/* And one of the batch's own slots, stored again with the same block. */
+	store_block(t, 7, 7, 0);
+	ck_assert_int_eq(a.calls, 0);
+	poll_until_done(t, &a);
+	set_check(&ls, want);
+	file_tier_flush(t);
+	for (uint32_t i = 0; i < STORES; i++)
+		ck_assert_int_eq(load_block(t, N + i, N + i, 2), 0);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_eq(st.writes, N + STORES + 1);
+	ck_assert_uint_eq(st.write_errors, 0);
+	set_free(&ls);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/* A synchronous load, a scan and a flush while a batch is in flight: none of them runs done. */
+START_TEST(test_file_async_with_sync_calls)
+{
+	enum { SLOTS = 24 };
+	struct found_log found = { 0 };
+	struct async_done a = { 0 };
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct load_set ls;
+	struct dir d;
+	int want[SLOTS] = { 0 };
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 2, SLOTS, 2, false, NULL);
+	t = open_tier(&cfg);
+	for (uint32_t i = 0; i < SLOTS; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+	set_make(&ls, SLOTS);
+	for (uint32_t i = 0; i < SLOTS; i++)
+		set_entry(&ls, i, i, i, 0);
+
+	/* A sync load first lets every read of the batch finish; done waits for the poll. */
+	ck_assert_int_eq(set_start(t, &ls, &a), 0);
+	ck_assert_int_eq(load_block(t, 4, 4, 0), 0);
+	for (uint32_t i = 0; i < SLOTS; i++)
+		ck_assert_int_ne(ls.results[i], 1);
+	ck_assert_int_eq(a.calls, 0);
+	ck_assert(file_tier_loading(t));
+	/* Still busy until done has run. */
+	ck_assert_int_eq(set_start(t, &ls, &a), -EBUSY);
+	poll_until_done(t, &a);
+	set_check(&ls, want);
+
+	/* A scan likewise. */
+	a = (struct async_done){ 0 };
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		ls.results[i] = 1;
+		memset(ls.dsts[i], 0x5a, BLOCK_BYTES);
+	}
+	ck_assert_int_eq(set_start(t, &ls, &a), 0);
+	ck_assert_int_eq(file_tier_scan(t, on_found, &found), SLOTS);
+	for (uint32_t i = 0; i < SLOTS; i++)
+		ck_assert_int_ne(ls.results[i], 1);
+	ck_assert_int_eq(a.calls, 0);
+	poll_until_done(t, &a);
+	set_check(&ls, want);
+
+	/* A flush only waits for writes; the batch goes on and finishes at the polls. */
+	a = (struct async_done){ 0 };
+	for (uint32_t i = 0; i < SLOTS; i++) {
+		ls.results[i] = 1;
+		memset(ls.dsts[i], 0x5a, BLOCK_BYTES);
+	}
+	ck_assert_int_eq(set_start(t, &ls, &a), 0);
+	store_block(t, 0, 0, 0);
+	file_tier_flush(t);
+	ck_assert_int_eq(a.calls, 0);
+	poll_until_done(t, &a);
+	set_check(&ls, want);
+	set_free(&ls);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/* done starts the next batch, as an event loop's would. */
+struct chain {
+	struct file_tier *t;
+	struct load_set *next;
+	struct async_done *next_done;
+	struct async_done first;
+	int start_result;
+};
+
+static void on_done_chain(void *ctx)
+{
+	struct chain *c = ctx;
+
+	on_done(&c->first);
+	c->start_result = set_start(c->t, c->next, c->next_done);
+}
+
+/* One batch at a time; arguments checked; the next batch may start from done. */
+START_TEST(test_file_async_busy)
+{
+	struct async_done a = { 0 }, b = { 0 };
+	struct file_tier_config cfg;
+	struct load_set l1, l2;
+	struct file_tier *t;
+	struct chain c;
+	struct dir d;
+	int want[8] = { 0 };
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 1, 8, 2, false, NULL);
+	t = open_tier(&cfg);
+	for (uint32_t i = 0; i < 8; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+	set_make(&l1, 8);
+	set_make(&l2, 8);
+	for (uint32_t i = 0; i < 8; i++) {
+		set_entry(&l1, i, i, i, 0);
+		set_entry(&l2, i, 7 - i, 7 - i, 0);
+	}
+	ck_assert_int_eq(file_tier_load_start(t, 8, l1.slots, l1.keys, (void *const *)l1.dsts,
+					      l1.results, NULL, NULL), -EINVAL);
+	ck_assert_int_eq(file_tier_load_start(t, 8, NULL, l1.keys, (void *const *)l1.dsts,
+					      l1.results, on_done, &a), -EINVAL);
+	ck_assert(!file_tier_loading(t));
+
+	ck_assert_int_eq(set_start(t, &l1, &a), 0);
+	ck_assert_int_eq(set_start(t, &l2, &b), -EBUSY);
+	ck_assert_int_eq(set_start(t, &l1, &a), -EBUSY);
+	poll_until_done(t, &a);
+	set_check(&l1, want);
+	/* The refused batch was never started: nothing written, done never called. */
+	for (uint32_t i = 0; i < 8; i++)
+		ck_assert_int_eq(l2.results[i], 1);
+	ck_assert_int_eq(b.calls, 0);
+
+	/* From done: the next batch starts, and its done comes from a later poll. */
+	for (uint32_t i = 0; i < 8; i++) {
+		l1.results[i] = 1;
+		memset(l1.dsts[i], 0x5a, BLOCK_BYTES);
+	}
+	c = (struct chain){ .t = t, .next = &l2, .next_done = &b, .start_result = 1 };
+	ck_assert_int_eq(file_tier_load_start(t, l1.n, l1.slots, l1.keys,
+					      (void *const *)l1.dsts, l1.results, on_done_chain,
+					      &c), 0);
+	poll_until_called(t, &c.first);
+	ck_assert_int_eq(c.start_result, 0);
+	ck_assert_int_eq(b.calls, 0);
+	ck_assert(file_tier_loading(t));
+	poll_until_done(t, &b);
+	set_check(&l1, want);
+	set_check(&l2, want);
+	set_free(&l1);
+	set_free(&l2);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/*
+ * A batch with nothing to read (n == 0; every slot in staging or out of range) has all its
+ * results at once, yet done waits for the poll, and the eventfd says when.
+ */
+START_TEST(test_file_async_no_reads)
+{
+	struct async_done a = { 0 };
+	struct file_tier_stats before, after;
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	struct load_set ls;
+	struct dir d;
+	int fd;
+	const int want[3] = { 0, -EINVAL, -EBADMSG };
+
+	dir_make(&d, "/tmp");
+	cfg = config(&d, 1, 8, 4, false, NULL);
+	t = open_tier(&cfg);
+	fd = file_tier_event_fd(t);
+
+	ck_assert_int_eq(file_tier_load_start(t, 0, NULL, NULL, NULL, NULL, on_done, &a), 0);
+	ck_assert(file_tier_loading(t));
+	ck_assert_int_eq(a.calls, 0);
+	/* No I/O at all, yet the loop is woken for the poll that runs done. */
+	ck_assert(event_fd_readable(fd, 5000));
+	poll_until_done(t, &a);
+
+	/* Slot 3's write is not reaped (nothing reaps in load_start): served from staging. */
+	store_block(t, 3, 3, 0);
+	set_make(&ls, 3);
+	set_entry(&ls, 0, 3, 3, 0);
+	set_entry(&ls, 1, 99, 3, 0);
+	set_entry(&ls, 2, 3, 4, 0);
+	file_tier_get_stats(t, &before);
+	drain_event_fd(fd);
+	a = (struct async_done){ 0 };
+	ck_assert_int_eq(set_start(t, &ls, &a), 0);
+	set_check(&ls, want);
+	ck_assert_int_eq(a.calls, 0);
+	/* Neither a store nor a flush runs done. */
+	store_block(t, 5, 5, 0);
+	file_tier_flush(t);
+	ck_assert_int_eq(a.calls, 0);
+	ck_assert(file_tier_loading(t));
+	poll_until_done(t, &a);
+	set_check(&ls, want);
+	file_tier_get_stats(t, &after);
+	ck_assert_uint_eq(after.reads, before.reads);
+	ck_assert_uint_eq(after.identity_errors, before.identity_errors + 1);
+	set_free(&ls);
+	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
 /*
  * The child's checks: a file system that takes only the first 4 slots of each file.  Returns
  * 0 or the number of the check that failed (Check's asserts do not cross this fork).
@@ -964,6 +1448,12 @@ int main(void)
 	tcase_add_test(file, test_file_persist);
 	tcase_add_test(file, test_file_locked);
 	tcase_add_test(file, test_file_event_fd);
+	tcase_add_test(file, test_file_async_load);
+	tcase_add_test(file, test_file_async_corrupt);
+	tcase_add_test(file, test_file_async_with_stores);
+	tcase_add_test(file, test_file_async_with_sync_calls);
+	tcase_add_test(file, test_file_async_busy);
+	tcase_add_test(file, test_file_async_no_reads);
 	tcase_add_test(file, test_file_full);
 	tcase_add_test(file, test_file_lost_superseded);
 	tcase_add_test(file, test_file_no_memlock);
