@@ -4,6 +4,9 @@
  * io_uring.  Every I/O goes through one of queue_depth staging buffers (4096-aligned, registered
  * with the ring): a store copies header and data into a buffer and queues one write, a load
  * reads a whole slot into a buffer, verifies it there and only then copies the data out.
+ * Loads come in batches: file_tier_load() waits for its batch, file_tier_load_start() leaves
+ * one batch on the heap that every reap moves on and file_tier_poll() finishes (the eventfd
+ * registered with the ring tells the caller's event loop when to poll).
  *
  * Slot layout (docs/tiers-storage.md): a header region (struct slot_header, the block's token
  * ids, zero padding to 4096) then a data region (block_bytes, zero padding to 4096).  Slot i
