@@ -154,9 +154,11 @@ void file_tier_load(struct file_tier *t, uint32_t n, const uint32_t *slots,
  * keys (and the tokens they point to), dsts and results must stay valid until done runs.
  * One batch at a time: -EBUSY while one is in flight.  0, or -errno (nothing started).
  *
- * results[i] are as file_tier_load()'s, verified the same way.  Entries are taken in order,
- * each when a buffer frees up for it; a slot whose write is still in a staging buffer then is
- * served from it at once (as is a slot out of range), yet done still waits for the next poll.
+ * results[i] are as file_tier_load()'s, verified the same way; dsts[i] and results[i] may be
+ * written from within any tier call until done runs, so read them from done on.  Entries are
+ * taken in order, each when a buffer frees up for it; a slot whose write is still in a staging
+ * buffer then is served from it at once (as is a slot out of range), yet done still waits for
+ * the next poll.
  * The batch also moves on wherever the tier reaps completions (store, load, flush, scan), but
  * a store waiting for a buffer gets the next one freed before the batch does.  A slot stored
  * again while the batch is in flight gives whichever block its entry finds, checked against
