@@ -237,15 +237,18 @@ static void on_open(struct session *s, const struct kvp_frame_header *h, const u
 	int r;
 
 	UNPACK(open, m);
-	if (m->n_tokens > UINT32_MAX)
+	/* Dispatched again once its deferred loads are in: it ran already. */
+	if (s->load_done)
+		r = ops_loaded_result(s, false, &res);
+	else if (m->n_tokens > UINT32_MAX)
 		r = -E2BIG;
 	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
 		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
 			     &(struct core_open){ .retention = m->retention, .n_sink = m->n_sink,
 						  .recent = m->recent, .budget = m->budget,
 						  .decay = m->decay, .granularity = m->granularity },
-			     &res, &why);
-	if (waits(s, &r, m->wait_ms, &why)) {
+			     true, &res, &why);
+	if (r == -EINPROGRESS || waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__open__free_unpacked(m, NULL);
 		return;
 	}
@@ -450,10 +453,11 @@ static void on_resume(struct session *s, const struct kvp_frame_header *h, const
 	int r;
 
 	UNPACK(resume, m);
-	r = wait_ok(s, m->wait_ms, &why);
-	if (r == 0)
-		r = ops_resume(s, m->seq, &res, &why);
-	if (waits(s, &r, m->wait_ms, &why)) {
+	if (s->load_done)
+		r = ops_loaded_result(s, true, &res);
+	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
+		r = ops_resume(s, m->seq, true, &res, &why);
+	if (r == -EINPROGRESS || waits(s, &r, m->wait_ms, &why)) {
 		kvpaged__v1__resume__free_unpacked(m, NULL);
 		return;
 	}
@@ -514,5 +518,5 @@ bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const 
 		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);
 		session_close(s, "unknown message type");
 	}
-	return !s->waiting;
+	return !s->waiting && !s->loading;
 }

@@ -7,7 +7,9 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "daemon/log.h"
 #include "daemon/server/server.h"
 
 static uint32_t session_max_blocks(const struct session *s)
@@ -110,8 +112,65 @@ static const char *retention_why(const struct core_open *o)
 	return "bad retention";
 }
 
+/*
+ * Defers the tier loads of a LOADING sequence: 0 when they were all in at once (ACTIVE now),
+ * -EINPROGRESS when the session waits for them.  A failure to start them fails the loads:
+ * the blocks are then recomputed, as for any failed load.
+ */
+static int defer_loads(struct session *s, uint64_t seq)
+{
+	int r = dpool_load(s->pool, s, seq);
+
+	if (r < 0) {
+		struct core_load *loads;
+		uint32_t n;
+
+		log_warning("pool %s: cannot start reading from the file tier: %s; the tokens are "
+			    "recomputed", s->pool->cfg->name, strerror(-r));
+		core_seq_pending_loads(s->pool->core, seq, &loads, &n);
+		for (uint32_t k = 0; k < n; k++)
+			loads[k].result = r;
+		core_seq_loaded(s->pool->core, seq);
+		return 0;
+	}
+	if (r == 0)
+		return 0;
+	s->loading = true;
+	s->load_seq = seq;
+	return -EINPROGRESS;
+}
+
+/* An open's figures, once its cached tokens are known. */
+static void open_counted(struct session *s, uint32_t nblocks, uint32_t cached)
+{
+	s->stats->lookups++;
+	s->stats->query_blocks += nblocks;
+	s->stats->hit_blocks += cached / s->pool->cfg->block_tokens;
+	s->stats->hit_tokens += cached;
+}
+
+int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
+{
+	struct core_seq_info info;
+	uint64_t seq = s->load_seq;
+
+	s->load_done = false;
+	s->load_seq = 0;
+	if (core_seq_info(s->pool->core, seq, &info) < 0)
+		return -EIO; /* cannot happen: the sequence is the session's */
+	/* The quota took every block at the open; a retention policy may have released some. */
+	s->blocks -= info.nblocks - info.held_blocks;
+	res->seq = seq;
+	if (resume)
+		res->recompute = info.ntokens - info.ncommitted;
+	else
+		open_counted(s, info.nblocks, res->cached = info.ncommitted);
+	fill_table(s, seq, 0, res);
+	return 0;
+}
+
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     uint32_t flags, uint32_t priority, const struct core_open *retention, bool defer,
 	     struct seq_result *res, const char **why)
 {
 	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
@@ -148,6 +207,9 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	r = reserve_seq(s);
 	if (r < 0)
 		return r;
+	/* Reads from the swap files go on without the loop; host RAM is copied at once. */
+	if (defer && s->pool->file && s->pool->mem.base)
+		o.flags |= CORE_OPEN_DEFER_LOADS;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
 	if (r == -EINVAL)
 		*why = s->pool->cfg->window ? "the pool's window decides what its sequences keep"
@@ -160,10 +222,14 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	/* The quota counts blocks held: a window or sinks may have released some already. */
 	core_seq_info(s->pool->core, res->seq, &info);
 	s->blocks += info.held_blocks;
-	s->stats->lookups++;
-	s->stats->query_blocks += nblocks;
-	s->stats->hit_blocks += res->cached / s->pool->cfg->block_tokens;
-	s->stats->hit_tokens += res->cached;
+	if (info.state == CORE_SEQ_LOADING) {
+		r = defer_loads(s, res->seq);
+		if (r < 0)
+			return r;
+		s->load_seq = res->seq;
+		return ops_loaded_result(s, false, res);
+	}
+	open_counted(s, nblocks, res->cached);
 	fill_table(s, res->seq, 0, res);
 	return 0;
 }
@@ -294,7 +360,8 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 	return r;
 }
 
-int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const char **why)
+int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *res,
+	       const char **why)
 {
 	struct core_seq_info info;
 	int r;
@@ -312,11 +379,22 @@ int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const ch
 		*why = "session would exceed its max_blocks quota";
 		return -EDQUOT;
 	}
-	r = core_seq_resume(s->pool->core, seq, &res->recompute);
+	r = core_seq_resume_flags(s->pool->core, seq,
+				  defer && s->pool->file && s->pool->mem.base ? CORE_OPEN_DEFER_LOADS
+									      : 0,
+				  &res->recompute);
 	if (r < 0)
 		return r;
 	if (info.state == CORE_SEQ_DROPPED)
 		s->blocks += blocks_for(s, info.ntokens);
+	core_seq_info(s->pool->core, seq, &info);
+	if (info.state == CORE_SEQ_LOADING) {
+		r = defer_loads(s, seq);
+		if (r < 0)
+			return r;
+		s->load_seq = seq;
+		return ops_loaded_result(s, true, res);
+	}
 	res->seq = seq;
 	fill_table(s, seq, 0, res);
 	return 0;
@@ -375,6 +453,7 @@ void ops_close_all(struct session *s)
 	while (s->nseqs > 0) {
 		uint64_t seq = s->seqs[s->nseqs - 1];
 
+		/* A LOADING one is closed by its load job once its reads are in. */
 		core_seq_close(s->pool->core, seq);
 		disown(s, seq);
 	}

@@ -5,6 +5,7 @@
  * layer's K (or V) of a block is contiguous for attention kernels.
  */
 #include <errno.h>
+#include <poll.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -348,6 +349,139 @@ static void on_file_lost(void *ctx, uint32_t slot, int err)
 	p->lost[p->nlost++] = slot;
 }
 
+/*
+ * A deferred load: the file-tier part of one LOADING sequence's loads (its host-tier loads
+ * were copied at once).  The arrays are the file tier's batch, in flight while the job is
+ * the head of the pool's queue.
+ */
+struct load_job {
+	struct load_job *next;
+	struct session *s; /* a reference, dropped when the job ends */
+	uint64_t seq;
+	uint32_t n;
+	bool finished;
+	uint32_t *which; /* index in the sequence's loads */
+	uint32_t *slots;
+	struct tier_key *keys;
+	void **dsts;
+	int *results;
+};
+
+/* file_tier_load_start's done: the head job's reads are in (finished in dpool_tier_poll). */
+static void job_done(void *ctx)
+{
+	struct dpool *p = ctx;
+
+	p->jobs->finished = true;
+}
+
+static void job_start(struct dpool *p, struct load_job *job)
+{
+	int r = file_tier_load_start(p->file, job->n, job->slots, job->keys, job->dsts,
+				     job->results, job_done, p);
+
+	if (r < 0) {
+		log_warning("pool %s: cannot start reading %u blocks from the file tier: %s; "
+			    "they are recomputed", p->cfg->name, job->n, strerror(-r));
+		for (uint32_t k = 0; k < job->n; k++)
+			job->results[k] = r;
+		job->finished = true; /* the next dpool_tier_poll finishes it */
+	}
+}
+
+static void job_finish(struct dpool *p, struct load_job *job)
+{
+	struct core_load *loads;
+	uint32_t n;
+
+	core_seq_pending_loads(p->core, job->seq, &loads, &n);
+	for (uint32_t k = 0; k < job->n; k++) {
+		loads[job->which[k]].result = job->results[k];
+		if (job->results[k] < 0)
+			warn_file_load(p, job->slots[k], job->results[k]);
+	}
+	core_seq_loaded(p->core, job->seq);
+	p->epoch++; /* failed loads may have freed tier slots; waiters may go on */
+	session_loaded(job->s, job->seq);
+	session_unref(job->s);
+	free(job);
+}
+
+int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
+{
+	struct load_job *job;
+	struct core_load *loads;
+	uint32_t n, nfile = 0;
+	size_t size;
+	char *mem;
+
+	core_seq_pending_loads(p->core, seq, &loads, &n);
+	for (uint32_t i = 0; i < n; i++)
+		nfile += loads[i].tier == CORE_TIER_FILE;
+	size = sizeof(*job) + (size_t)nfile * (2 * sizeof(uint32_t) + sizeof(struct tier_key) +
+					       sizeof(void *) + sizeof(int));
+	job = nfile ? calloc(1, size) : NULL;
+	if (nfile && !job)
+		return -ENOMEM;
+	/* Host RAM: copied now.  (Deferral is for pools in host memory: block_at works.) */
+	for (uint32_t i = 0; i < n; i++) {
+		struct tier_key key = tier_key_of(&loads[i].key);
+
+		if (loads[i].tier == CORE_TIER_HOST)
+			loads[i].result = host_tier_load(p->host, loads[i].slot, &key,
+							 block_at(p, loads[i].block));
+	}
+	if (!nfile) {
+		core_seq_loaded(p->core, seq);
+		return 0;
+	}
+	mem = (char *)(job + 1);
+	job->keys = (struct tier_key *)mem;
+	mem += nfile * sizeof(struct tier_key);
+	job->dsts = (void **)mem;
+	mem += nfile * sizeof(void *);
+	job->which = (uint32_t *)mem;
+	mem += nfile * sizeof(uint32_t);
+	job->slots = (uint32_t *)mem;
+	mem += nfile * sizeof(uint32_t);
+	job->results = (int *)mem;
+	for (uint32_t i = 0; i < n; i++) {
+		if (loads[i].tier != CORE_TIER_FILE)
+			continue;
+		/* The key's tokens are the block's own in the core: they stay until loaded. */
+		job->keys[job->n] = tier_key_of(&loads[i].key);
+		job->dsts[job->n] = block_at(p, loads[i].block);
+		job->slots[job->n] = loads[i].slot;
+		job->which[job->n++] = i;
+	}
+	job->s = s;
+	job->seq = seq;
+	s->refs++;
+	log_debug("pool %s: sequence %llu: reading %u blocks from the swap files, the loop going "
+		  "on", p->cfg->name, (unsigned long long)seq, nfile);
+	if (p->jobs_tail)
+		p->jobs_tail->next = job;
+	else
+		p->jobs = job;
+	p->jobs_tail = job;
+	if (p->jobs == job)
+		job_start(p, job);
+	return 1;
+}
+
+void dpool_arm_tier_poll(struct server *srv, struct dpool *p)
+{
+	struct io_uring_sqe *sqe;
+
+	if (!p->file || p->tier_armed)
+		return;
+	sqe = server_sqe(srv);
+	p->tier_op = (struct op){ .kind = OP_TIER, .pool = p };
+	io_uring_prep_poll_multishot(sqe, file_tier_event_fd(p->file), POLLIN);
+	io_uring_sqe_set_data(sqe, &p->tier_op);
+	p->tier_armed = true;
+}
+
 void dpool_tier_poll(struct dpool *p)
 {
 	if (!p->file)
@@ -364,6 +498,17 @@ void dpool_tier_poll(struct dpool *p)
 		for (uint32_t s = 0; s < p->cfg->file_tier_blocks; s++)
 			core_tier_lost(p->core, CORE_TIER_FILE, s);
 		p->lost_overflow = false;
+	}
+	/* Deferred loads whose reads are in: the next batch goes out before replies do. */
+	while (p->jobs && p->jobs->finished) {
+		struct load_job *job = p->jobs;
+
+		p->jobs = job->next;
+		if (!p->jobs)
+			p->jobs_tail = NULL;
+		else
+			job_start(p, p->jobs);
+		job_finish(p, job);
 	}
 }
 
@@ -712,8 +857,28 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 
 void dpool_done(struct dpool *p)
 {
+	/*
+	 * Reads still in flight (a forced stop) land first: they write into the pool, and the
+	 * tier is closed only without a batch in flight.
+	 */
+	while (p->file && file_tier_loading(p->file)) {
+		struct pollfd pfd = { .fd = file_tier_event_fd(p->file), .events = POLLIN };
+
+		if (poll(&pfd, 1, 1000) < 0 && errno != EINTR)
+			break;
+		if (read(pfd.fd, &p->tier_event, sizeof(p->tier_event)) < 0 && errno != EAGAIN)
+			break;
+		file_tier_poll(p->file);
+	}
 	/* Writes still queued finish first: with persistence they are what comes back. */
 	p->file = file_tier_close(p->file);
+	/* Loads still queued at exit (a forced stop): their sessions are gone already. */
+	while (p->jobs) {
+		struct load_job *job = p->jobs;
+
+		p->jobs = job->next;
+		free(job);
+	}
 	p->host = host_tier_free(p->host);
 	free(p->lost);
 	core_free(p->core);

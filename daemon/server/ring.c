@@ -240,6 +240,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 			rc = -EINVAL;
 			break;
 		}
+		/* Ring operations never wait: not for memory, and not for swap-file reads. */
 		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xf9, e->arg >> 8,
 			      e->arg & 6 ? &(struct core_open){
 						   .retention = e->arg & 2 ? CORE_RETAIN_SINKS
@@ -248,7 +249,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 						   .budget = e->arg & 4 ? (uint32_t)(e->seq >> 32) : 0,
 						   .recent = (uint32_t)e->seq }
 					 : NULL,
-			      &res, &why);
+			      false, &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
 			c->aux = res.cached;
@@ -292,7 +293,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		rc = ops_scores(s, e->seq, e->arg, (const float *)tokens, ntok, &why);
 		break;
 	case KVP_OP_RESUME:
-		rc = ops_resume(s, e->seq, &res, &why);
+		rc = ops_resume(s, e->seq, false, &res, &why);
 		if (rc == 0) {
 			c->aux = res.recompute;
 			put_table(r, e, c, res.table, res.table_len);

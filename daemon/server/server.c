@@ -370,7 +370,7 @@ static void drain_sessions(struct server *srv)
 		dpool_retry_waiters(&srv->pools[i], now);
 	}
 	for (struct session *s = srv->sessions; s; s = s->next) {
-		if (s->closing || s->waiting || s->drained)
+		if (s->closing || s->waiting || s->loading || s->drained)
 			continue;
 		s->drained = true;
 		shutdown(s->fd, SHUT_RD);
@@ -548,6 +548,20 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 	case OP_DOORBELL:
 		ring_on_doorbell(op->s, cqe);
 		break;
+	case OP_TIER:
+		/* The file tier's ring posted completions: reap them (loads finish there). */
+		if (read(file_tier_event_fd(op->pool->file), &op->pool->tier_event,
+			 sizeof(op->pool->tier_event)) < 0 &&
+		    errno != EAGAIN)
+			log_warning("pool %s: reading the file tier's eventfd: %m",
+				    op->pool->cfg->name);
+		if (!(cqe->flags & IORING_CQE_F_MORE)) {
+			op->pool->tier_armed = false;
+			if (cqe->res != -ECANCELED)
+				dpool_arm_tier_poll(srv, op->pool);
+		}
+		dpool_tier_poll(op->pool);
+		break;
 	case OP_TIMER:
 		if (cqe->res == -ECANCELED)
 			break;
@@ -573,6 +587,8 @@ int server_run(struct server *srv)
 	status_text(srv, srv->status, sizeof(srv->status));
 	systemd_notify_ready(srv->status);
 	arm_tick(srv, start);
+	for (size_t i = 0; i < srv->npools; i++)
+		dpool_arm_tier_poll(srv, &srv->pools[i]);
 
 	while ((!srv->stopping || srv->sessions) && !srv->abandoned) {
 		struct io_uring_cqe *cqe;

@@ -32,12 +32,16 @@ enum op_kind {
 	OP_SEND,
 	OP_DOORBELL,
 	OP_TIMER, /* the server's timeouts: watchdog and status, drain deadline */
+	OP_TIER,  /* a pool's file tier posted completions (its eventfd) */
 };
 
 struct op {
 	enum op_kind kind;
 	struct session *s; /* NULL for the server's own operations */
+	struct dpool *pool; /* OP_TIER */
 };
+
+struct load_job;
 
 /* Hit statistics of one namespace of a pool (the admin's per-tenant view). */
 struct ns_stats {
@@ -76,6 +80,14 @@ struct dpool {
 	struct session *waiters, *waiters_tail;
 	uint64_t epoch;        /* bumped whenever blocks may have become available */
 	uint64_t waiters_epoch; /* the epoch the waiters were last retried at */
+	/*
+	 * Deferred tier loads (opens and resumes whose prompt the file tier holds), in order:
+	 * the head's reads are in flight, the others wait for the file tier.
+	 */
+	struct load_job *jobs, *jobs_tail;
+	struct op tier_op;     /* the poll on the file tier's eventfd */
+	uint64_t tier_event;   /* what reading the eventfd returns */
+	bool tier_armed;
 };
 
 struct outbuf {
@@ -158,6 +170,13 @@ struct session {
 	bool waiting;
 	uint64_t wait_deadline_ns; /* 0: the current request has not waited */
 	struct session *wait_prev, *wait_next;
+	/*
+	 * Loading: the request at the head of rbuf (an open or resume) waits for its sequence's
+	 * tier loads; the session is not read meanwhile.  load_done: they are in, and the
+	 * request, dispatched again, replies with load_seq instead of running again.
+	 */
+	bool loading, load_done;
+	uint64_t load_seq;
 };
 
 /* How long a stop waits for sessions to finish by default (kvpaged --drain-timeout). */
@@ -216,8 +235,20 @@ uint64_t server_now_ns(void);
 
 /* pool.c */
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
-/* Reaps the file tier's finished writes and forgets what they lost.  Between requests. */
+/*
+ * Reaps the file tier's finished writes and forgets what they lost, and finishes the deferred
+ * loads whose reads are in.  Between requests.
+ */
 void dpool_tier_poll(struct dpool *p);
+/*
+ * Reads in a LOADING sequence's tier loads for session s: host-tier ones at once, file-tier
+ * ones without waiting.  0: all were in at once and the sequence is ACTIVE; 1: deferred, and
+ * session_loaded(s) is called once it is ACTIVE (from dpool_tier_poll); -errno: nothing is
+ * started (the sequence stays LOADING: the caller fails its loads with core_seq_loaded).
+ */
+int dpool_load(struct dpool *p, struct session *s, uint64_t seq);
+/* Arms the poll on the file tier's eventfd (once, at start; again when it ends). */
+void dpool_arm_tier_poll(struct server *srv, struct dpool *p);
 void dpool_done(struct dpool *p);
 struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name);
 int dpool_verify(struct dpool *p, char *why, size_t why_len);
@@ -231,6 +262,11 @@ void session_dispatch(struct session *s);
  * stops reading and the pool retries it), false when its deadline has passed.
  */
 bool session_wait(struct session *s, uint32_t wait_ms);
+/*
+ * A deferred load of s's head request finished (its sequence is ACTIVE): dispatches the
+ * request again so it replies, or, if s closed meanwhile, closes the sequence.
+ */
+void session_loaded(struct session *s, uint64_t seq);
 /* Retries a pool's waiting requests when blocks may have become available or time is up. */
 void dpool_retry_waiters(struct dpool *p, uint64_t now);
 /* The earliest deadline of any waiting request, 0 when none waits. */
@@ -257,12 +293,20 @@ struct seq_result {
 	uint32_t table_len;
 };
 /* retention: NULL is full; else policy, n_sink and recent as in core_open. */
+/*
+ * defer (the socket): when the file tier holds some of the prompt, its reads go on without
+ * the event loop waiting: -EINPROGRESS, the session is loading, and the request is dispatched
+ * again once they are in (ops_loaded_result gives its result then).
+ */
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     uint32_t flags, uint32_t priority, const struct core_open *retention, bool defer,
 	     struct seq_result *res, const char **why);
+/* The result of the open or resume whose loads were deferred (s->load_done). */
+int ops_loaded_result(struct session *s, bool resume, struct seq_result *res);
 int ops_park(struct session *s, uint64_t seq, const char **why);
 /* res->recompute gets the tokens to recompute; res->table the whole table. */
-int ops_resume(struct session *s, uint64_t seq, struct seq_result *res, const char **why);
+int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *res,
+	       const char **why);
 int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t n,
 	       struct seq_result *res, const char **why);
 int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_result *res,

@@ -137,7 +137,7 @@ void session_arm_recv(struct session *s)
 	 * A session waiting for memory is not read: its request stays at the head of the buffer
 	 * (which a receive in flight must not see moved) and later ones wait in the socket.
 	 */
-	if (s->closing || s->recv_armed || s->waiting)
+	if (s->closing || s->recv_armed || s->waiting || s->loading)
 		return;
 	/* Backpressure: a peer that does not read its replies is not read either. */
 	if (s->queued_bytes > s->srv->cfg->limits.max_queued_bytes ||
@@ -215,7 +215,8 @@ void session_dispatch(struct session *s)
 {
 	size_t off = 0;
 
-	while (!s->closing && !s->waiting && s->rlen - off >= KVP_FRAME_HEADER_BYTES) {
+	while (!s->closing && !s->waiting && !s->loading &&
+	       s->rlen - off >= KVP_FRAME_HEADER_BYTES) {
 		struct kvp_frame_header h;
 		int r = kvp_frame_header_decode(s->rbuf + off, (uint32_t)s->srv->cfg->max_frame_bytes,
 						&h);
@@ -231,7 +232,7 @@ void session_dispatch(struct session *s)
 		}
 		if (s->rlen - off < KVP_FRAME_HEADER_BYTES + (size_t)h.len)
 			break;
-		if (!s->wait_deadline_ns) {
+		if (!s->wait_deadline_ns && !s->load_done) {
 			/* Counted once, however often a waiting request is retried. */
 			s->requests++;
 			s->srv->requests++;
@@ -268,6 +269,24 @@ void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
 	s->rlen += (size_t)cqe->res;
 	session_dispatch(s);
 out:
+	session_unref(s);
+}
+
+void session_loaded(struct session *s, uint64_t seq)
+{
+	if (s->closing) {
+		/* Its owner went while it loaded: ops_close_all left it to us. */
+		log_debug("session %llu (%s): sequence %llu loaded after the session closed: "
+			  "closing it", (unsigned long long)s->id, s->name, (unsigned long long)seq);
+		core_seq_close(s->pool->core, seq);
+		s->pool->epoch++;
+		return;
+	}
+	s->loading = false;
+	s->load_done = true;
+	s->load_seq = seq;
+	s->refs++; /* dispatching may close it */
+	session_dispatch(s);
 	session_unref(s);
 }
 

@@ -8,6 +8,8 @@
 #include <sys/mount.h>
 #include <sys/resource.h>
 
+#include "proto/frame.h"
+#include "proto/kvpaged.pb-c.h"
 #include "tests/integration/harness.h"
 
 static struct daemon d;
@@ -395,6 +397,104 @@ START_TEST(test_full_file_system_falls_back_to_recompute)
 }
 END_TEST
 
+/*
+ * Opens and resumes over the socket read the swap files without holding the event loop: the
+ * session waits (not read) while its reads are in flight and replies once they are in.  A
+ * client that goes away meanwhile leaves nothing behind: its sequence is closed when its reads
+ * are in.  (That the loop serves others meanwhile is a matter of timing; this checks that the
+ * deferred path gives the same result and cleans up.)
+ */
+START_TEST(test_deferred_reads_and_a_client_gone)
+{
+	uint32_t ta[64], tb[128], cached = 0;
+	struct kvp_table tab_a = { 0 }, tab_b = { 0 };
+	Kvpaged__V1__Hello h = KVPAGED__V1__HELLO__INIT;
+	Kvpaged__V1__Open o = KVPAGED__V1__OPEN__INIT;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct kvp_frame_header rh;
+	struct kvp_client *c1, *c2;
+	uint8_t *payload;
+	uint64_t s;
+	unsigned nfds;
+	char out[16384];
+	int fd, fds[4];
+	long long before;
+
+	make_swap_dir();
+	setup_pools(8, 0, 64, false);
+	daemon_start(&d, pools);
+	prompt(ta, 64, 100);
+	prompt(tb, 128, 3000);
+	c1 = connect_ns(NULL, 0);
+	c2 = connect_ns(NULL, 0);
+	s = fill(c1, ta, 64, 0x10, &tab_a);
+	ck_assert_int_eq(kvp_close(c1, s), 0);
+	s = fill(c2, tb, 128, 0x30, &tab_b); /* a's 4 blocks go to the swap file */
+	ck_assert_int_eq(kvp_close(c2, s), 0);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "demotions"), 4);
+
+	/* A raw client: Hello, then an open of a's prompt, and gone without reading the reply. */
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	memcpy(sa.sun_path, d.sock, strlen(d.sock) + 1);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	h.protocol_version = KVP_PROTOCOL_VERSION;
+	ck_assert_int_eq(kvp_frame_send(fd, KVPAGED__V1__MESSAGE_TYPE__HELLO, 1, &h.base, NULL, 0),
+			 0);
+	ck_assert_int_eq(kvp_frame_recv(fd, 1 << 20, &rh, &payload, fds, 4, &nfds), 0);
+	ck_assert_uint_eq(rh.type, KVPAGED__V1__MESSAGE_TYPE__WELCOME);
+	for (unsigned i = 0; i < nfds; i++)
+		close(fds[i]);
+	free(payload);
+	o.tokens = ta;
+	o.n_tokens = 64;
+	ck_assert_int_eq(kvp_frame_send(fd, KVPAGED__V1__MESSAGE_TYPE__OPEN, 2, &o.base, NULL, 0),
+			 0);
+	close(fd);
+	for (int i = 0; i < 200; i++) {
+		ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+		if (json_int(out, "sequences") == 0 && json_int(out, "sessions") == 2)
+			break;
+		msleep(10);
+	}
+	ck_assert_msg(json_int(out, "sequences") == 0 && json_int(out, "sessions") == 2, "%s", out);
+	assert_verified(&d);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 4);
+	ck_assert(daemon_log_has(&d, "reading 4 blocks from the swap files, the loop going on"));
+	printf("client gone while loading: %s\n",
+	       daemon_log_has(&d, "loaded after the session closed")
+		       ? "its sequence was closed when its reads were in"
+		       : "the reads were in before the daemon saw it go");
+
+	/* Its reads were good: a's prompt is whole, now from the pool. */
+	ck_assert_int_eq(kvp_open(c1, ta, 64, 0, 0, &s, &cached, &tab_a), 0);
+	ck_assert_uint_eq(cached, 64);
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert_msg(block_is(c1, tab_a.blocks[i], (uint8_t)(0x10 + i)),
+			      "block %u differs", i);
+	ck_assert_int_eq(kvp_close(c1, s), 0);
+	/* And once more from the file, through a client that waits for its reply. */
+	s = fill(c2, tb, 128, 0x30, &tab_b); /* b's own blocks come back from the file too */
+	ck_assert_int_eq(kvp_close(c2, s), 0);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	before = tier_int(out, "file", "promotions");
+	ck_assert_int_eq(kvp_open(c1, ta, 64, 0, 0, &s, &cached, &tab_a), 0);
+	ck_assert_uint_eq(cached, 64);
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert(block_is(c1, tab_a.blocks[i], (uint8_t)(0x10 + i)));
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), before + 4);
+	assert_verified(&d);
+	kvp_disconnect(c1);
+	kvp_disconnect(c2);
+	kvp_table_free(&tab_a);
+	kvp_table_free(&tab_b);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tiers");
@@ -405,6 +505,7 @@ int main(void)
 	tcase_add_test(tc, test_corrupt_swap_file_is_recomputed);
 	tcase_add_test(tc, test_persistence_across_sigkill);
 	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
+	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
