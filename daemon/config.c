@@ -152,6 +152,8 @@ static const struct config_key schema[] = {
 	{ .name = "file_tier_persist", .section = SECTION_POOL, .type = TYPE_BOOL,
 	  .offset = offsetof(struct kvpd_pool_config, file_tier_persist) },
 	POOL_NUMBER(TYPE_U32, file_tier_queue_depth, 32, 1, 4096, 0),
+	{ .name = "file_tier_blocking_reads", .section = SECTION_POOL, .type = TYPE_BOOL,
+	  .offset = offsetof(struct kvpd_pool_config, file_tier_blocking_reads) },
 	{ .name = "model_params", .section = SECTION_POOL, .type = TYPE_NUMBER,
 	  .offset = offsetof(struct kvpd_pool_config, model_params) },
 	{ .name = "engine_flops", .section = SECTION_POOL, .type = TYPE_NUMBER,
@@ -972,6 +974,7 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 	const int blocks = find_key(SECTION_POOL, "file_tier_blocks");
 	const int host = find_key(SECTION_POOL, "host_tier_blocks");
 	const int persist = find_key(SECTION_POOL, "file_tier_persist");
+	const int blocking = find_key(SECTION_POOL, "file_tier_blocking_reads");
 
 	if (pc->file_tier_blocks && !pc->n_swap_files)
 		return fail_at(p, -EINVAL, st->key_line[blocks],
@@ -982,6 +985,10 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 	if (pc->file_tier_persist && !pc->file_tier_blocks)
 		return fail_at(p, -EINVAL, st->key_line[persist],
 			       "[pool %s] file_tier_persist: there is no file tier", pc->name);
+	if (pc->file_tier_blocking_reads && !pc->file_tier_blocks)
+		return fail_at(p, -EINVAL, st->key_line[blocking],
+			       "[pool %s] file_tier_blocking_reads: there is no file tier",
+			       pc->name);
 	if ((uint64_t)pc->host_tier_blocks * block_bytes > POOL_MAX_BYTES)
 		return fail_at(p, -EINVAL, st->key_line[host],
 			       "[pool %s] host_tier_blocks: more than 2^48 bytes of host memory",
@@ -1366,6 +1373,7 @@ static const struct {
 	{ SECTION_LIMITS, "max_wait_ms" },
 	{ SECTION_POOL, "allow_users" },  /* checked at each Hello */
 	{ SECTION_POOL, "allow_groups" },
+	{ SECTION_POOL, "file_tier_blocking_reads" }, /* read at each open and resume */
 };
 
 static bool key_is_live(const struct config_key *key)

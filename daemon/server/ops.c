@@ -140,6 +140,15 @@ static int defer_loads(struct session *s, uint64_t seq)
 	return -EINPROGRESS;
 }
 
+/*
+ * Whether the pool's opens and resumes read its swap files without holding the loop: a pool in
+ * host memory (the reads land in it), unless configured to block.
+ */
+static bool may_defer(const struct dpool *p)
+{
+	return p->file && p->mem.base && !p->cfg->file_tier_blocking_reads;
+}
+
 /* An open's figures, once its cached tokens are known. */
 static void open_counted(struct session *s, uint32_t nblocks, uint32_t cached)
 {
@@ -208,7 +217,7 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	if (r < 0)
 		return r;
 	/* Reads from the swap files go on without the loop; host RAM is copied at once. */
-	if (defer && s->pool->file && s->pool->mem.base)
+	if (defer && may_defer(s->pool))
 		o.flags |= CORE_OPEN_DEFER_LOADS;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
 	if (r == -EINVAL)
@@ -380,8 +389,7 @@ int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *r
 		return -EDQUOT;
 	}
 	r = core_seq_resume_flags(s->pool->core, seq,
-				  defer && s->pool->file && s->pool->mem.base ? CORE_OPEN_DEFER_LOADS
-									      : 0,
+				  defer && may_defer(s->pool) ? CORE_OPEN_DEFER_LOADS : 0,
 				  &res->recompute);
 	if (r < 0)
 		return r;

@@ -440,6 +440,18 @@ START_TEST(test_tiers)
 			  "needs swap_files");
 	expect_pool_error("swap_files = /x", "swap_files: set file_tier_blocks to use them");
 	expect_pool_error("file_tier_persist = on", "file_tier_persist: there is no file tier");
+	expect_pool_error("file_tier_blocking_reads = yes",
+			  "file_tier_blocking_reads: there is no file tier");
+	/* Whether reads hold the loop: read at each open, so a reload changes it in place. */
+	load_ok(POOL_MAIN "file_tier_blocks = 8\nswap_files = /s\n", &a);
+	load_ok(POOL_MAIN "file_tier_blocks = 8\nswap_files = /s\nfile_tier_blocking_reads = yes\n",
+		&b);
+	ck_assert(!a.pools[0].file_tier_blocking_reads);
+	ck_assert(b.pools[0].file_tier_blocking_reads);
+	ck_assert_int_eq(config_apply_live(&a, &b, NULL, NULL), 1);
+	ck_assert(a.pools[0].file_tier_blocking_reads);
+	config_free(&a);
+	config_free(&b);
 	expect_pool_error("file_tier_blocks = 1\nswap_files = x", "'x' is not an absolute path");
 	expect_pool_error("file_tier_blocks = 1\nswap_files = /a, /a", "'/a' is named twice");
 	expect_pool_error("file_tier_blocks = 1\nswap_files = /a,,/b", "an empty path");

@@ -49,3 +49,4 @@ int cmd_micro(int argc, char **argv);
 int cmd_latency(int argc, char **argv);
 int cmd_throughput(int argc, char **argv);
 int cmd_swap(int argc, char **argv);
+int cmd_stall(int argc, char **argv);

@@ -71,6 +71,7 @@ static void usage(FILE *f)
 	      "  latency     one-token append round trips through a daemon, beside bare limits\n"
 	      "  throughput  batched ring appends per second from several client processes\n"
 	      "  swap        file tier GB/s beside fio, host tier beside memcpy\n"
+	      "  stall       round trips while another client reads from the swap files\n"
 	      "\n"
 	      "Run 'kvpaged-bench COMMAND --help' for a command's options.\n",
 	      f);
@@ -98,6 +99,8 @@ int main(int argc, char **argv)
 		return cmd_throughput(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "swap"))
 		return cmd_swap(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "stall"))
+		return cmd_stall(argc - 1, argv + 1);
 	fprintf(stderr, "kvpaged-bench: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 2;
