@@ -826,13 +826,24 @@ static void loads_fill(struct core *c, const struct core_open *o, const uint32_t
 		};
 }
 
+/* Whether pool block a holds what b does: parent, namespace, extra key and every token id. */
+static bool same_block(const struct core *c, uint32_t a, uint32_t b)
+{
+	const struct core_block *x = &c->pool.blocks[a], *y = &c->pool.blocks[b];
+
+	return a != CORE_NONE && core_hash_eq(x->parent, y->parent) && x->salt == y->salt &&
+	       x->extra == y->extra &&
+	       !memcmp(core_slot_tokens(c, a), core_slot_tokens(c, b),
+		       (size_t)c->cfg.block_tokens * sizeof(uint32_t));
+}
+
 /*
  * Takes the results of loads into the pool blocks table[nhit, nhit + ntier).  Returns how many
  * leading ones arrived intact; those become READY (and findable when their parent is) and
  * leave their tier.  The first bad one is discarded and counted; the ones after it stay where
  * they are.
  */
-static uint32_t promote_finish(struct core *c, const uint32_t *table, uint32_t nhit,
+static uint32_t promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
 			       const struct core_load *loads, uint32_t ntier)
 {
 	const uint32_t B = c->cfg.block_tokens;
@@ -843,6 +854,7 @@ static uint32_t promote_finish(struct core *c, const uint32_t *table, uint32_t n
 		good++;
 
 	for (uint32_t k = 0; k < good; k++) {
+		uint32_t found;
 		const struct core_load *l = &loads[k];
 		uint32_t b = l->block;
 		struct core_block *blk = &c->pool.blocks[b];
@@ -857,9 +869,20 @@ static uint32_t promote_finish(struct core *c, const uint32_t *table, uint32_t n
 		blk->parent = l->key.parent;
 		blk->state = CORE_BLOCK_READY;
 		/* Like a commit: findable only through a findable parent, and never twice. */
-		if (findable && index_find(&c->index, c->pool.blocks, blk->hash) == CORE_NONE) {
+		found = findable ? index_find(&c->index, c->pool.blocks, blk->hash) : CORE_NONE;
+		if (findable && found == CORE_NONE) {
 			index_insert(&c->index, blk->hash, b);
 			blk->flags |= CORE_BLOCK_INDEXED;
+		} else if (findable && same_block(c, found, b)) {
+			/*
+			 * Another open of the same prompt brought it up first (their loads were
+			 * deferred too): share that copy, as a commit would, so the rest of the
+			 * chain stays findable.
+			 */
+			pool_ref(&c->pool, found);
+			table[nhit + k] = found;
+			pool_unref(&c->pool, b);
+			c->stats.dedup_blocks++;
 		} else {
 			findable = false;
 		}
@@ -926,6 +949,14 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	} else {
 		nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
 	}
+	/* The deferred loads' array first: a failed call changes nothing, make_room included. */
+	if (ntier && ret_loads) {
+		loads = malloc((size_t)ntier * sizeof(*loads));
+		if (!loads) {
+			free(table);
+			return -ENOMEM;
+		}
+	}
 	for (uint32_t i = first; i < nhit; i++) {
 		cached_hits += c->pool.blocks[table[i]].refcount == 0;
 		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
@@ -933,12 +964,8 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	r = make_room(c, nblocks - nhit, cached_hits, priority);
 	for (uint32_t i = first; i < nhit; i++)
 		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
-	if (r == 0 && ntier && ret_loads) {
-		loads = malloc((size_t)ntier * sizeof(*loads));
-		if (!loads)
-			r = -ENOMEM;
-	}
 	if (r < 0) {
+		free(loads);
 		free(table);
 		return r;
 	}

@@ -146,7 +146,7 @@ static int defer_loads(struct session *s, uint64_t seq)
  */
 static bool may_defer(const struct dpool *p)
 {
-	return p->file && p->mem.base && !p->cfg->file_tier_blocking_reads;
+	return p->file && p->mem.base && p->tier_armed && !p->cfg->file_tier_blocking_reads;
 }
 
 /* An open's figures, once its cached tokens are known. */
@@ -168,7 +168,7 @@ int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
 	if (core_seq_info(s->pool->core, seq, &info) < 0)
 		return -EIO; /* cannot happen: the sequence is the session's */
 	/* The quota took every block at the open; a retention policy may have released some. */
-	s->blocks -= info.nblocks - info.held_blocks;
+	s->blocks = s->blocks - info.nblocks + info.held_blocks;
 	res->seq = seq;
 	if (resume)
 		res->recompute = info.ntokens - info.ncommitted;
@@ -361,7 +361,8 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 		return r;
 	r = core_seq_park(s->pool->core, seq);
 	if (r == -EBUSY)
-		*why = "the sequence is already parked";
+		*why = info.state == CORE_SEQ_LOADING ? "the sequence is loading"
+						      : "the sequence is already parked";
 	if (r == -EINVAL)
 		*why = "a sequence with a retention policy cannot be parked";
 	if (r == 0)
@@ -461,8 +462,9 @@ void ops_close_all(struct session *s)
 	while (s->nseqs > 0) {
 		uint64_t seq = s->seqs[s->nseqs - 1];
 
-		/* A LOADING one is closed by its load job once its reads are in. */
-		core_seq_close(s->pool->core, seq);
+		/* A LOADING one is closed by its load job once its reads are in (an orphan). */
+		if (core_seq_close(s->pool->core, seq) == -EBUSY)
+			s->pool->orphans++;
 		disown(s, seq);
 	}
 	s->blocks = 0;

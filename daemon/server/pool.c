@@ -861,13 +861,19 @@ void dpool_done(struct dpool *p)
 	 * Reads still in flight (a forced stop) land first: they write into the pool, and the
 	 * tier is closed only without a batch in flight.
 	 */
-	while (p->file && file_tier_loading(p->file)) {
+	for (unsigned waited_s = 0; p->file && file_tier_loading(p->file);) {
 		struct pollfd pfd = { .fd = file_tier_event_fd(p->file), .events = POLLIN };
+		int r = poll(&pfd, 1, 1000);
 
-		if (poll(&pfd, 1, 1000) < 0 && errno != EINTR)
-			break;
-		if (read(pfd.fd, &p->tier_event, sizeof(p->tier_event)) < 0 && errno != EAGAIN)
-			break;
+		if (r == 0 && ++waited_s == 60) {
+			/* The kernel still writes into the pool: exiting now is all that is safe. */
+			log_error("pool %s: swap-file reads still in flight after 60 s; giving up",
+				  p->cfg->name);
+			abort();
+		}
+		if (r > 0 && read(pfd.fd, &p->tier_event, sizeof(p->tier_event)) < 0 &&
+		    errno != EAGAIN)
+			log_warning("pool %s: reading the file tier's eventfd: %m", p->cfg->name);
 		file_tier_poll(p->file);
 	}
 	/* Writes still queued finish first: with persistence they are what comes back. */
@@ -930,8 +936,10 @@ int dpool_verify(struct dpool *p, char *why, size_t why_len)
 				return -EUCLEAN;
 			}
 		}
-	if (owned != u.sequences) {
-		snprintf(why, why_len, "%u sequences open, %u owned by sessions", u.sequences, owned);
+	/* Orphans: still loading after their session closed; their load job closes them. */
+	if (owned + p->orphans != u.sequences) {
+		snprintf(why, why_len, "%u sequences open, %u owned by sessions, %u orphans loading",
+			 u.sequences, owned, p->orphans);
 		return -EUCLEAN;
 	}
 	return 0;

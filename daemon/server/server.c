@@ -557,8 +557,16 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 				    op->pool->cfg->name);
 		if (!(cqe->flags & IORING_CQE_F_MORE)) {
 			op->pool->tier_armed = false;
-			if (cqe->res != -ECANCELED)
+			/*
+			 * A multishot poll may end (overflow): arm it again.  After an error the
+			 * pool's opens read within the request (may_defer sees it unarmed).
+			 */
+			if (cqe->res >= 0)
 				dpool_arm_tier_poll(srv, op->pool);
+			else if (cqe->res != -ECANCELED)
+				log_error("pool %s: polling the file tier's eventfd: %s; swap-file "
+					  "reads hold the loop from now on", op->pool->cfg->name,
+					  strerror(-cqe->res));
 		}
 		dpool_tier_poll(op->pool);
 		break;

@@ -85,6 +85,7 @@ struct dpool {
 	 * the head's reads are in flight, the others wait for the file tier.
 	 */
 	struct load_job *jobs, *jobs_tail;
+	uint32_t orphans;      /* LOADING sequences whose session closed (their job closes them) */
 	struct op tier_op;     /* the poll on the file tier's eventfd */
 	uint64_t tier_event;   /* what reading the eventfd returns */
 	bool tier_armed;

@@ -279,6 +279,7 @@ void session_loaded(struct session *s, uint64_t seq)
 		log_debug("session %llu (%s): sequence %llu loaded after the session closed: "
 			  "closing it", (unsigned long long)s->id, s->name, (unsigned long long)seq);
 		core_seq_close(s->pool->core, seq);
+		s->pool->orphans--;
 		s->pool->epoch++;
 		return;
 	}

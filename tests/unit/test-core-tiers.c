@@ -286,13 +286,30 @@ START_TEST(test_deferred_loads)
 	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).promotions + tstats(c, CORE_TIER_FILE).promotions,
 			  3);
 	assert_verified(c);
-	/* The second: its slots were released by the first, but it held them: still good. */
+	/*
+	 * The second: its slots were released by the first, but it held them, so its reads are
+	 * good too.  Its first two blocks are the first's, which are cached by now: it shares
+	 * them (as a commit would) and frees its own copies; its third read failed.
+	 */
 	load(&fs, loads2, n2);
-	loads2[1].result = -EBADMSG;
+	loads2[2].result = -EBADMSG;
 	ck_assert_int_eq(core_seq_loaded(c, s2), 0);
-	ck_assert_uint_eq(committed(c, s2), 4);
+	ck_assert_uint_eq(committed(c, s2), 8);
+	{
+		struct core_seq_info a, b;
+		struct core_stats st;
+
+		ck_assert_int_eq(core_seq_info(c, s, &a), 0);
+		ck_assert_int_eq(core_seq_info(c, s2, &b), 0);
+		ck_assert_uint_eq(b.table[0], a.table[0]);
+		ck_assert_uint_eq(b.table[1], a.table[1]);
+		ck_assert_uint_ne(b.table[2], a.table[2]);
+		core_get_stats(c, &st);
+		ck_assert_uint_eq(st.dedup_blocks, 2);
+	}
 	assert_verified(c);
-	ck_assert_int_eq(core_seq_commit(c, s2, 12), 0);
+	/* Its third block, recomputed and committed, is the first's too: replaced, shared. */
+	ck_assert_int_eq(core_seq_commit(c, s2, 12), 1);
 	ck_assert_int_eq(core_seq_close(c, s2), 0);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	/* A prompt whose blocks are all in the pool opens ACTIVE, as without the flag. */
