@@ -530,30 +530,43 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-/* bandwidth = auto for the host tier: the best of a few 32 MiB copies. */
-static double measure_host_bandwidth(void)
+/*
+ * bandwidth = auto for the host tier: the path a swap takes, through the backend's moves.  For
+ * a pool in host memory that is memcpy; for a pool on a device, the bus (pinned host memory).
+ * The best of a few moves of up to 32 MiB of the (still unused) pool's first blocks out to
+ * host memory and back, each waited for.  0 (unknown) when it fails.
+ */
+static double measure_move_bandwidth(struct dpool *p)
 {
-	const size_t len = 32u << 20;
-	char *a = malloc(len), *b = malloc(len);
+	const uint32_t cap = p->cfg->capacity_blocks;
+	uint64_t n = (UINT64_C(32) << 20) / p->block_bytes;
+	struct backend_move *m;
 	double best = 0;
+	void *host = NULL;
 
-	if (!a || !b) {
-		free(a);
-		free(b);
+	n = n < 1 ? 1 : n > cap ? cap : n;
+	m = calloc(n, sizeof(*m));
+	if (!m || p->mem.ops->host_alloc(&p->mem, n * p->block_bytes, &host) < 0) {
+		free(m);
 		return 0;
 	}
-	memset(a, 1, len);
-	memset(b, 2, len);
-	for (int i = 0; i < 4; i++) {
+	for (uint32_t i = 0; i < n; i++)
+		m[i] = (struct backend_move){ .block = i,
+					      .host = (char *)host + (uint64_t)i * p->block_bytes };
+	for (int k = 0; k < 6; k++) {
 		double t = now_s();
 
-		memcpy(i % 2 ? a : b, i % 2 ? b : a, len);
+		if (move_and_wait(p, k % 2 ? BACKEND_FROM_HOST : BACKEND_TO_HOST, m,
+				  (uint32_t)n) < 0) {
+			best = 0;
+			break;
+		}
 		t = now_s() - t;
-		if (t > 0 && len / t > best)
-			best = (double)len / t;
+		if (t > 0 && (double)(n * p->block_bytes) / t > best)
+			best = (double)(n * p->block_bytes) / t;
 	}
-	free(a);
-	free(b);
+	p->mem.ops->host_free(&p->mem, host, n * p->block_bytes);
+	free(m);
 	return best;
 }
 
@@ -717,7 +730,7 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 					       c->n_swap_files > 1 ? ", ..." : "");
 	}
 	p->bandwidth[CORE_TIER_HOST] = c->host_tier_bandwidth == KVPD_MEASURE
-					       ? measure_host_bandwidth()
+					       ? measure_move_bandwidth(p)
 					       : (double)c->host_tier_bandwidth;
 	p->bandwidth[CORE_TIER_FILE] = c->file_tier_bandwidth == KVPD_MEASURE && p->file
 					       ? measure_file_bandwidth(p)

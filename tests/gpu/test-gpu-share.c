@@ -417,8 +417,13 @@ static void swap_through_host_tier(const char *swap)
 	uint64_t sa, sb, sc;
 
 	setenv("KVPAGED_CUDA_SWAP", swap, 1);
-	daemon_start(&d, GEOMETRY "capacity_blocks = 8\nhost_tier_blocks = 16\n");
+	daemon_start(&d, GEOMETRY "capacity_blocks = 8\nhost_tier_blocks = 16\n"
+				  "host_tier_bandwidth = auto\n");
 	ck_assert_msg(daemon_log_has(&d, "pinned for direct moves"), "the host tier is not pinned");
+	/* auto times the pool's own moves to pinned memory: the bus, never 0 on a working GPU. */
+	ck_assert_msg(daemon_log_has(&d, "measured tier bandwidth: host") &&
+			      !daemon_log_has(&d, "host 0.00 GB/s"),
+		      "the host tier's bandwidth was not measured through the device");
 	prompt(ta, 64, 100);
 	prompt(tb, 128, 3000);
 	prompt(tc, 128, 6000);
