@@ -37,7 +37,6 @@ struct core_seq {
 	uint32_t *ppos;         /* position in each packed slot */
 	float *pscore;          /* score of each packed slot */
 	uint32_t npacked, packed_cap; /* slots used, slots allocated (a multiple of B) */
-	uint32_t table_block_tokens;  /* B, for table_reserve */
 	/* H2O: the table entries held, ascending (cap_blocks of room), so eviction and scoring
 	 * cost what is held, not how long the sequence is. */
 	uint32_t *hl;

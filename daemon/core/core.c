@@ -340,8 +340,11 @@ static uint32_t window_walk(const struct core *c, const struct core_open *o, uin
 	return best;
 }
 
-/* Grows a table to hold nblocks entries.  0 or -ENOMEM; the table is unchanged on failure. */
-static int table_reserve(struct core_seq *s, uint32_t nblocks)
+/*
+ * Grows a table (and its scores) to hold nblocks entries of B tokens.  0 or -ENOMEM; the table
+ * is unchanged on failure.
+ */
+static int table_reserve(struct core_seq *s, uint32_t nblocks, uint32_t B)
 {
 	uint32_t cap = s->cap_blocks ? s->cap_blocks : 4;
 	uint32_t *t;
@@ -367,7 +370,7 @@ static int table_reserve(struct core_seq *s, uint32_t nblocks)
 		s->hl = h;
 	}
 	if (s->tscore) {
-		size_t per = s->table_block_tokens;
+		size_t per = B;
 		float *sc = realloc(s->tscore, (size_t)cap * per * sizeof(*sc));
 
 		if (!sc)
@@ -413,10 +416,6 @@ static void release_table(struct core *c, struct core_seq *s)
 			pool_unref(&c->pool, s->table[i]);
 }
 
-/*
- * The retention policy: releases the blocks wholly inside [n_sink, ncommitted - recent).
- * They were committed (or will never be), so the next token's attention needs none of them.
- */
 /* Releases table entry i (retention policies): its block may stay cached for others. */
 static void release_entry(struct core *c, struct core_seq *s, uint32_t i, uint32_t pruned_tokens)
 {
@@ -487,13 +486,7 @@ static void packed_put(struct core *c, struct core_seq *s, uint32_t k, uint32_t 
 	s->pscore[k] = score;
 }
 
-/*
- * H2O at token granularity: while more than budget tokens are held, evicts the token with the
- * lowest score (the earliest among equals) among the packed ones and those of blocks holding
- * none of the last recent committed tokens, leaving out the first n_sink positions.  A block
- * losing its first token has its others (sinks included) packed and is released; a packed
- * token is replaced by the last packed one.
- */
+/* Runs the gather packed_put() queued: one call for an eviction's copies. */
 static void gather_flush(struct core *c)
 {
 	if (c->ngather)
@@ -501,6 +494,13 @@ static void gather_flush(struct core *c)
 	c->ngather = 0;
 }
 
+/*
+ * H2O at token granularity: while more than budget tokens are held, evicts the token with the
+ * lowest score (the earliest among equals) among the packed ones and those of blocks holding
+ * none of the last recent committed tokens, leaving out the first n_sink positions.  A block
+ * losing its first token has its others (sinks included) packed and is released; a packed
+ * token is replaced by the last packed one.
+ */
 static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
@@ -576,8 +576,6 @@ static void prune_h2o_tokens(struct core *c, struct core_seq *s)
 			return;
 		}
 		held--;
-		while (s->prune_from < end && s->table[s->prune_from] == CORE_NONE)
-			s->prune_from++;
 	}
 }
 
@@ -609,12 +607,14 @@ static void prune_h2o(struct core *c, struct core_seq *s)
 			return;
 		release_entry(c, s, victim, B);
 		held -= B;
-		/* Entries below the first held one need no more looking at. */
-		while (s->prune_from < end && s->table[s->prune_from] == CORE_NONE)
-			s->prune_from++;
 	}
 }
 
+/*
+ * The retention policy, at a commit.  Sinks and windows release the blocks wholly inside
+ * [n_sink, ncommitted - recent): they were committed (or will never be), so the next token's
+ * attention needs none of them.  H2O evicts by score (above).
+ */
 static void prune(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
@@ -1023,27 +1023,38 @@ static void open_counted(struct core *c, const struct core_seq *s, uint32_t nhit
 	c->stats.miss_blocks += s->nblocks - ready;
 }
 
-/*
- * A window pool decides for its sequences; elsewhere sinks need a recent window, and h2o's
- * sinks and recent tokens must fit in its budget.
- */
+const char *core_retention_why(const struct core *c, const struct core_open *o, int *ret_err)
+{
+	*ret_err = -EINVAL;
+	if (o->retention == CORE_RETAIN_FULL)
+		return NULL;
+	if (o->retention > CORE_RETAIN_H2O)
+		return "bad retention: unknown policy";
+	if (c->cfg.window)
+		return "the pool's window decides what its sequences keep";
+	if (o->recent == 0)
+		return "bad retention: recent 0 (a policy must keep the last token at least)";
+	if (o->retention == CORE_RETAIN_SINKS)
+		return NULL;
+	if (o->budget < o->recent)
+		return "bad retention: budget below recent";
+	if (o->n_sink > o->budget - o->recent)
+		return "bad retention: n_sink + recent exceed the budget";
+	if (!(o->decay >= 0 && o->decay <= 1))
+		return "bad retention: decay outside [0, 1]";
+	if (o->granularity > CORE_H2O_TOKENS)
+		return "bad retention: unknown granularity";
+	*ret_err = -EOPNOTSUPP;
+	if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slots)
+		return "this pool's backend cannot gather tokens";
+	return NULL;
+}
+
 static int retention_check(const struct core *c, const struct core_open *o)
 {
-	switch (o->retention) {
-	case CORE_RETAIN_FULL:
-		return 0;
-	case CORE_RETAIN_SINKS:
-		return c->cfg.window || o->recent == 0 ? -EINVAL : 0;
-	case CORE_RETAIN_H2O:
-		if (c->cfg.window || o->recent == 0 || o->budget < o->recent ||
-		    o->n_sink > o->budget - o->recent || !(o->decay >= 0 && o->decay <= 1) ||
-		    o->granularity > CORE_H2O_TOKENS)
-			return -EINVAL;
-		if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slots)
-			return -EOPNOTSUPP;
-		return 0;
-	}
-	return -EINVAL;
+	int r;
+
+	return core_retention_why(c, o, &r) ? r : 0;
 }
 
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
@@ -1120,7 +1131,6 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->decay = o->decay > 0 ? o->decay : 1;
 		s->granularity = (uint8_t)o->granularity;
 	}
-	s->table_block_tokens = c->cfg.block_tokens;
 	s->hl = hl;
 	s->nhl = hl ? nblocks : 0;
 	s->scale = 1;
@@ -1190,7 +1200,7 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 	nblocks = blocks_for(c, s->ntokens + n);
 	need = nblocks - s->nblocks + cow;
 	/* Memory first (table growth cannot be undone after drops), then room in the pool. */
-	r = table_reserve(s, nblocks);
+	r = table_reserve(s, nblocks, c->cfg.block_tokens);
 	if (r < 0)
 		return r;
 	r = make_room(c, need, 0, s->priority);
@@ -1386,11 +1396,11 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->freed = s->freed;
 	child->budget = s->budget;
 	child->decay = s->decay;
+	child->granularity = s->granularity;
 	child->score = score;
 	child->hl = hl;
 	child->nhl = hl ? s->nhl : 0;
 	child->scale = s->scale;
-	child->table_block_tokens = s->table_block_tokens;
 	*ret_child = seq_id(c, slot);
 	return 0;
 }
@@ -1612,14 +1622,11 @@ int core_seq_close(struct core *c, uint64_t id)
 	free(s->ppos);
 	free(s->pscore);
 	free(s->hl);
-	s->hl = NULL;
-	s->nhl = 0;
-	s->score = s->tscore = s->pscore = NULL;
-	s->packed = s->ppos = NULL;
-	s->npacked = s->packed_cap = 0;
-	s->table = s->history = NULL;
-	s->cap_blocks = s->nblocks = s->ntokens = s->ncommitted = 0;
-	s->state = 0;
+	/*
+	 * The whole slot back to zero but its generation: open and fork set what they use, and
+	 * nothing of this sequence (its policy, granularity, budget) can leak into the next.
+	 */
+	*s = (struct core_seq){ .gen = s->gen };
 	c->free_slots[c->nfree_slots++] = (uint32_t)id;
 	return 0;
 }

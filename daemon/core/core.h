@@ -249,7 +249,7 @@ struct core_open {
 enum core_retention {
 	CORE_RETAIN_FULL = 0,
 	CORE_RETAIN_SINKS = 1,
-	CORE_RETAIN_H2O = 2, /* heavy hitters, block granularity: see core_seq_scores() */
+	CORE_RETAIN_H2O = 2, /* heavy hitters, by block or by token: see core_seq_scores() */
 };
 
 /*
@@ -311,6 +311,14 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		  uint32_t *ret_cached);
 
 /*
+ * Why core_seq_open refuses o's retention policy in this pool, in words (NULL: it does not),
+ * with the error it returns for it in *ret_err: -EINVAL, or -EOPNOTSUPP (token granularity
+ * on a backend without a gather).  A window pool decides for its sequences: any policy is
+ * refused there.
+ */
+const char *core_retention_why(const struct core *c, const struct core_open *o, int *ret_err);
+
+/*
  * Gives n more tokens slots.  When the last block is partly filled and shared (after a fork),
  * it is copied first (copy-on-write).  Returns the index of the first table entry that
  * changed (>= 0).
@@ -366,14 +374,15 @@ int core_seq_pending_loads(struct core *c, uint64_t seq, struct core_load **ret,
 int core_seq_loaded(struct core *c, uint64_t seq);
 
 /*
- * Heavy-hitter retention (H2O, block granularity).  A sequence opened with CORE_RETAIN_H2O
- * accumulates the attention its tokens receive: each call adds weights[i] to the running
- * score of position first + i; every commit that moves on (a step) then multiplies all scores
- * by the sequence's decay, however many reports the step made.  The client sums a decode
- * step's attention over heads and layers.  When tokens are committed and
- * the sequence holds more than budget tokens, whole blocks that hold none of the last recent
- * committed tokens (nor any of the first n_sink) are released lowest total score first (ties: the earliest block first)
- * until it holds at most budget tokens or no such block is left.  Returns 0, -ENOENT,
+ * Heavy-hitter retention (H2O).  A sequence opened with CORE_RETAIN_H2O accumulates the
+ * attention its tokens receive: each call adds weights[i] to the running score of position
+ * first + i; every commit that moves on (a step) then multiplies all scores by the sequence's
+ * decay, however many reports the step made.  The client sums a decode step's attention over
+ * heads and layers.  When tokens are committed and the sequence holds more than budget
+ * tokens, what holds none of the last recent committed tokens (nor any of the first n_sink)
+ * goes, lowest score first (ties: the earliest first), until it holds at most budget tokens or
+ * nothing such is left: whole blocks scored by their tokens' sum at block granularity, single
+ * tokens at token granularity (see CORE_H2O_TOKENS).  Returns 0, -ENOENT,
  * -EINVAL (not an H2O sequence, n == 0, a weight that is negative or not finite, or a
  * position the sequence does not hold: beyond its tokens or released), -EBUSY (parked).
  */

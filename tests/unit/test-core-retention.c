@@ -620,7 +620,50 @@ START_TEST(test_h2o_tokens_keep_the_sinks)
 		ck_assert_uint_eq(mem.slots[(size_t)si.packed[k / 4] * 4 + k % 4], 1000 + pos);
 	}
 	ck_assert_uint_eq(kept, 1u << 0 | 1u << 1 | 1u << 3 | 1u << 5);
+	/* Blocks 0..2 were emptied into the packed set; block 3 holds the recent 12..15. */
+	for (uint32_t i = 0; i < 3; i++)
+		ck_assert_uint_eq(si.table[i], CORE_NONE);
+	ck_assert_uint_ne(si.table[3], CORE_NONE);
+	for (uint32_t pos = 12; pos < 16; pos++)
+		ck_assert_uint_eq(mem.slots[(size_t)si.table[3] * 4 + pos % 4], 1000 + pos);
 	assert_verified(c);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/*
+ * A fork takes a free slot: nothing of the slot's last sequence may come with it.  Here the
+ * fork of a block-granular h2o sequence lands in the slot a token-granular one just left;
+ * its commits must prune by blocks (it has no per-token scores).
+ */
+START_TEST(test_fork_into_a_used_slot)
+{
+	struct core_config cfg = { .capacity_blocks = 32, .block_tokens = 4, .max_sequences = 4,
+				   .max_seq_tokens = 64, .copy_block = fake_copy,
+				   .copy_slots = fake_copy_slots, .copy_ctx = &mem };
+	struct core_open blocks = { .ntokens = 16, .retention = CORE_RETAIN_H2O, .budget = 8,
+				    .recent = 4 };
+	struct core_open tokens = blocks;
+	struct core *c = NULL;
+	uint32_t p[16];
+	uint64_t s, t, child;
+
+	fake_mem_init(&mem, 32, 4);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	fill_tokens(p, 16, 100);
+	blocks.tokens = tokens.tokens = p;
+	tokens.granularity = CORE_H2O_TOKENS;
+	ck_assert_int_eq(core_seq_open(c, &blocks, &s, NULL), 0);
+	ck_assert_int_eq(core_seq_open(c, &tokens, &t, NULL), 0);
+	ck_assert_int_eq(core_seq_close(c, t), 0);
+	ck_assert_int_eq(core_seq_fork(c, s, &child), 0);
+	ck_assert_uint_eq((uint32_t)child, (uint32_t)t); /* the slot t left */
+	ck_assert_uint_eq(info_of(c, child).granularity, CORE_H2O_BLOCKS);
+	ck_assert_int_eq(core_seq_commit(c, child, 16), 0);
+	ck_assert_uint_eq(info_of(c, child).held_blocks, 2);
+	assert_verified(c);
+	ck_assert_int_eq(core_seq_close(c, child), 0);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	done(c);
 }
@@ -697,6 +740,7 @@ int main(void)
 	tcase_add_test(tc, test_h2o_bad_input);
 	tcase_add_test(tc, test_h2o_tokens_pack_the_heavy_hitters);
 	tcase_add_test(tc, test_h2o_tokens_keep_the_sinks);
+	tcase_add_test(tc, test_fork_into_a_used_slot);
 	tcase_add_test(tc, test_h2o_tokens_need_a_gather);
 	tcase_add_test(tc, test_h2o_tokens_stream);
 	suite_add_tcase(s, tc);
