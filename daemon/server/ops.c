@@ -90,28 +90,6 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 	res->table_len = info.nblocks - from;
 }
 
-/* Why core_seq_open refused a retention policy (its checks, in words). */
-static const char *retention_why(const struct core_open *o)
-{
-	if (o->retention > CORE_RETAIN_H2O)
-		return "bad retention: unknown policy";
-	if (o->retention == CORE_RETAIN_FULL)
-		return "bad retention";
-	if (o->recent == 0)
-		return "bad retention: recent 0 (a policy must keep the last token at least)";
-	if (o->retention == CORE_RETAIN_SINKS)
-		return "bad retention";
-	if (o->budget < o->recent)
-		return "bad retention: budget below recent";
-	if (o->n_sink > o->budget - o->recent)
-		return "bad retention: n_sink + recent exceed the budget";
-	if (!(o->decay >= 0 && o->decay <= 1))
-		return "bad retention: decay outside [0, 1]";
-	if (o->granularity > CORE_H2O_TOKENS)
-		return "bad retention: unknown granularity";
-	return "bad retention";
-}
-
 /*
  * Defers the tier loads of a LOADING sequence: 0 when they were all in at once (ACTIVE now),
  * -EINPROGRESS when the session waits for them.  A failure to start them fails the loads:
@@ -167,8 +145,9 @@ int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
 	s->load_seq = 0;
 	if (core_seq_info(s->pool->core, seq, &info) < 0)
 		return -EIO; /* cannot happen: the sequence is the session's */
-	/* The quota took every block at the open; a retention policy may have released some. */
-	s->blocks = s->blocks - info.nblocks + info.held_blocks;
+	/* The quota took load_charged blocks; a retention policy may have released some since. */
+	s->blocks = s->blocks - s->load_charged + info.held_blocks;
+	s->load_charged = 0;
 	res->seq = seq;
 	if (resume)
 		res->recompute = info.ntokens - info.ncommitted;
@@ -220,11 +199,8 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	if (defer && may_defer(s->pool))
 		o.flags |= CORE_OPEN_DEFER_LOADS;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
-	if (r == -EINVAL)
-		*why = s->pool->cfg->window ? "the pool's window decides what its sequences keep"
-					    : retention_why(&o);
-	if (r == -EOPNOTSUPP)
-		*why = "this pool's backend cannot gather tokens";
+	if (r == -EINVAL || r == -EOPNOTSUPP)
+		*why = core_retention_why(s->pool->core, &o, &(int){ 0 });
 	if (r < 0)
 		return r;
 	own(s, res->seq);
@@ -232,6 +208,7 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	core_seq_info(s->pool->core, res->seq, &info);
 	s->blocks += info.held_blocks;
 	if (info.state == CORE_SEQ_LOADING) {
+		s->load_charged = info.held_blocks;
 		r = defer_loads(s, res->seq);
 		if (r < 0)
 			return r;
@@ -398,6 +375,8 @@ int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *r
 		s->blocks += blocks_for(s, info.ntokens);
 	core_seq_info(s->pool->core, seq, &info);
 	if (info.state == CORE_SEQ_LOADING) {
+		/* Only a dropped sequence loads: it was charged its whole table above. */
+		s->load_charged = info.nblocks;
 		r = defer_loads(s, seq);
 		if (r < 0)
 			return r;

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -385,7 +386,9 @@ static void job_start(struct dpool *p, struct load_job *job)
 			    "they are recomputed", p->cfg->name, job->n, strerror(-r));
 		for (uint32_t k = 0; k < job->n; k++)
 			job->results[k] = r;
-		job->finished = true; /* the next dpool_tier_poll finishes it */
+		/* The next dpool_tier_poll finishes it: the eventfd brings the loop round. */
+		job->finished = true;
+		(void)eventfd_write(file_tier_event_fd(p->file), 1);
 	}
 }
 

@@ -653,9 +653,13 @@ int server_run(struct server *srv)
 		io_uring_cq_advance(&srv->ring, n);
 		if (srv->stopping && !srv->drain_forced)
 			drain_sessions(srv);
-		/* Swap-file writes finish on their own ring: reap them between requests. */
+		/*
+		 * Swap-file I/O finishes on the tier's own ring, whose eventfd the loop polls
+		 * (OP_TIER); a pool whose poll failed is reaped here, between requests.
+		 */
 		for (size_t i = 0; i < srv->npools; i++) {
-			dpool_tier_poll(&srv->pools[i]);
+			if (!srv->pools[i].tier_armed)
+				dpool_tier_poll(&srv->pools[i]);
 			if (srv->pools[i].waiters)
 				dpool_retry_waiters(&srv->pools[i], server_now_ns());
 		}

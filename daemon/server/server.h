@@ -178,6 +178,7 @@ struct session {
 	 */
 	bool loading, load_done;
 	uint64_t load_seq;
+	uint32_t load_charged; /* blocks the quota took for it at the open or resume */
 };
 
 /* How long a stop waits for sessions to finish by default (kvpaged --drain-timeout). */
@@ -238,7 +239,8 @@ uint64_t server_now_ns(void);
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
 /*
  * Reaps the file tier's finished writes and forgets what they lost, and finishes the deferred
- * loads whose reads are in.  Between requests.
+ * loads whose reads are in.  When the file tier's eventfd fires (OP_TIER), or after every
+ * pass of the loop if that poll failed.
  */
 void dpool_tier_poll(struct dpool *p);
 /*
