@@ -351,6 +351,17 @@ int config_parse_size(const char *s, uint64_t *ret)
 }
 
 /* The shortest exact spelling: "4MiB", "800MB", "1000". */
+/* The shortest decimal that reads back as v (printed configurations load back exactly). */
+static const char *format_number(double v, char *buf, size_t len)
+{
+	for (int digits = 6; digits <= 17; digits++) {
+		snprintf(buf, len, "%.*g", digits, v);
+		if (strtod(buf, NULL) == v)
+			break;
+	}
+	return buf;
+}
+
 static const char *format_size(uint64_t v, char *buf, size_t len)
 {
 	static const char *const spellings[] = {
@@ -935,13 +946,14 @@ static int on_key(void *user, const char *section, const char *name, const char 
 	if (p->indented && p->prev_key >= 0 && !strcmp(name, schema[p->prev_key].name)) {
 		const struct config_key *key = &schema[p->prev_key];
 
-		if (key->type != TYPE_UIDS && key->type != TYPE_GIDS) {
+		if (key->type != TYPE_UIDS && key->type != TYPE_GIDS && key->type != TYPE_FILES) {
 			fail_key(p, name,
-				 "an indented line continues this value, and only allow_users and "
-				 "allow_groups may continue on indented lines");
+				 "an indented line continues this value, and only allow_users, "
+				 "allow_groups and swap_files may continue on indented lines");
 			goto fail;
 		}
-		if (add_ids(p, key, current_base(p), value) < 0)
+		if ((key->type == TYPE_FILES ? add_files(p, key, current_base(p), value)
+					     : add_ids(p, key, current_base(p), value)) < 0)
 			goto fail;
 		return 1;
 	}
@@ -1288,7 +1300,8 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			fprintf(f, "%s = %s\n", key->name, *(const bool *)field ? "yes" : "no");
 			break;
 		case TYPE_NUMBER:
-			fprintf(f, "%s = %g\n", key->name, *(const double *)field);
+			fprintf(f, "%s = %s\n", key->name,
+				format_number(*(const double *)field, buf, sizeof(buf)));
 			break;
 		case TYPE_FILES: {
 			char *const *files = *(char **const *)field;
@@ -1298,9 +1311,17 @@ static void print_section(FILE *f, enum config_section section, const void *base
 				fprintf(f, "# %s is not set\n", key->name);
 				break;
 			}
-			fprintf(f, "%s = ", key->name);
-			for (size_t i = 0; i < n; i++)
-				fprintf(f, "%s%s", i ? ", " : "", files[i]);
+			/* Continuation lines keep each line under libinih's line length. */
+			size_t width = (size_t)fprintf(f, "%s = %s", key->name, files[0]);
+
+			for (size_t i = 1; i < n; i++) {
+				if (width + strlen(files[i]) + 2 > 150) {
+					fprintf(f, ",\n\t%s", files[i]);
+					width = 8 + strlen(files[i]);
+				} else {
+					width += (size_t)fprintf(f, ", %s", files[i]);
+				}
+			}
 			fputc('\n', f);
 			break;
 		}
@@ -1465,7 +1486,7 @@ static const char *format_value(const struct config_key *key, const void *base, 
 		snprintf(buf, len, "%s", *(const bool *)field ? "yes" : "no");
 		break;
 	case TYPE_NUMBER:
-		snprintf(buf, len, "%g", *(const double *)field);
+		format_number(*(const double *)field, buf, len);
 		break;
 	case TYPE_NAMESPACE:
 		snprintf(buf, len, "%s", namespace_names[*(const enum kvpd_namespace_mode *)field]);

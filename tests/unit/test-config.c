@@ -436,6 +436,43 @@ START_TEST(test_tiers)
 	config_free(&a);
 	config_free(&b);
 
+	/*
+	 * Swap files may continue on indented lines, so 64 of them fit; a long list prints on
+	 * continuation lines and loads back.
+	 */
+	{
+		char conf[8192];
+		size_t len = (size_t)snprintf(conf, sizeof(conf),
+					      POOL_MAIN "file_tier_blocks = 64\nswap_files = ");
+
+		for (int i = 0; i < 64; i++)
+			len += (size_t)snprintf(conf + len, sizeof(conf) - len,
+						"%s/var/lib/kvpaged/nvme%02d/kvpaged-main.swap",
+						i == 0 ? "" : i % 3 ? ", " : ",\n\t", i);
+		snprintf(conf + len, sizeof(conf) - len, "\n");
+		load_ok(conf, &a);
+		ck_assert_uint_eq(a.pools[0].n_swap_files, 64);
+		ck_assert_str_eq(a.pools[0].swap_files[63], "/var/lib/kvpaged/nvme63/kvpaged-main.swap");
+		text = print_to_string(&a);
+		ck_assert_ptr_nonnull(strstr(text, ",\n\t/var/lib/kvpaged/nvme"));
+		load_ok(text, &b);
+		assert_config_equal(&a, &b);
+		free(text);
+		config_free(&a);
+		config_free(&b);
+	}
+
+	/* Numbers print in full: a printed configuration loads back exactly. */
+	load_ok(POOL_MAIN "model_params = 7241748480\nengine_flops = 1.2345678901e14\n", &a);
+	text = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(text, "\nmodel_params = 7.24174848e+09\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nengine_flops = 1.2345678901e+14\n"));
+	load_ok(text, &b);
+	assert_config_equal(&a, &b);
+	free(text);
+	config_free(&a);
+	config_free(&b);
+
 	expect_pool_error("file_tier_blocks = 10", "[pool main] file_tier_blocks: the file tier "
 			  "needs swap_files");
 	expect_pool_error("swap_files = /x", "swap_files: set file_tier_blocks to use them");
