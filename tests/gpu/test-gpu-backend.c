@@ -16,6 +16,7 @@
 
 #include "daemon/backend/backend.h"
 #include "daemon/tier/tier.h"
+#include "tests/check-runner.h"
 #include "tests/gpu/gpu.h"
 
 struct geometry {
@@ -389,8 +390,6 @@ int main(void)
 {
 	Suite *s = suite_create("gpu-backend");
 	TCase *tc = tcase_create("gpu-backend");
-	SRunner *sr;
-	int failed;
 
 	if (gpu_skip())
 		return GPU_SKIP;
@@ -404,9 +403,5 @@ int main(void)
 	tcase_add_test(tc, test_host_tier_kernel);
 	tcase_add_test(tc, test_device_argument);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return run_suite(s);
 }

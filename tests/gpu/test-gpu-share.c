@@ -523,8 +523,6 @@ int main(void)
 {
 	Suite *s = suite_create("gpu-share");
 	TCase *tc = tcase_create("gpu-share");
-	SRunner *sr;
-	int failed;
 
 	if (gpu_skip())
 		return GPU_SKIP;
@@ -538,9 +536,5 @@ int main(void)
 	tcase_add_test(tc, test_host_tier_kernel);
 	tcase_add_test(tc, test_device_key);
 	suite_add_tcase(s, tc);
-	sr = srunner_create(s);
-	srunner_run_all(sr, CK_NORMAL);
-	failed = srunner_ntests_failed(sr);
-	srunner_free(sr);
-	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+	return run_suite(s);
 }

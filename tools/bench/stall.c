@@ -83,18 +83,24 @@ static int open_close(struct kvp_client *c, const uint32_t *t, uint32_t n, bool 
 	return kvp_close(c, seq);
 }
 
-/* The loader: opens the prompts in turn until stop_ns; the first pass commits them. */
-static void loader(const struct stall_options *o, const char *pool, uint32_t n, uint64_t stop_ns,
-		   int fd)
+/*
+ * The loader: connects, says so down the pipe (a byte: the busy phase starts then), opens the
+ * prompts in turn for the phase's seconds, then sends what it did.
+ */
+static void loader(const struct stall_options *o, const char *pool, uint32_t n, int fd)
 {
 	struct loader_result res = { 0 };
 	struct kvp_client *c = NULL;
-	uint32_t *t = malloc((size_t)n * sizeof(*t)), cached;
-	uint64_t start;
+	uint32_t *t = malloc((size_t)n * sizeof(*t)), cached = 0;
+	uint64_t start, stop_ns;
+	char ready = 1;
 
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	res.error = t ? connect_pool(o, pool, "stall-loader", &c) : -ENOMEM;
+	if (write(fd, &ready, 1) != 1)
+		_exit(1);
 	start = now_ns();
+	stop_ns = start + (uint64_t)o->seconds * 1000000000u;
 	for (uint64_t k = 0; res.error == 0 && now_ns() < stop_ns; k++) {
 		prompt_tokens(t, n, (uint32_t)(k % o->prompts));
 		res.error = open_close(c, t, n, false, &cached);
@@ -131,6 +137,7 @@ static int measure_pool(const struct stall_options *o, const char *pool, struct 
 	struct kvp_client *c = NULL;
 	uint32_t B, n, *t = NULL, probe_t[4096], cached;
 	uint64_t stop;
+	char ready;
 	int fds[2], r, status;
 	pid_t pid;
 
@@ -169,7 +176,6 @@ static int measure_pool(const struct stall_options *o, const char *pool, struct 
 		r = r < 0 ? r : -errno;
 		goto out;
 	}
-	stop = now_ns() + (uint64_t)o->seconds * 1000000000u;
 	pid = fork();
 	if (pid < 0) {
 		r = -errno;
@@ -179,10 +185,15 @@ static int measure_pool(const struct stall_options *o, const char *pool, struct 
 	}
 	if (pid == 0) {
 		close(fds[0]);
-		loader(o, pool, n, stop, fds[1]);
+		loader(o, pool, n, fds[1]);
 	}
 	close(fds[1]);
-	r = probe(c, probe_t, B, stop, &res->busy);
+	/* The busy phase starts once the loader is connected. */
+	if (read(fds[0], &ready, 1) != 1)
+		r = -EIO;
+	stop = now_ns() + (uint64_t)o->seconds * 1000000000u;
+	if (r == 0)
+		r = probe(c, probe_t, B, stop, &res->busy);
 	if (read(fds[0], &res->load, sizeof(res->load)) != sizeof(res->load))
 		res->load.error = -EIO;
 	close(fds[0]);

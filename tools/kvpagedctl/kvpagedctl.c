@@ -561,6 +561,13 @@ static void plan_tier_line(const char *tier, uint32_t blocks, double bw, bool pr
 		       "swapped (a transfer loses no work)\n", tier, blocks);
 		return;
 	}
+	if (recompute_ms < 0) {
+		/* The daemon promotes and swaps then: a transfer loses no work. */
+		printf("  %-5s tier: %u blocks at %.2f GB/s: %.3f ms per block back, recompute "
+		       "unknown: %s\n", tier, blocks, bw / 1e9, block_bytes / bw * 1e3,
+		       promotes ? "promote hits, swap victims" : "recompute hits, drop victims");
+		return;
+	}
 	printf("  %-5s tier: %u blocks at %.2f GB/s: %.3f ms per block back, %s recompute (%.3f "
 	       "ms): %s\n", tier, blocks, bw / 1e9, block_bytes / bw * 1e3,
 	       block_bytes / bw * 1e3 <= recompute_ms ? "<=" : ">", recompute_ms,

@@ -1613,13 +1613,17 @@ static int score_check(struct engine *e, const struct seq *s, uint32_t cached,
 }
 
 /*
- * Scores tokens[0..n) opened whole, as the README's procedure does for each story.  With the
- * pool, its cached prefix is recomputed all the same (its logits are needed), but its K/V is
- * compared bitwise with the pool's instead of written: a second run proves that the blocks
- * the first one committed hold exactly what this process computes.
+ * Scores tokens[0..n).  Opened whole (steps false), as the README's procedure does for each
+ * story: with the pool, its cached prefix is recomputed all the same (its logits are needed),
+ * but its K/V is compared bitwise with the pool's instead of written, so a second run proves
+ * that the blocks the first one committed hold exactly what this process computes.  Run a
+ * token at a time (steps), as a generation is: opened with the first, then each step commits
+ * what has been run and appends the next, so a bounded sequence's commits release what no
+ * later token attends to and the pool holds a bounded number of its blocks however long it
+ * gets.
  */
-static int score_whole(struct engine *e, const uint32_t *tokens, uint32_t n, FILE *dump,
-		       struct score *sc)
+static int score_run(struct engine *e, const uint32_t *tokens, uint32_t n, bool steps,
+		     FILE *dump, struct score *sc)
 {
 	const struct llama_config *cfg = &e->model.cfg;
 	const float *logits;
@@ -1628,42 +1632,9 @@ static int score_whole(struct engine *e, const uint32_t *tokens, uint32_t n, FIL
 	int r;
 
 	/* Flags 0: every cached block counts, since all of it is recomputed. */
-	r = seq_open(e, &s, tokens, n, 0, &cached);
+	r = seq_open(e, &s, tokens, steps ? 1 : n, 0, &cached);
 	for (uint32_t pos = 0; r == 0 && pos + 1 < n; pos++) {
-		r = seq_forward(e, &s, tokens[pos], pos, &logits);
-		if (r == 0) {
-			sc->total += nll(logits, cfg->vocab_size, tokens[pos + 1]);
-			r = dump_logits(dump, logits, cfg->vocab_size);
-		}
-	}
-	/* The last token was never run: only the ones before it hold K/V. */
-	if (r == 0)
-		r = seq_commit(e, &s, n - 1);
-	if (r == 0)
-		r = score_check(e, &s, cached, sc);
-	if (s.kv)
-		seq_close(e, &s);
-	return r;
-}
-
-/*
- * Scores tokens[0..n) run a token at a time, as a generation is: opened with the first, then
- * each step commits what has been run and appends the next.  A bounded sequence's commits
- * release what no later token attends to, so the pool holds a bounded number of its blocks
- * however long it gets.
- */
-static int score_steps(struct engine *e, const uint32_t *tokens, uint32_t n, FILE *dump,
-		       struct score *sc)
-{
-	const struct llama_config *cfg = &e->model.cfg;
-	const float *logits;
-	struct seq s = { 0 };
-	uint32_t cached;
-	int r;
-
-	r = seq_open(e, &s, tokens, 1, 0, &cached);
-	for (uint32_t pos = 0; r == 0 && pos + 1 < n; pos++) {
-		if (pos > 0)
+		if (steps && pos > 0)
 			r = seq_step(e, &s, pos, tokens[pos], pos);
 		if (r == 0)
 			r = seq_forward(e, &s, tokens[pos], pos, &logits);
@@ -1672,6 +1643,7 @@ static int score_steps(struct engine *e, const uint32_t *tokens, uint32_t n, FIL
 			r = dump_logits(dump, logits, cfg->vocab_size);
 		}
 	}
+	/* The last token was never run: only the ones before it hold K/V. */
 	if (r == 0)
 		r = seq_commit(e, &s, n - 1);
 	if (r == 0)
@@ -1746,7 +1718,7 @@ int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 				len += n;
 			} else {
 				e->max_tokens = steps ? n : cfg->seq_len;
-				r = (steps ? score_steps : score_whole)(e, tokens, n, dump, &sc);
+				r = score_run(e, tokens, n, steps, dump, &sc);
 				if (r < 0)
 					goto out;
 				predicted += n - 1;
@@ -1757,7 +1729,7 @@ int engine_perplexity(struct engine *e, const struct perplexity_options *o)
 	if (o->stream && len > 1) {
 		e->max_tokens = len;
 		sc.sequence = 1;
-		r = score_steps(e, tokens, len, dump, &sc);
+		r = score_run(e, tokens, len, true, dump, &sc);
 		if (r < 0)
 			goto out;
 		predicted = len - 1;
