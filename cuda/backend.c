@@ -10,13 +10,26 @@
  * cuMemExportToShareableHandle gives goes to clients over SCM_RIGHTS, like a host pool's memfd;
  * libkvpaged imports and maps it.  The layout is the host backend's, byte for byte.
  *
- * Work runs on three streams of the device's primary context: copies the core asks for
- * (copy-on-write, token gather: synchronous to the core, so waited for), and moves out and
- * moves in (swap: asynchronous).  Each move ends with a host function that counts it done and
- * signals the pool's eventfd; tickets of one direction complete in order.  A move goes through
- * the copy engines (one cuMemcpyAsync per run of adjacent blocks) or through kvpd_copy_blocks
- * writing to or reading from pinned host memory directly; KVPAGED_CUDA_SWAP=dma|kernel picks,
- * else the size of a block does (small blocks: the kernel, whose one launch beats many copies).
+ * All of a pool's work runs on one stream of the device's primary context, non-blocking (it
+ * does not wait for the legacy default stream): copies the core asks for (copy-on-write, token
+ * gather) and moves out and in (swap) alike, so everything completes in the order it was
+ * issued, and work on the same memory needs no ordering of its own.  No call waits for its
+ * work.  Each operation is one ticket: its copies, then a host function (on_done) that counts
+ * it completed and writes the pool's eventfd.  Tickets are issued 1, 2, ... (queued); the
+ * stream runs the host functions in order, so their count (completed) is the last ticket
+ * completed.  A stream that failed runs no more of them: when the count lags, done() asks
+ * cuStreamQuery whether the stream failed, and a failure is sticky.  wait() synchronizes the
+ * stream.
+ *
+ * A copy list goes inside the launch's parameters (KVPD_INLINE entries, copied by the driver
+ * when the launch is queued); a longer one is uploaded from a pinned buffer to device memory
+ * ahead of the kernel, and these two buffers are the only state an operation leaves behind:
+ * see list_at() for when a call waits for the one before.
+ *
+ * A move goes through the copy engines (one cuMemcpyAsync per run of adjacent blocks) or
+ * through kvpd_copy_blocks writing to or reading from pinned host memory directly;
+ * KVPAGED_CUDA_SWAP=dma|kernel picks, else the size of a block does (small blocks: the kernel,
+ * whose one launch beats many copies).
  *
  * The device is the pool's device key, passed to probe() and create().  Environment (read when
  * a pool is created): KVPAGED_CUDA_SWAP as above.
@@ -50,14 +63,6 @@ extern const unsigned char kvpd_cuda_fatbin[];
 
 enum swap_mode { SWAP_DMA, SWAP_KERNEL };
 
-/* One direction of moves: its stream and how far it got. */
-struct lane {
-	CUstream stream;
-	uint64_t queued;        /* moves queued: the last ticket's sequence number */
-	_Atomic uint64_t done;  /* moves completed, counted by on_moved() on a driver thread */
-	int done_fd;
-};
-
 struct cuda_pool {
 	CUdevice dev;
 	CUcontext ctx; /* the device's primary context: the one engines use too */
@@ -73,12 +78,15 @@ struct cuda_pool {
 	enum swap_mode swap;
 	CUmodule module;
 	CUfunction copy_blocks, copy_slots;
-	CUstream copy_stream;
-	struct lane lane[2]; /* by enum backend_dir */
-	CUdeviceptr ext_dev;  /* long copy lists, uploaded from ext_host */
+	CUstream stream; /* the pool's one queue */
+	uint64_t queued; /* the last ticket issued */
+	_Atomic uint64_t completed; /* tickets completed, counted by on_done() on a driver thread */
+	int done_fd;
+	CUdeviceptr ext_dev; /* long copy lists, uploaded from ext_host */
 	void *ext_host;
 	size_t ext_bytes;
-	int error; /* a copy_slot failure, reported by the next call that can fail */
+	uint64_t ext_ticket; /* the last ticket whose work may read them (0: none) */
+	int error; /* the device failed: sticky, every later call returns it */
 };
 
 static const struct backend_ops cuda_ops;
@@ -216,13 +224,19 @@ static int cuda_probe(uint32_t device, char *why, size_t why_len)
 	return r;
 }
 
-static void CUDA_CB on_moved(void *arg)
+/* The end of a ticket's work, run by a driver thread in stream order. */
+static void CUDA_CB on_done(void *arg)
 {
-	struct lane *l = arg;
+	struct cuda_pool *cp = arg;
 
 	/* A host function may not call CUDA; counting and a write(2) are fine. */
-	atomic_fetch_add_explicit(&l->done, 1, memory_order_release);
-	(void)eventfd_write(l->done_fd, 1);
+	atomic_fetch_add_explicit(&cp->completed, 1, memory_order_release);
+	(void)eventfd_write(cp->done_fd, 1);
+}
+
+static uint64_t completed(struct cuda_pool *cp)
+{
+	return atomic_load_explicit(&cp->completed, memory_order_acquire);
 }
 
 static void cuda_destroy(struct backend_pool *p)
@@ -233,14 +247,10 @@ static void cuda_destroy(struct backend_pool *p)
 		bool entered = cp->ctx_retained && enter(cp) == 0;
 
 		if (entered) {
-			for (int d = 0; d < 2; d++)
-				if (cp->lane[d].stream) {
-					(void)cu.cuStreamSynchronize(cp->lane[d].stream);
-					(void)cu.cuStreamDestroy(cp->lane[d].stream);
-				}
-			if (cp->copy_stream) {
-				(void)cu.cuStreamSynchronize(cp->copy_stream);
-				(void)cu.cuStreamDestroy(cp->copy_stream);
+			/* Its host functions too: on_done() must not run on a freed pool. */
+			if (cp->stream) {
+				(void)cu.cuStreamSynchronize(cp->stream);
+				(void)cu.cuStreamDestroy(cp->stream);
 			}
 			if (cp->module)
 				(void)cu.cuModuleUnload(cp->module);
@@ -261,7 +271,12 @@ static void cuda_destroy(struct backend_pool *p)
 			(void)cu.cuDevicePrimaryCtxRelease(cp->dev);
 			unblock_signals();
 		}
-		free(cp);
+		/*
+		 * Not entered with a stream: its host functions may still run and touch cp, so it
+		 * is left allocated (the daemon is stopping, or the pool never started).
+		 */
+		if (entered || !cp->stream)
+			free(cp);
 	}
 	if (p->fd >= 0)
 		close(p->fd);
@@ -305,6 +320,7 @@ static int cuda_create(const char *pool_name, uint64_t bytes, uint64_t block_byt
 	if (!cp)
 		return fail(-ENOMEM, "out of memory");
 	p.priv = cp;
+	cp->done_fd = -1;
 	cp->nblocks = (uint32_t)(bytes / block_bytes);
 	r = pick_device(device, &cp->dev, why, sizeof(why));
 	if (r < 0) {
@@ -366,20 +382,17 @@ static int cuda_create(const char *pool_name, uint64_t bytes, uint64_t block_byt
 		 "cuModuleGetFunction(kvpd_copy_blocks)");
 	CU_CHECK(cu.cuModuleGetFunction(&cp->copy_slots, cp->module, "kvpd_copy_slots"),
 		 "cuModuleGetFunction(kvpd_copy_slots)");
-	CU_CHECK(cu.cuStreamCreate(&cp->copy_stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-	for (int d = 0; d < 2; d++)
-		CU_CHECK(cu.cuStreamCreate(&cp->lane[d].stream, CU_STREAM_NON_BLOCKING),
-			 "cuStreamCreate");
-	/* A new pool reads as zeros, like a host pool's memfd. */
-	CU_CHECK(cu.cuMemsetD8Async(cp->base, 0, cp->size, cp->copy_stream), "cuMemsetD8Async");
-	CU_CHECK(cu.cuStreamSynchronize(cp->copy_stream), "clearing the pool");
+	CU_CHECK(cu.cuStreamCreate(&cp->stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
+	/* A new pool reads as zeros, like a host pool's memfd.  Not a ticket: waited for here. */
+	CU_CHECK(cu.cuMemsetD8Async(cp->base, 0, cp->size, cp->stream), "cuMemsetD8Async");
+	CU_CHECK(cu.cuStreamSynchronize(cp->stream), "clearing the pool");
 
 	p.done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (p.done_fd < 0) {
 		r = fail(-errno, "eventfd: %s", strerror(errno));
 		goto out;
 	}
-	cp->lane[0].done_fd = cp->lane[1].done_fd = p.done_fd;
+	cp->done_fd = p.done_fd;
 	r = 0;
 out:
 	leave();
@@ -400,12 +413,49 @@ static uint32_t width_of(uint64_t a)
 	return a % 16 == 0 ? 16 : a % 4 == 0 ? 4 : 1;
 }
 
-/* Room for a list too long to pass inline: device memory, and pinned memory to upload from. */
+/*
+ * Blocks until ticket completed, with the pool's context current.  A failure of the stream is
+ * the device's: sticky.
+ */
+static int sync_to(struct cuda_pool *cp, uint64_t ticket, const char *what)
+{
+	CUresult cr;
+
+	if (completed(cp) >= ticket)
+		return 0;
+	if (cp->error)
+		return cp->error;
+	/* The stream's host functions are part of it: on_done() has run when this returns. */
+	cr = cu.cuStreamSynchronize(cp->stream);
+	if (cr != CUDA_SUCCESS)
+		return cp->error = cu_fail(cr, what);
+	if (completed(cp) < ticket)
+		return cp->error = fail(-EIO, "%s: ticket %llu did not complete", what,
+					(unsigned long long)ticket);
+	return 0;
+}
+
+/*
+ * Room for a list too long to pass inline: device memory, and pinned memory to upload from.
+ *
+ * Calls do not wait for their work, so the last operation that used the buffers (ext_ticket)
+ * may still need them: its upload may not have read ext_host yet, nor its kernel ext_dev.  A
+ * long list therefore waits for that ticket before it writes ext_host, and before the buffers
+ * are freed to grow them.  (ext_dev alone would need no wait: the next upload into it is
+ * queued behind that kernel on the same stream.)  Only a long list issued before the last one
+ * has run waits here, and then for the whole stream (cuStreamSynchronize), swaps queued since
+ * included; short lists and moves never touch the buffers.  (An event recorded after each
+ * upload would make that wait exact; long lists are rare enough not to need it yet.)
+ */
 static int ext_reserve(struct cuda_pool *cp, size_t bytes)
 {
 	size_t size = 64 << 10;
 	CUresult cr;
+	int r;
 
+	r = sync_to(cp, cp->ext_ticket, "waiting for the copy list buffer");
+	if (r < 0)
+		return r;
 	if (bytes <= cp->ext_bytes)
 		return 0;
 	while (size < bytes)
@@ -429,25 +479,33 @@ static int ext_reserve(struct cuda_pool *cp, size_t bytes)
 
 /*
  * Where a list of n entries of size bytes goes: the launch's parameters when it fits, else the
- * pinned upload buffer (queued to the device on stream by ext_upload()).  Only for calls that
- * wait for their stream before they return: the buffers are reused by the next.
+ * pinned upload buffer (queued to the device by ext_upload(); the operation's ticket becomes
+ * ext_ticket).  0 or -errno, nothing queued.
  */
-static void *list_at(struct cuda_pool *cp, void *inline_entries, uint32_t n, size_t size)
+static int list_at(struct cuda_pool *cp, void *inline_entries, uint32_t n, size_t size,
+		   void **ret)
 {
-	if (n <= KVPD_INLINE)
-		return inline_entries;
-	return ext_reserve(cp, (size_t)n * size) < 0 ? NULL : cp->ext_host;
+	int r;
+
+	if (n <= KVPD_INLINE) {
+		*ret = inline_entries;
+		return 0;
+	}
+	r = ext_reserve(cp, (size_t)n * size);
+	if (r < 0)
+		return r;
+	*ret = cp->ext_host;
+	return 0;
 }
 
-static int ext_upload(struct cuda_pool *cp, uint32_t n, size_t size, CUstream stream,
-		      uint64_t *ret_ext)
+static int ext_upload(struct cuda_pool *cp, uint32_t n, size_t size, uint64_t *ret_ext)
 {
 	CUresult cr;
 
 	*ret_ext = 0;
 	if (n <= KVPD_INLINE)
 		return 0;
-	cr = cu.cuMemcpyHtoDAsync(cp->ext_dev, cp->ext_host, (size_t)n * size, stream);
+	cr = cu.cuMemcpyHtoDAsync(cp->ext_dev, cp->ext_host, (size_t)n * size, cp->stream);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "uploading a copy list");
 	*ret_ext = (uint64_t)cp->ext_dev;
@@ -467,34 +525,55 @@ static unsigned grid_for(const struct cuda_pool *cp, uint64_t units, uint32_t n,
 	return (unsigned)(x < 1 ? 1 : x);
 }
 
-/* Queues the n copies of a (their list in place: inline, or uploaded at a->ext) on stream. */
-static int launch_copies(struct cuda_pool *cp, struct kvpd_copy_args *a, CUstream stream)
+/* Queues the n copies of a (their list in place: inline, or uploaded at a->ext). */
+static int launch_copies(struct cuda_pool *cp, struct kvpd_copy_args *a)
 {
 	void *params[] = { a };
 	unsigned gx, gy;
 	CUresult cr;
 
 	gx = grid_for(cp, a->bytes / a->width, a->n, &gy);
-	cr = cu.cuLaunchKernel(cp->copy_blocks, gx, gy, 1, THREADS, 1, 1, 0, stream, params, NULL);
+	cr = cu.cuLaunchKernel(cp->copy_blocks, gx, gy, 1, THREADS, 1, 1, 0, cp->stream, params,
+			       NULL);
 	return cr == CUDA_SUCCESS ? 0 : cu_fail(cr, "launching kvpd_copy_blocks");
 }
 
-/* The copy stream's work is done before a synchronous call returns, even after a failure. */
-static int finish(struct cuda_pool *cp, int r, const char *what)
+/*
+ * Ends an operation whose work was queued (r == 0) or failed part way (r < 0).  On success its
+ * host function goes last on the stream and its ticket is issued.  On failure the stream is
+ * drained before the error returns, since the caller may reuse the memory at once, and no
+ * ticket is issued: the host functions queued stay one per ticket, so their count is the last
+ * ticket completed.  (If the host function itself cannot be queued, the copies before it are
+ * waited out the same way.)
+ */
+static int queue_end(struct cuda_pool *cp, int r, bool ext, const char *what,
+		     uint64_t *ret_ticket)
 {
-	CUresult cr = cu.cuStreamSynchronize(cp->copy_stream);
+	CUresult cr;
 
-	if (cr != CUDA_SUCCESS && r == 0)
-		r = cu_fail(cr, what);
+	if (r == 0) {
+		cr = cu.cuLaunchHostFunc(cp->stream, on_done, cp);
+		if (cr == CUDA_SUCCESS) {
+			*ret_ticket = ++cp->queued;
+			if (ext)
+				cp->ext_ticket = cp->queued;
+			return 0;
+		}
+		r = cu_fail(cr, "cuLaunchHostFunc");
+	}
+	cr = cu.cuStreamSynchronize(cp->stream);
+	if (cr != CUDA_SUCCESS)
+		r = cp->error = cu_fail(cr, what);
 	return r;
 }
 
 static int cuda_copy_blocks(struct backend_pool *p, const struct backend_block_copy *c,
-			    uint32_t n)
+			    uint32_t n, uint64_t *ret_ticket)
 {
 	struct cuda_pool *cp = p->priv;
 	struct kvpd_copy_args a;
 	struct kvpd_copy *list;
+	void *at;
 	int r;
 
 	if (cp->error)
@@ -503,16 +582,17 @@ static int cuda_copy_blocks(struct backend_pool *p, const struct backend_block_c
 		if (c[i].dst >= cp->nblocks || c[i].src >= cp->nblocks)
 			return fail(-EINVAL, "copy_blocks: no block %u",
 				    c[i].dst >= cp->nblocks ? c[i].dst : c[i].src);
-	if (n == 0)
+	if (n == 0) {
+		*ret_ticket = 0;
 		return 0;
+	}
 	r = enter(cp);
 	if (r < 0)
 		return r;
-	list = list_at(cp, a.e, n, sizeof(*list));
-	if (!list) {
-		r = -ENOMEM;
+	r = list_at(cp, a.e, n, sizeof(*list), &at);
+	if (r < 0)
 		goto out;
-	}
+	list = at;
 	a.bytes = p->block_bytes;
 	a.n = n;
 	a.width = width_of(p->block_bytes); /* the pool's base is aligned to its granularity */
@@ -521,28 +601,22 @@ static int cuda_copy_blocks(struct backend_pool *p, const struct backend_block_c
 			.dst = (uint64_t)cp->base + (uint64_t)c[i].dst * p->block_bytes,
 			.src = (uint64_t)cp->base + (uint64_t)c[i].src * p->block_bytes
 		};
-	r = ext_upload(cp, n, sizeof(*list), cp->copy_stream, &a.ext);
+	r = ext_upload(cp, n, sizeof(*list), &a.ext);
 	if (r == 0)
-		r = launch_copies(cp, &a, cp->copy_stream);
-	r = finish(cp, r, "copy_blocks");
+		r = launch_copies(cp, &a);
+	r = queue_end(cp, r, a.ext != 0, "copy_blocks", ret_ticket);
 out:
 	leave();
 	return r;
 }
 
-static int cuda_copy_block(struct backend_pool *p, uint32_t dst, uint32_t src)
-{
-	const struct backend_block_copy c = { dst, src };
-
-	return cuda_copy_blocks(p, &c, 1);
-}
-
-static int cuda_copy_slots(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n)
+static int cuda_copy_slots(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n,
+			   uint64_t *ret_ticket)
 {
 	struct cuda_pool *cp = p->priv;
 	struct kvpd_slot_args a;
 	struct kvpd_slot *list;
-	void *params[] = { &a };
+	void *params[] = { &a }, *at;
 	uint64_t warps, blocks, most = (uint64_t)cp->sms * 16;
 	CUresult cr;
 	int r;
@@ -553,16 +627,17 @@ static int cuda_copy_slots(struct backend_pool *p, const struct backend_slot_cop
 		if (c[i].dst >= cp->nblocks || c[i].src >= cp->nblocks)
 			return fail(-EINVAL, "copy_slots: no block %u",
 				    c[i].dst >= cp->nblocks ? c[i].dst : c[i].src);
-	if (n == 0)
+	if (n == 0) {
+		*ret_ticket = 0;
 		return 0;
+	}
 	r = enter(cp);
 	if (r < 0)
 		return r;
-	list = list_at(cp, a.e, n, sizeof(*list));
-	if (!list) {
-		r = -ENOMEM;
+	r = list_at(cp, a.e, n, sizeof(*list), &at);
+	if (r < 0)
 		goto out;
-	}
+	list = at;
 	a.base = (uint64_t)cp->base;
 	a.block_bytes = p->block_bytes;
 	a.layer_stride = p->layer_stride;
@@ -574,36 +649,20 @@ static int cuda_copy_slots(struct backend_pool *p, const struct backend_slot_cop
 	a.pad = 0;
 	for (uint32_t i = 0; i < n; i++)
 		list[i] = (struct kvpd_slot){ c[i].dst, c[i].dst_slot, c[i].src, c[i].src_slot };
-	r = ext_upload(cp, n, sizeof(*list), cp->copy_stream, &a.ext);
-	if (r < 0)
-		goto done;
-	warps = (uint64_t)n * 2 * p->layers;
-	blocks = (warps * 32 + THREADS - 1) / THREADS;
-	blocks = blocks > most ? most : blocks;
-	cr = cu.cuLaunchKernel(cp->copy_slots, (unsigned)blocks, 1, 1, THREADS, 1, 1, 0,
-			       cp->copy_stream, params, NULL);
-	if (cr != CUDA_SUCCESS)
-		r = cu_fail(cr, "launching kvpd_copy_slots");
-done:
-	r = finish(cp, r, "copy_slots");
+	r = ext_upload(cp, n, sizeof(*list), &a.ext);
+	if (r == 0) {
+		warps = (uint64_t)n * 2 * p->layers;
+		blocks = (warps * 32 + THREADS - 1) / THREADS;
+		blocks = blocks > most ? most : blocks;
+		cr = cu.cuLaunchKernel(cp->copy_slots, (unsigned)blocks, 1, 1, THREADS, 1, 1, 0,
+				       cp->stream, params, NULL);
+		if (cr != CUDA_SUCCESS)
+			r = cu_fail(cr, "launching kvpd_copy_slots");
+	}
+	r = queue_end(cp, r, a.ext != 0, "copy_slots", ret_ticket);
 out:
 	leave();
 	return r;
-}
-
-static void cuda_copy_slot(struct backend_pool *p, uint32_t dst, uint32_t dst_slot, uint32_t src,
-			   uint32_t src_slot)
-{
-	struct cuda_pool *cp = p->priv;
-	const struct backend_slot_copy c = { dst, dst_slot, src, src_slot };
-	int r = cuda_copy_slots(p, &c, 1);
-
-	/*
-	 * The core cannot be told.  A device error is sticky anyway: the next call that can fail
-	 * reports it.  (A bad block is the caller's bug and leaves the pool usable.)
-	 */
-	if (r < 0 && r != -EINVAL && !cp->error)
-		cp->error = r;
 }
 
 static int cuda_host_alloc(struct backend_pool *p, uint64_t bytes, void **ret)
@@ -641,8 +700,8 @@ static void cuda_host_free(struct backend_pool *p, void *mem, uint64_t bytes)
 static int move_dma(struct backend_pool *p, struct cuda_pool *cp, enum backend_dir dir,
 		    const struct backend_move *m, uint32_t n)
 {
-	CUstream s = cp->lane[dir].stream;
 	const uint64_t bb = p->block_bytes;
+	CUstream s = cp->stream;
 	int r = 0;
 
 	for (uint32_t i = 0, j; i < n; i = j) {
@@ -666,7 +725,7 @@ out:
 
 /*
  * Through kvpd_copy_blocks: the SMs read or write pinned host memory directly.  The lists go
- * inline, KVPD_INLINE blocks a launch: nothing of the call's must outlive it.
+ * inline, KVPD_INLINE blocks a launch, so a move never uses (or waits for) the ext buffers.
  */
 static int move_kernel(struct backend_pool *p, struct cuda_pool *cp, enum backend_dir dir,
 		       const struct backend_move *m, uint32_t n)
@@ -690,7 +749,7 @@ static int move_kernel(struct backend_pool *p, struct cuda_pool *cp, enum backen
 			align |= host;
 		}
 		a.width = width_of(align);
-		r = launch_copies(cp, &a, cp->lane[dir].stream);
+		r = launch_copies(cp, &a);
 	}
 	return r;
 }
@@ -699,7 +758,6 @@ static int cuda_move(struct backend_pool *p, enum backend_dir dir, const struct 
 		     uint32_t n, uint64_t *ret_ticket)
 {
 	struct cuda_pool *cp = p->priv;
-	struct lane *lane;
 	int r;
 
 	if (dir != BACKEND_TO_HOST && dir != BACKEND_FROM_HOST)
@@ -709,86 +767,73 @@ static int cuda_move(struct backend_pool *p, enum backend_dir dir, const struct 
 	for (uint32_t i = 0; i < n; i++)
 		if (m[i].block >= cp->nblocks || !m[i].host)
 			return fail(-EINVAL, "move: no block %u, or no host memory", m[i].block);
-	lane = &cp->lane[dir];
+	if (n == 0) {
+		*ret_ticket = 0;
+		return 0;
+	}
 	r = enter(cp);
 	if (r < 0)
 		return r;
 	r = cp->swap == SWAP_KERNEL ? move_kernel(p, cp, dir, m, n) : move_dma(p, cp, dir, m, n);
-	/* Queued after the copies on the same stream: runs once they are done. */
-	if (r == 0) {
-		CUresult cr = cu.cuLaunchHostFunc(lane->stream, on_moved, lane);
-
-		if (cr != CUDA_SUCCESS)
-			r = cu_fail(cr, "cuLaunchHostFunc");
-	}
-	if (r < 0) {
-		/* Part of the move may be queued: let it finish, the caller reuses the memory. */
-		(void)cu.cuStreamSynchronize(lane->stream);
-		goto out;
-	}
-	lane->queued++;
-	*ret_ticket = lane->queued << 1 | (uint64_t)dir;
-out:
+	r = queue_end(cp, r, false, "move", ret_ticket);
 	leave();
 	return r;
 }
 
-static int cuda_move_done(struct backend_pool *p, uint64_t ticket)
+static int cuda_done(struct backend_pool *p, uint64_t *ret_ticket)
 {
 	struct cuda_pool *cp = p->priv;
-	struct lane *lane = &cp->lane[ticket & 1];
-	uint64_t seq = ticket >> 1;
 	CUresult cr;
 	int r;
 
-	if (seq == 0 || seq > lane->queued)
-		return fail(-EINVAL, "move_done: no ticket %llu", (unsigned long long)ticket);
-	if (atomic_load_explicit(&lane->done, memory_order_acquire) >= seq)
-		return 1;
+	*ret_ticket = completed(cp);
+	if (cp->error)
+		return cp->error;
+	if (*ret_ticket >= cp->queued)
+		return 0;
 	/* Not yet: or never, if the stream failed (its host functions do not run then). */
 	r = enter(cp);
 	if (r < 0)
 		return r;
-	cr = cu.cuStreamQuery(lane->stream);
+	cr = cu.cuStreamQuery(cp->stream);
 	leave();
 	if (cr != CUDA_SUCCESS && cr != CUDA_ERROR_NOT_READY)
-		return cu_fail(cr, "a move failed");
-	return atomic_load_explicit(&lane->done, memory_order_acquire) >= seq ? 1 : 0;
+		return cp->error = cu_fail(cr, "the pool's stream failed");
+	*ret_ticket = completed(cp);
+	return 0;
 }
 
-static int cuda_move_wait(struct backend_pool *p, uint64_t ticket)
+static int cuda_wait(struct backend_pool *p, uint64_t ticket)
 {
 	struct cuda_pool *cp = p->priv;
-	struct lane *lane = &cp->lane[ticket & 1];
-	int r = cuda_move_done(p, ticket);
+	int r;
 
-	if (r != 0)
-		return r < 0 ? r : 0;
+	if (ticket > cp->queued)
+		return fail(-EINVAL, "wait: no ticket %llu (the last is %llu)",
+			    (unsigned long long)ticket, (unsigned long long)cp->queued);
+	if (completed(cp) >= ticket)
+		return 0;
+	if (cp->error)
+		return cp->error;
 	r = enter(cp);
 	if (r < 0)
 		return r;
-	/* The stream's host functions are part of it: on_moved() has run when this returns. */
-	CU_CHECK(cu.cuStreamSynchronize(lane->stream), "waiting for a move");
-out:
+	r = sync_to(cp, ticket, "waiting for a ticket");
 	leave();
-	if (r < 0)
-		return r;
-	return cuda_move_done(p, ticket) == 1 ? 0 : fail(-EIO, "a move did not complete");
+	return r;
 }
 
 static const struct backend_ops cuda_ops = {
 	.name = "cuda",
 	.create = cuda_create,
 	.destroy = cuda_destroy,
-	.copy_block = cuda_copy_block,
 	.copy_blocks = cuda_copy_blocks,
-	.copy_slot = cuda_copy_slot,
 	.copy_slots = cuda_copy_slots,
+	.move = cuda_move,
+	.done = cuda_done,
+	.wait = cuda_wait,
 	.host_alloc = cuda_host_alloc,
 	.host_free = cuda_host_free,
-	.move = cuda_move,
-	.move_done = cuda_move_done,
-	.move_wait = cuda_move_wait,
 };
 
 EXPORT const struct backend_module kvpaged_backend_module = {

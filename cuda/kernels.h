@@ -3,9 +3,10 @@
  * The kernels' parameters, shared by kernels.cu (nvcc) and backend.c (the C compiler).  Each
  * kernel takes one of these structs by value (__grid_constant__): the driver copies it when the
  * launch is queued, so a launch of up to KVPD_INLINE entries needs no buffer of its own, and
- * an asynchronous one (a move) nothing that must outlive the call.  A longer list is uploaded
- * to device memory first and passed as ext.  Both structs stay under the 4 KiB of parameters
- * every device and driver accepts.
+ * nothing that must outlive the call (every launch is asynchronous: queued on the pool's
+ * stream).  A longer list is uploaded to device memory first and passed as ext; backend.c
+ * keeps that buffer until the operation that used it completed.  Both structs stay under the
+ * 4 KiB of parameters every device and driver accepts.
  */
 #pragma once
 

@@ -143,6 +143,8 @@ static const struct config_key schema[] = {
 	  .def_path = KVPD_MODULEDIR "/kvpaged-cuda.so",
 	  .offset = offsetof(struct kvpd_pool_config, backend_module) },
 	POOL_NUMBER(TYPE_U32, device, 0, 0, 1023, 0),
+	{ .name = "copy_thread", .section = SECTION_POOL, .type = TYPE_BOOL,
+	  .offset = offsetof(struct kvpd_pool_config, copy_thread) },
 	POOL_NUMBER(TYPE_U32, window, 0, 1, UINT64_C(1) << 31, 0),
 	POOL_NUMBER(TYPE_U32, host_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
 	POOL_NUMBER(TYPE_U32, file_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
@@ -1048,6 +1050,12 @@ static int check_pool(struct parse *p, size_t i)
 			       "[pool %s] device: a host pool has no device (backend = host); set "
 			       "backend = cuda or auto to put the pool on GPU %" PRIu32,
 			       pc->name, pc->device);
+	/* A GPU's copies are queued on the device already; auto may still fall back to host. */
+	if (pc->backend == KVPD_BACKEND_CUDA && pc->copy_thread)
+		return fail_at(p, -EINVAL, st->key_line[find_key(SECTION_POOL, "copy_thread")],
+			       "[pool %s] copy_thread: a pool on a GPU (backend = cuda) copies on "
+			       "the device, never on a thread; the key is for host memory",
+			       pc->name);
 	return check_tiers(p, i, bytes / pc->capacity_blocks);
 }
 

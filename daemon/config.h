@@ -44,6 +44,7 @@ struct kvpd_pool_config {
 	enum kvpd_backend backend;
 	char *backend_module; /* the shared object backend = cuda or auto loads */
 	uint32_t device;      /* the GPU (an ordinal) of a cuda or auto pool; 0 for host pools */
+	bool copy_thread;     /* host memory: copies and moves run on a helper thread */
 	uint64_t namespace_seed;
 	/* Tiers below the pool (see docs/tiers.md); 0 blocks: no such tier. */
 	uint32_t host_tier_blocks;

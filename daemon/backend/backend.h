@@ -5,11 +5,15 @@
  * daemon loads with dlopen(3) when a pool asks for it, so the daemon itself never links a GPU
  * driver.  This header is the whole interface between them: plain C, no CUDA types.
  *
- * The core reaches a backend only through the copy callbacks it is given.  Moves between the
- * pool and host memory (the tiers below the pool) are asynchronous: move() queues them and
- * returns a ticket, done_fd becomes readable when some ticket completes, and move_done() says
- * which.  The host backend completes every move inside move() and signals done_fd at once, so
- * a caller has one code path for both.
+ * Every operation that touches a pool's bytes -- copies within the pool, moves between the pool
+ * and host memory -- is queued on the pool's one queue and returns a ticket.  Tickets go up by
+ * one per operation, from 1, and complete in the order they were issued: ticket t complete
+ * means every earlier one is, so operations on the same memory need no ordering of their own.
+ * done() says how far the queue got without blocking, done_fd becomes readable as tickets
+ * complete, and wait() blocks.  backend_host completes each operation inside the call (done()
+ * is always the last ticket); backend_host_threaded runs them on a helper thread; the CUDA
+ * backend on one stream of the device.  The caller keeps the memory an operation names
+ * untouched until its ticket completes; the lists describing it are read during the call only.
  *
  * Nothing here is thread-safe: a pool belongs to the daemon's one thread.
  */
@@ -30,8 +34,10 @@ struct backend_pool {
 	uint32_t layers;
 	uint64_t layer_stride, kv_stride, slot_stride;
 	/*
-	 * An eventfd (non-blocking, close-on-exec) whose counter goes up when moves complete:
-	 * the event loop polls it, reads it to clear it, then asks move_done() about its tickets.
+	 * An eventfd (non-blocking, close-on-exec) whose counter goes up when tickets complete
+	 * after their call returned: the event loop polls it, reads it to clear it, then asks
+	 * done() how far the queue got.  (backend_host never writes it: its tickets are complete
+	 * when the call returns.)
 	 */
 	int done_fd;
 	void *priv; /* the backend's own state */
@@ -70,56 +76,52 @@ struct backend_ops {
 	 */
 	int (*create)(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
 		      uint32_t device, struct backend_pool *ret);
-	/* Waits for what is in flight, frees everything.  Accepts a pool create() failed on. */
+	/* Waits for what is queued, frees everything.  Accepts a pool create() failed on. */
 	void (*destroy)(struct backend_pool *p);
-	/* Copies one whole block (copy-on-write), complete on return.  0 or -errno. */
-	int (*copy_block)(struct backend_pool *p, uint32_t dst, uint32_t src);
 	/*
-	 * Copies n whole blocks in one go, complete on return.  No block may be both written and
-	 * read, or written twice, by one call (they may run in any order).  0 or -errno.
+	 * The queued operations.  Each returns 0 with *ret_ticket set (0 when n is 0: nothing
+	 * was queued), or -errno with nothing left running (a part already queued has completed
+	 * by then), so the caller may reuse the memory at once.
+	 *
+	 * copy_blocks: n whole blocks (copy-on-write).  No block may be both written and read,
+	 * or written twice, by one call (its copies may run in any order).
 	 */
-	int (*copy_blocks)(struct backend_pool *p, const struct backend_block_copy *c, uint32_t n);
-	/* Copies one token slot, every layer's K and V (gather, for compaction); complete on return. */
-	void (*copy_slot)(struct backend_pool *p, uint32_t dst, uint32_t dst_slot, uint32_t src,
-			  uint32_t src_slot);
+	int (*copy_blocks)(struct backend_pool *p, const struct backend_block_copy *c, uint32_t n,
+			   uint64_t *ret_ticket);
+	/* copy_slots: n token slots, every layer's K and V (gather, for compaction); as above. */
+	int (*copy_slots)(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n,
+			  uint64_t *ret_ticket);
+	/* move: n blocks between the pool and host memory (swap out, swap in). */
+	int (*move)(struct backend_pool *p, enum backend_dir dir, const struct backend_move *m,
+		    uint32_t n, uint64_t *ret_ticket);
 	/*
-	 * Copies n token slots in one go, complete on return.  No slot may be both written and
-	 * read, or written twice, by one call (they may run in any order).  0 or -errno.
+	 * Never blocks: *ret_ticket gets the last ticket completed (0: none yet).  0, or -errno if
+	 * the device failed (the pool is then unusable: a device's errors are sticky).
 	 */
-	int (*copy_slots)(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n);
+	int (*done)(struct backend_pool *p, uint64_t *ret_ticket);
+	/* Blocks until ticket completed (at once for 0): 0 or -errno if the device failed. */
+	int (*wait)(struct backend_pool *p, uint64_t ticket);
 	/*
 	 * Host memory for moves: pinned (page-locked, device-visible) when the pool is on a
 	 * device, so that moves run at full bus speed.  0 or -errno; free it with host_free().
 	 */
 	int (*host_alloc)(struct backend_pool *p, uint64_t bytes, void **ret);
 	void (*host_free)(struct backend_pool *p, void *mem, uint64_t bytes);
-	/*
-	 * Queues moving n blocks between the pool and host memory, and returns their ticket (> 0).
-	 * Neither side may be touched until move_done(ticket) says so.  Moves of one direction
-	 * complete in the order they were queued.  0 or -errno (nothing was queued).
-	 */
-	int (*move)(struct backend_pool *p, enum backend_dir dir, const struct backend_move *m,
-		    uint32_t n, uint64_t *ret_ticket);
-	/* Never blocks: 1 if ticket completed, 0 if not yet, -errno if the device failed. */
-	int (*move_done)(struct backend_pool *p, uint64_t ticket);
-	/* Blocks until ticket completed: 0 or -errno. */
-	int (*move_wait)(struct backend_pool *p, uint64_t ticket);
 };
 
-extern const struct backend_ops backend_host;
-
 /*
- * The adapter for core_config.copy_block: ctx is a struct backend_pool.  (copy_slots' is in
- * daemon/server/pool.c, which knows both structs of a slot copy.)
+ * Host memory (a sealed memfd).  backend_host does each operation with memcpy inside the call;
+ * backend_host_threaded hands them to a helper thread of the pool's (in order), so that long
+ * copies do not hold the caller.  Both are named "host": clients see no difference.
  */
-int backend_copy_block(void *ctx, uint32_t dst, uint32_t src);
+extern const struct backend_ops backend_host, backend_host_threaded;
 
 /* ---- modules ------------------------------------------------------------------------------ */
 
 /* A module exports one symbol of this name: a const struct backend_module. */
 #define BACKEND_MODULE_SYMBOL "kvpaged_backend_module"
 /* Bumped whenever struct backend_module or struct backend_ops changes incompatibly. */
-#define BACKEND_MODULE_ABI 2 /* 2: create() and probe() take the device */
+#define BACKEND_MODULE_ABI 3 /* 2: create() and probe() take the device; 3: one queue, tickets */
 
 struct backend_module {
 	uint32_t abi; /* BACKEND_MODULE_ABI */

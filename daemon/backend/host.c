@@ -2,11 +2,22 @@
 /*
  * The host backend: a pool is one memfd, sealed so that no client can grow or shrink it under
  * the others (a shrink would SIGBUS every mapper), mapped shared by the daemon and by every
- * client of the pool.  Pages are allocated on first touch.  Moves are memcpy: complete before
- * move() returns, with done_fd signalled, so callers need no second code path.
+ * client of the pool.  Pages are allocated on first touch.  Copies and moves are memcpy.
+ *
+ * backend_host does each one inside the call: its ticket is complete when the call returns, and
+ * done_fd never needs to wake anyone.  backend_host_threaded queues them to a helper thread of
+ * the pool's, which runs them in order, counts them done and writes done_fd: the daemon's loop
+ * goes on while a swap of many megabytes is copied.  The thread touches the pool's bytes and
+ * its own queue only, never the daemon's state (DESIGN.md: "long host memcpy work may go to a
+ * helper thread").
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,13 +27,48 @@
 
 #include "daemon/backend/backend.h"
 
-struct host_state {
-	uint64_t tickets; /* the last ticket handed out */
+enum job_kind { JOB_BLOCKS, JOB_SLOTS, JOB_MOVE };
+
+/*
+ * A queued operation of the threaded backend, its list copied in, with a copy of the pool's
+ * description (base and layout): the thread never reads the caller's struct.
+ */
+struct job {
+	struct job *next;
+	struct backend_pool pool;
+	enum job_kind kind;
+	enum backend_dir dir;
+	uint32_t n;
+	union {
+		struct backend_block_copy blocks[1];
+		struct backend_slot_copy slots[1];
+		struct backend_move moves[1];
+	} e; /* n entries */
 };
 
+struct host_state {
+	uint64_t issued; /* the last ticket handed out */
+	/* The threaded backend's (threaded false: none of it is used). */
+	bool threaded;
+	pthread_t thread;
+	pthread_mutex_t mu;
+	pthread_cond_t work, progress;
+	struct job *head, *tail; /* head: running or next to run; popped once done */
+	bool stop;
+	_Atomic uint64_t done; /* tickets completed: written by the thread, under mu */
+	/*
+	 * $KVPAGED_TEST_COPY_DELAY_MS, read at create: the thread sleeps this long before each
+	 * operation, so that tests meet the daemon's waits for the queue every time rather than
+	 * when the scheduler happens to make them needed.  Never set in production.
+	 */
+	unsigned delay_ms;
+};
+
+static void *worker(void *arg);
+
 /* Host memory has no devices: device is ignored (the configuration refuses one but 0). */
-static int host_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
-		       uint32_t device, struct backend_pool *ret)
+static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, bool threaded,
+		  const struct backend_ops *ops, struct backend_pool *ret)
 {
 	char name[96];
 	struct host_state *st;
@@ -56,7 +102,29 @@ static int host_create(const char *pool_name, uint64_t bytes, uint64_t block_byt
 		r = -errno;
 		goto fail;
 	}
-	*ret = (struct backend_pool){ .ops = &backend_host, .fd = fd, .base = base, .bytes = bytes,
+	if (threaded) {
+		const char *delay = getenv("KVPAGED_TEST_COPY_DELAY_MS");
+		sigset_t all, saved;
+
+		st->threaded = true;
+		st->delay_ms = delay ? (unsigned)strtoul(delay, NULL, 10) : 0;
+		pthread_mutex_init(&st->mu, NULL);
+		pthread_cond_init(&st->work, NULL);
+		pthread_cond_init(&st->progress, NULL);
+		/* The daemon takes its signals through a signalfd: no thread of ours may take one. */
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &saved);
+		r = -pthread_create(&st->thread, NULL, worker, st);
+		pthread_sigmask(SIG_SETMASK, &saved, NULL);
+		if (r < 0) {
+			pthread_cond_destroy(&st->progress);
+			pthread_cond_destroy(&st->work);
+			pthread_mutex_destroy(&st->mu);
+			munmap(base, bytes);
+			goto fail;
+		}
+	}
+	*ret = (struct backend_pool){ .ops = ops, .fd = fd, .base = base, .bytes = bytes,
 				      .block_bytes = block_bytes, .done_fd = done_fd, .priv = st };
 	return 0;
 fail:
@@ -67,8 +135,33 @@ fail:
 	return r;
 }
 
+static int host_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
+		       uint32_t device, struct backend_pool *ret)
+{
+	return create(pool_name, bytes, block_bytes, false, &backend_host, ret);
+}
+
+static int threaded_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,
+			   uint32_t device, struct backend_pool *ret)
+{
+	return create(pool_name, bytes, block_bytes, true, &backend_host_threaded, ret);
+}
+
 static void host_destroy(struct backend_pool *p)
 {
+	struct host_state *st = p->priv;
+
+	if (st && st->threaded) {
+		/* The thread runs what is queued, then ends. */
+		pthread_mutex_lock(&st->mu);
+		st->stop = true;
+		pthread_cond_signal(&st->work);
+		pthread_mutex_unlock(&st->mu);
+		pthread_join(st->thread, NULL);
+		pthread_cond_destroy(&st->progress);
+		pthread_cond_destroy(&st->work);
+		pthread_mutex_destroy(&st->mu);
+	}
 	if (p->base)
 		munmap(p->base, p->bytes);
 	if (p->fd >= 0)
@@ -81,22 +174,21 @@ static void host_destroy(struct backend_pool *p)
 	p->fd = p->done_fd = -1;
 }
 
-static int host_copy_block(struct backend_pool *p, uint32_t dst, uint32_t src)
+static void copy_block(const struct backend_pool *p, uint32_t dst, uint32_t src)
 {
 	unsigned char *base = p->base;
 
 	memcpy(base + (uint64_t)dst * p->block_bytes, base + (uint64_t)src * p->block_bytes,
 	       p->block_bytes);
-	return 0;
 }
 
 /* Per layer, the slot's K then its V: 2 * layers copies of slot_stride bytes. */
-static void host_copy_slot(struct backend_pool *p, uint32_t dst, uint32_t dst_slot, uint32_t src,
-			   uint32_t src_slot)
+static void copy_slot(const struct backend_pool *p, const struct backend_slot_copy *c)
 {
-	uint8_t *d = (uint8_t *)p->base + (uint64_t)dst * p->block_bytes + dst_slot * p->slot_stride;
-	const uint8_t *s =
-		(const uint8_t *)p->base + (uint64_t)src * p->block_bytes + src_slot * p->slot_stride;
+	uint8_t *d = (uint8_t *)p->base + (uint64_t)c->dst * p->block_bytes +
+		     c->dst_slot * p->slot_stride;
+	const uint8_t *s = (const uint8_t *)p->base + (uint64_t)c->src * p->block_bytes +
+			   c->src_slot * p->slot_stride;
 
 	for (uint32_t l = 0; l < p->layers; l++)
 		for (uint32_t kv = 0; kv < 2; kv++) {
@@ -106,18 +198,196 @@ static void host_copy_slot(struct backend_pool *p, uint32_t dst, uint32_t dst_sl
 		}
 }
 
-static int host_copy_blocks(struct backend_pool *p, const struct backend_block_copy *c,
-			    uint32_t n)
+static void move_block(const struct backend_pool *p, enum backend_dir dir,
+		       const struct backend_move *m)
+{
+	uint8_t *block = (uint8_t *)p->base + (uint64_t)m->block * p->block_bytes;
+
+	if (dir == BACKEND_TO_HOST)
+		memcpy(m->host, block, p->block_bytes);
+	else
+		memcpy(block, m->host, p->block_bytes);
+}
+
+/* Runs an operation's n entries of list (of the kind's type). */
+static void run(const struct backend_pool *p, enum job_kind kind, enum backend_dir dir,
+		const void *list, uint32_t n)
 {
 	for (uint32_t i = 0; i < n; i++)
-		host_copy_block(p, c[i].dst, c[i].src);
+		switch (kind) {
+		case JOB_BLOCKS: {
+			const struct backend_block_copy *c = list;
+
+			copy_block(p, c[i].dst, c[i].src);
+			break;
+		}
+		case JOB_SLOTS:
+			copy_slot(p, (const struct backend_slot_copy *)list + i);
+			break;
+		case JOB_MOVE:
+			move_block(p, dir, (const struct backend_move *)list + i);
+			break;
+		}
+}
+
+static void *worker(void *arg)
+{
+	struct host_state *st = arg;
+
+	pthread_mutex_lock(&st->mu);
+	for (;;) {
+		struct job *j;
+		int fd;
+
+		while (!st->head && !st->stop)
+			pthread_cond_wait(&st->work, &st->mu);
+		if (!st->head)
+			break; /* stopping, and nothing is left */
+		j = st->head;
+		pthread_mutex_unlock(&st->mu);
+		if (st->delay_ms)
+			usleep(st->delay_ms * 1000u);
+		run(&j->pool, j->kind, j->dir, &j->e, j->n);
+		fd = j->pool.done_fd;
+		pthread_mutex_lock(&st->mu);
+		st->head = j->next;
+		if (!st->head)
+			st->tail = NULL;
+		atomic_store_explicit(&st->done,
+				      atomic_load_explicit(&st->done, memory_order_relaxed) + 1,
+				      memory_order_release);
+		pthread_cond_broadcast(&st->progress);
+		free(j);
+		/* After the count: a loop woken by it reads the count, never one behind it. */
+		(void)eventfd_write(fd, 1);
+	}
+	pthread_mutex_unlock(&st->mu);
+	return NULL;
+}
+
+static size_t entry_size(enum job_kind kind)
+{
+	return kind == JOB_BLOCKS ? sizeof(struct backend_block_copy)
+	       : kind == JOB_SLOTS ? sizeof(struct backend_slot_copy)
+				   : sizeof(struct backend_move);
+}
+
+/* Checks, then runs (backend_host) or queues (backend_host_threaded) one operation. */
+static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir dir,
+		  const void *list, uint32_t n, uint64_t *ret_ticket)
+{
+	struct host_state *st = p->priv;
+	const uint64_t nblocks = p->bytes / p->block_bytes;
+	struct job *j;
+
+	for (uint32_t i = 0; i < n; i++) {
+		bool bad;
+
+		switch (kind) {
+		case JOB_BLOCKS: {
+			const struct backend_block_copy *c = (const struct backend_block_copy *)list + i;
+
+			bad = c->dst >= nblocks || c->src >= nblocks;
+			break;
+		}
+		case JOB_SLOTS: {
+			const struct backend_slot_copy *c = (const struct backend_slot_copy *)list + i;
+
+			bad = c->dst >= nblocks || c->src >= nblocks ||
+			      (uint64_t)c->dst_slot * p->slot_stride >= p->kv_stride ||
+			      (uint64_t)c->src_slot * p->slot_stride >= p->kv_stride;
+			break;
+		}
+		default: {
+			const struct backend_move *m = (const struct backend_move *)list + i;
+
+			bad = m->block >= nblocks || !m->host ||
+			      (dir != BACKEND_TO_HOST && dir != BACKEND_FROM_HOST);
+			break;
+		}
+		}
+		if (bad)
+			return -EINVAL;
+	}
+	*ret_ticket = 0;
+	if (n == 0)
+		return 0;
+	if (!st->threaded) {
+		run(p, kind, dir, list, n);
+		*ret_ticket = ++st->issued;
+		return 0;
+	}
+	/* At least the whole struct: e's declared entry is part of it. */
+	j = malloc(offsetof(struct job, e) + (size_t)n * entry_size(kind) + sizeof(j->e));
+	if (!j) {
+		/* No memory to queue it: it runs here, in its turn, once the thread is idle. */
+		pthread_mutex_lock(&st->mu);
+		while (st->head)
+			pthread_cond_wait(&st->progress, &st->mu);
+		run(p, kind, dir, list, n);
+		*ret_ticket = ++st->issued;
+		atomic_store_explicit(&st->done, st->issued, memory_order_release);
+		pthread_cond_broadcast(&st->progress);
+		pthread_mutex_unlock(&st->mu);
+		return 0;
+	}
+	j->next = NULL;
+	j->pool = *p;
+	j->kind = kind;
+	j->dir = dir;
+	j->n = n;
+	memcpy(&j->e, list, (size_t)n * entry_size(kind));
+	pthread_mutex_lock(&st->mu);
+	if (st->tail)
+		st->tail->next = j;
+	else
+		st->head = j;
+	st->tail = j;
+	pthread_cond_signal(&st->work);
+	pthread_mutex_unlock(&st->mu);
+	*ret_ticket = ++st->issued;
 	return 0;
 }
 
-static int host_copy_slots(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n)
+static int host_copy_blocks(struct backend_pool *p, const struct backend_block_copy *c,
+			    uint32_t n, uint64_t *ret_ticket)
 {
-	for (uint32_t i = 0; i < n; i++)
-		host_copy_slot(p, c[i].dst, c[i].dst_slot, c[i].src, c[i].src_slot);
+	return submit(p, JOB_BLOCKS, BACKEND_TO_HOST, c, n, ret_ticket);
+}
+
+static int host_copy_slots(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n,
+			   uint64_t *ret_ticket)
+{
+	return submit(p, JOB_SLOTS, BACKEND_TO_HOST, c, n, ret_ticket);
+}
+
+static int host_move(struct backend_pool *p, enum backend_dir dir, const struct backend_move *m,
+		     uint32_t n, uint64_t *ret_ticket)
+{
+	return submit(p, JOB_MOVE, dir, m, n, ret_ticket);
+}
+
+static int host_done(struct backend_pool *p, uint64_t *ret_ticket)
+{
+	const struct host_state *st = p->priv;
+
+	*ret_ticket = st->threaded ? atomic_load_explicit(&st->done, memory_order_acquire)
+				   : st->issued;
+	return 0;
+}
+
+static int host_wait(struct backend_pool *p, uint64_t ticket)
+{
+	struct host_state *st = p->priv;
+
+	if (!st->threaded || atomic_load_explicit(&st->done, memory_order_acquire) >= ticket)
+		return ticket <= st->issued ? 0 : -EINVAL;
+	if (ticket > st->issued)
+		return -EINVAL;
+	pthread_mutex_lock(&st->mu);
+	while (atomic_load_explicit(&st->done, memory_order_relaxed) < ticket)
+		pthread_cond_wait(&st->progress, &st->mu);
+	pthread_mutex_unlock(&st->mu);
 	return 0;
 }
 
@@ -140,61 +410,28 @@ static void host_host_free(struct backend_pool *p, void *mem, uint64_t bytes)
 		munmap(mem, (size_t)bytes);
 }
 
-static int host_move(struct backend_pool *p, enum backend_dir dir, const struct backend_move *m,
-		     uint32_t n, uint64_t *ret_ticket)
-{
-	struct host_state *st = p->priv;
-	uint8_t *base = p->base;
-
-	for (uint32_t i = 0; i < n; i++)
-		if (m[i].block >= p->bytes / p->block_bytes || !m[i].host)
-			return -EINVAL;
-	for (uint32_t i = 0; i < n; i++) {
-		uint8_t *block = base + (uint64_t)m[i].block * p->block_bytes;
-
-		if (dir == BACKEND_TO_HOST)
-			memcpy(m[i].host, block, p->block_bytes);
-		else
-			memcpy(block, m[i].host, p->block_bytes);
-	}
-	/* Complete already; the counter cannot overflow in practice (2^64 - 2 moves). */
-	(void)eventfd_write(p->done_fd, 1);
-	*ret_ticket = ++st->tickets;
-	return 0;
-}
-
-static int host_move_done(struct backend_pool *p, uint64_t ticket)
-{
-	const struct host_state *st = p->priv;
-
-	return ticket > 0 && ticket <= st->tickets ? 1 : -EINVAL;
-}
-
-static int host_move_wait(struct backend_pool *p, uint64_t ticket)
-{
-	int r = host_move_done(p, ticket);
-
-	return r < 0 ? r : 0;
-}
-
 const struct backend_ops backend_host = {
 	.name = "host",
 	.create = host_create,
 	.destroy = host_destroy,
-	.copy_block = host_copy_block,
 	.copy_blocks = host_copy_blocks,
-	.copy_slot = host_copy_slot,
 	.copy_slots = host_copy_slots,
+	.move = host_move,
+	.done = host_done,
+	.wait = host_wait,
 	.host_alloc = host_host_alloc,
 	.host_free = host_host_free,
-	.move = host_move,
-	.move_done = host_move_done,
-	.move_wait = host_move_wait,
 };
 
-int backend_copy_block(void *ctx, uint32_t dst, uint32_t src)
-{
-	struct backend_pool *p = ctx;
-
-	return p->ops->copy_block(p, dst, src);
-}
+const struct backend_ops backend_host_threaded = {
+	.name = "host",
+	.create = threaded_create,
+	.destroy = host_destroy,
+	.copy_blocks = host_copy_blocks,
+	.copy_slots = host_copy_slots,
+	.move = host_move,
+	.done = host_done,
+	.wait = host_wait,
+	.host_alloc = host_host_alloc,
+	.host_free = host_host_free,
+};

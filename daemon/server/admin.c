@@ -201,6 +201,29 @@ static void metrics_text(struct server *srv, struct text *t)
 					    (unsigned long long)v);
 			}
 	}
+	static const struct {
+		const char *name, *help;
+		size_t off;
+	} queue_counters[] = {
+		{ "backend_queued_ops", "Copies and moves queued on the pool's backend.",
+		  offsetof(struct dpool, issued) },
+		{ "backend_held_replies", "Replies and ring batches that waited for the backend.",
+		  offsetof(struct dpool, held_replies) },
+		{ "backend_loop_waits", "Times the event loop waited for the backend's queue.",
+		  offsetof(struct dpool, cpu_waits) },
+	};
+	for (size_t k = 0; k < sizeof(queue_counters) / sizeof(queue_counters[0]); k++) {
+		text_printf(t, "# HELP kvpaged_%s_total %s\n# TYPE kvpaged_%s_total counter\n",
+			    queue_counters[k].name, queue_counters[k].help, queue_counters[k].name);
+		for (size_t i = 0; i < srv->npools; i++) {
+			uint64_t v;
+
+			memcpy(&v, (const char *)&srv->pools[i] + queue_counters[k].off, sizeof(v));
+			text_printf(t, "kvpaged_%s_total{pool=\"%s\"} %llu\n", queue_counters[k].name,
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (unsigned long long)v);
+		}
+	}
 	text_printf(t, "# HELP kvpaged_namespace_query_blocks_total Prompt blocks looked up, per namespace.\n"
 		       "# TYPE kvpaged_namespace_query_blocks_total counter\n");
 	for (size_t i = 0; i < srv->npools; i++)
@@ -548,6 +571,9 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->pruned_blocks = st.pruned_blocks;
 				x->pruned_tokens = st.pruned_tokens;
 				x->compactions = st.compactions;
+				x->queued_ops = p->issued;
+				x->held_replies = p->held_replies;
+				x->loop_waits = p->cpu_waits;
 				tier_stats_fill(p, x);
 				pp[rep.n_pools++] = x;
 				for (uint32_t j = 0; j < p->nns; j++) {

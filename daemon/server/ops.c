@@ -81,6 +81,21 @@ static int check_tokens(struct session *s, uint32_t n, const char **why)
 	return 0;
 }
 
+/*
+ * The reply hands out the sequence's blocks, its table and its packed blocks (h2o's gather
+ * writes those): it waits for what the pool's queue still does to any of them.
+ */
+static void note_fence(struct session *s, const struct core_seq_info *info)
+{
+	const uint32_t B = s->pool->cfg->block_tokens;
+	uint64_t f = dpool_fence(s->pool, info->table, info->nblocks);
+	uint64_t g = dpool_fence(s->pool, info->packed, (info->npacked + B - 1) / B);
+
+	f = g > f ? g : f;
+	if (f > s->fence)
+		s->fence = f;
+}
+
 static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct seq_result *res)
 {
 	struct core_seq_info info;
@@ -88,6 +103,7 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 	core_seq_info(s->pool->core, seq, &info);
 	res->table = info.table + from;
 	res->table_len = info.nblocks - from;
+	note_fence(s, &info);
 }
 
 /*
@@ -431,7 +447,11 @@ int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t e
 
 int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why)
 {
-	return check_owner(s, seq, info);
+	int r = check_owner(s, seq, info);
+
+	if (r == 0)
+		note_fence(s, info);
+	return r;
 }
 
 void ops_close_all(struct session *s)

@@ -31,11 +31,141 @@ static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 		  (unsigned long long)seq, nblocks);
 }
 
+/* ---- the backend's queue ------------------------------------------------------------------ */
+
 /*
- * core_config.copy_slots: the backend's batched gather.  The two structs are the same four
- * words in the same order (checked here), so the core's list goes to the backend as it is.
- * A failed batch (a GPU's staging list could not be had) is retried slot by slot; a device
- * error is sticky, and the next call that can fail reports it.
+ * Every copy and move goes on the backend's one queue (daemon/backend/backend.h), whose tickets
+ * complete in order.  The pool remembers, per block and per host-tier slot, the last ticket
+ * that touched it, so that:
+ *  - a reply that hands blocks to a client is held until their tickets are done (dpool_fence);
+ *  - the daemon's own CPU reads and writes of such memory (the file tier's I/O, host-tier
+ *    bytes going to the files) first wait for them (pool_wait: the loop blocks, counted);
+ *  - queued operations need no ordering among themselves: the queue keeps it.
+ * For backend_host everything completes inside the call and nothing is ever held.
+ */
+
+static void device_failed(struct dpool *p, int r)
+{
+	if (!p->failed)
+		log_error("pool %s: the %s backend failed: %s; the pool's memory cannot be trusted "
+			  "any more, so the daemon stops", p->cfg->name, p->mem.ops->name,
+			  strerror(-r));
+	p->failed = r;
+}
+
+/* Whether ticket t has completed (asking the backend only when it may have moved on). */
+bool dpool_passed(struct dpool *p, uint64_t t)
+{
+	uint64_t done;
+	int r;
+
+	if (t <= p->completed)
+		return true;
+	r = p->mem.ops->done(&p->mem, &done);
+	if (r < 0) {
+		device_failed(p, r);
+		return false;
+	}
+	if (done > p->completed)
+		p->completed = done;
+	return t <= p->completed;
+}
+
+/* Blocks the loop until ticket t completed: for the CPU's own use of queued memory. */
+static void pool_wait(struct dpool *p, uint64_t t)
+{
+	int r;
+
+	if (dpool_passed(p, t))
+		return;
+	p->cpu_waits++;
+	r = p->mem.ops->wait(&p->mem, t);
+	if (r < 0) {
+		device_failed(p, r);
+		return;
+	}
+	p->completed = t;
+}
+
+uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n)
+{
+	uint64_t fence = 0;
+
+	if (dpool_passed(p, p->issued))
+		return 0;
+	for (uint32_t i = 0; i < n; i++)
+		if (table[i] < p->cfg->capacity_blocks && p->block_ticket[table[i]] > fence)
+			fence = p->block_ticket[table[i]];
+	return fence > p->completed ? fence : 0;
+}
+
+static void queued(struct dpool *p, uint64_t t)
+{
+	if (t > p->issued)
+		p->issued = t;
+}
+
+static int q_copy_blocks(struct dpool *p, const struct backend_block_copy *c, uint32_t n)
+{
+	uint64_t t;
+	int r = p->mem.ops->copy_blocks(&p->mem, c, n, &t);
+
+	if (r < 0 || !t)
+		return r;
+	for (uint32_t i = 0; i < n; i++)
+		p->block_ticket[c[i].dst] = p->block_ticket[c[i].src] = t;
+	queued(p, t);
+	return 0;
+}
+
+static int q_copy_slots(struct dpool *p, const struct backend_slot_copy *c, uint32_t n)
+{
+	uint64_t t;
+	int r = p->mem.ops->copy_slots(&p->mem, c, n, &t);
+
+	if (r < 0 || !t)
+		return r;
+	for (uint32_t i = 0; i < n; i++)
+		p->block_ticket[c[i].dst] = p->block_ticket[c[i].src] = t;
+	queued(p, t);
+	return 0;
+}
+
+/* A move; *ret_ticket (may be NULL) gets its ticket for the caller's host side. */
+static int q_move(struct dpool *p, enum backend_dir dir, const struct backend_move *m, uint32_t n,
+		  uint64_t *ret_ticket)
+{
+	uint64_t t;
+	int r = p->mem.ops->move(&p->mem, dir, m, n, &t);
+
+	if (r < 0) {
+		log_warning("pool %s: moving %u blocks %s the %s pool failed: %s", p->cfg->name, n,
+			    dir == BACKEND_TO_HOST ? "out of" : "into", p->mem.ops->name,
+			    strerror(-r));
+		return r;
+	}
+	for (uint32_t i = 0; t && i < n; i++)
+		p->block_ticket[m[i].block] = t;
+	queued(p, t);
+	if (ret_ticket)
+		*ret_ticket = t;
+	return 0;
+}
+
+/* core_config.copy_block: copy-on-write, queued. */
+static int pool_copy_block(void *ctx, uint32_t dst, uint32_t src)
+{
+	const struct backend_block_copy c = { dst, src };
+
+	return q_copy_blocks(ctx, &c, 1);
+}
+
+/*
+ * core_config.copy_slots: the backend's batched gather, queued.  The two structs are the same
+ * four words in the same order (checked here), so the core's list goes to the backend as it
+ * is.  A list the backend has no room for (a GPU's long-list buffer) goes in shorter pieces;
+ * the core cannot be told of any other failure, which only a device error (sticky: the next
+ * done() reports it and the daemon stops) or a bug can cause.
  */
 _Static_assert(sizeof(struct core_slot_copy) == sizeof(struct backend_slot_copy) &&
 		       offsetof(struct core_slot_copy, dst) ==
@@ -48,15 +178,27 @@ _Static_assert(sizeof(struct core_slot_copy) == sizeof(struct backend_slot_copy)
 			       offsetof(struct backend_slot_copy, src_slot),
 	       "struct core_slot_copy and struct backend_slot_copy differ");
 
+#define SLOT_COPY_PIECE 64u
+
 static void pool_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n)
 {
-	struct backend_pool *mem = ctx;
+	struct dpool *p = ctx;
 	const struct backend_slot_copy *bc = (const struct backend_slot_copy *)c;
+	int r = q_copy_slots(p, bc, n);
 
-	if (mem->ops->copy_slots(mem, bc, n) < 0)
-		for (uint32_t i = 0; i < n; i++)
-			mem->ops->copy_slot(mem, bc[i].dst, bc[i].dst_slot, bc[i].src,
-					    bc[i].src_slot);
+	if (r == -ENOMEM && n > SLOT_COPY_PIECE) {
+		/* Every piece, whatever an earlier one returned: none may be left out. */
+		r = 0;
+		for (uint32_t i = 0; i < n; i += SLOT_COPY_PIECE) {
+			int q = q_copy_slots(p, bc + i,
+					     n - i < SLOT_COPY_PIECE ? n - i : SLOT_COPY_PIECE);
+
+			r = q < 0 ? q : r;
+		}
+	}
+	if (r < 0)
+		log_error("pool %s: gathering %u token slots failed: %s; the sequence's packed "
+			  "tokens are wrong", p->cfg->name, n, strerror(-r));
 }
 
 static struct tier_key tier_key_of(const struct core_key *k)
@@ -71,14 +213,14 @@ static void *block_at(const struct dpool *p, uint32_t b)
 	return (char *)p->mem.base + (uint64_t)b * p->block_bytes;
 }
 
+/* ---- the tiers ----------------------------------------------------------------------------- */
+
 /*
- * A pool on a device (no mapping of its own in the daemon) reaches the tiers through backend
- * moves.  The host tier's arena is then the backend's pinned memory (host_direct), and blocks
- * move straight between the pool and its slots.  The file tier's bytes, and the host tier's
- * when its arena could not be pinned, go through the pool's pinned staging, stage_blocks
- * blocks at a time.  The core's tier calls are synchronous (the block is reused, or handed to
- * a client, when they return), so the moves are waited for here; the pool's done_fd is for
- * callers that can wait in the event loop instead.
+ * The host tier's bytes move between the pool and its slots through the backend's moves:
+ * memcpy for a pool in host memory, the bus for a pool on a device when the tier's arena is
+ * pinned (host_direct; else a device pool's host tier is reached through the staging).  The
+ * file tier reads and writes a host pool's blocks itself, and a device pool's through the
+ * pinned staging, stage_blocks blocks at a time.  Only these CPU paths wait for the queue.
  */
 #define STAGE_MAX_BLOCKS 64u
 
@@ -87,20 +229,15 @@ static void *stage_at(const struct dpool *p, uint32_t i)
 	return (char *)p->mem.stage + (uint64_t)i * p->block_bytes;
 }
 
-static int move_and_wait(struct dpool *p, enum backend_dir dir, const struct backend_move *m,
-			 uint32_t n)
+/* A device pool's block into the staging, waited for: the CPU reads it next. */
+static int move_to_stage(struct dpool *p, uint32_t block)
 {
-	uint64_t ticket;
-	int r;
+	struct backend_move m = { .block = block, .host = p->mem.stage };
+	int r = q_move(p, BACKEND_TO_HOST, &m, 1, &p->stage_ticket);
 
-	r = p->mem.ops->move(&p->mem, dir, m, n, &ticket);
 	if (r == 0)
-		r = p->mem.ops->move_wait(&p->mem, ticket);
-	if (r < 0)
-		log_warning("pool %s: moving %u blocks %s the %s pool failed: %s", p->cfg->name, n,
-			    dir == BACKEND_TO_HOST ? "out of" : "into", p->mem.ops->name,
-			    strerror(-r));
-	return r;
+		pool_wait(p, p->stage_ticket);
+	return r < 0 ? r : p->failed;
 }
 
 /* core_tier_ops.store: pool or host slot -> host or file slot. */
@@ -111,12 +248,15 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 	struct tier_key key = tier_key_of(ck);
 	const void *data;
 
-	if (from_tier == CORE_TIER_POOL && !p->mem.base && to_tier == CORE_TIER_HOST &&
-	    p->host_direct) {
-		/* The slot matches nothing until committed: a failed move leaves no stale block. */
+	if (from_tier == CORE_TIER_POOL && to_tier == CORE_TIER_HOST && p->host_direct) {
+		/*
+		 * Queued: the slot is committed now, and every later use of it either queues
+		 * behind this move or waits for slot_ticket.  Until committed it matches nothing,
+		 * so a move that cannot be queued leaves no stale block.
+		 */
 		struct backend_move m = { .block = from,
 					  .host = host_tier_slot_for_write(p->host, to) };
-		int r = move_and_wait(p, BACKEND_TO_HOST, &m, 1);
+		int r = q_move(p, BACKEND_TO_HOST, &m, 1, &p->slot_ticket[to]);
 
 		if (r < 0)
 			return r;
@@ -124,20 +264,26 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		return 0;
 	}
 	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
-		struct backend_move m = { .block = from, .host = p->mem.stage };
-		int r = move_and_wait(p, BACKEND_TO_HOST, &m, 1);
+		int r = move_to_stage(p, from);
 
 		if (r < 0)
 			return r;
 		data = p->mem.stage;
 	} else if (from_tier == CORE_TIER_POOL) {
+		pool_wait(p, p->block_ticket[from]); /* a promotion into it may be queued */
+		if (p->failed)
+			return p->failed;
 		data = block_at(p, from);
 	} else {
 		struct tier_key stored;
 
-		/* Host to file: the host slot has the tokens. */
+		/* Host to file: the host slot has the tokens, and maybe a move still coming. */
 		host_tier_key(p->host, from, &stored);
 		key.tokens = stored.tokens;
+		if (p->host_direct)
+			pool_wait(p, p->slot_ticket[from]);
+		if (p->failed)
+			return p->failed; /* the slot's bytes may never have arrived */
 		data = host_tier_data(p->host, from);
 	}
 	if (to_tier == CORE_TIER_HOST) {
@@ -153,32 +299,38 @@ static void warn_file_load(const struct dpool *p, uint32_t slot, int r)
 		    slot, r == -EBADMSG ? "checksum or identity mismatch" : strerror(-r));
 }
 
-/* Whether a load into a device pool goes through the staging (else straight from its slot). */
+/* Whether a load goes through the staging (else straight from its slot, or into the block). */
 static bool load_is_staged(const struct dpool *p, const struct core_load *l)
 {
-	return l->tier == CORE_TIER_FILE || !p->host_direct;
+	return !p->mem.base && (l->tier == CORE_TIER_FILE || !p->host_direct);
+}
+
+/* Whether a load is a host-tier hit that moves straight from its slot. */
+static bool load_is_direct(const struct dpool *p, const struct core_load *l)
+{
+	return l->tier == CORE_TIER_HOST && p->host_direct;
 }
 
 /*
- * A device pool's hits in a pinned host tier: checked against their slots' identities, then
- * moved from the slots into the pool in one move.
+ * The hits in a host tier reached by moves: checked against their slots' identities, then
+ * moved from the slots into the pool in one queued move.
  */
 static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t n)
 {
 	struct backend_move *moves = NULL;
-	uint32_t nhost = 0, nmoves = 0, *which = NULL;
+	uint32_t ndirect = 0, nmoves = 0, *which = NULL;
 	int r;
 
 	for (uint32_t i = 0; i < n; i++)
-		nhost += !load_is_staged(p, &loads[i]);
-	if (!nhost)
+		ndirect += load_is_direct(p, &loads[i]);
+	if (!ndirect)
 		return;
-	moves = malloc(nhost * sizeof(*moves));
-	which = malloc(nhost * sizeof(*which));
+	moves = malloc(ndirect * sizeof(*moves));
+	which = malloc(ndirect * sizeof(*which));
 	if (!moves || !which) {
 		/* No memory for the batch: every such hit is a miss, recomputed. */
 		for (uint32_t i = 0; i < n; i++)
-			if (!load_is_staged(p, &loads[i]))
+			if (load_is_direct(p, &loads[i]))
 				loads[i].result = -ENOMEM;
 		goto out;
 	}
@@ -186,7 +338,7 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 		struct tier_key key = tier_key_of(&loads[i].key);
 		const void *data;
 
-		if (load_is_staged(p, &loads[i]))
+		if (!load_is_direct(p, &loads[i]))
 			continue;
 		data = host_tier_lookup(p->host, loads[i].slot, &key);
 		if (!data) {
@@ -197,7 +349,7 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 		moves[nmoves] = (struct backend_move){ .block = loads[i].block, .host = (void *)data };
 		which[nmoves++] = i;
 	}
-	r = nmoves ? move_and_wait(p, BACKEND_FROM_HOST, moves, nmoves) : 0;
+	r = nmoves ? q_move(p, BACKEND_FROM_HOST, moves, nmoves, NULL) : 0;
 	for (uint32_t k = 0; k < nmoves; k++)
 		loads[which[k]].result = r;
 out:
@@ -227,6 +379,8 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 				chunk[count++] = &loads[next];
 		if (!count)
 			break;
+		/* The staging is the CPU's again once the last move reading it is done. */
+		pool_wait(p, p->stage_ticket);
 		for (k = 0; k < count; k++) {
 			struct tier_key key = tier_key_of(&chunk[k]->key);
 
@@ -252,7 +406,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 			if (results[k] == 0)
 				moves[nmoves++] = (struct backend_move){ .block = chunk[k]->block,
 									 .host = stage_at(p, k) };
-		r = nmoves ? move_and_wait(p, BACKEND_FROM_HOST, moves, nmoves) : 0;
+		r = nmoves ? q_move(p, BACKEND_FROM_HOST, moves, nmoves, &p->stage_ticket) : 0;
 		for (k = 0; k < count; k++)
 			chunk[k]->result = results[k] == 0 ? r : results[k];
 	}
@@ -262,14 +416,21 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 			loads[next].result = -ENOMEM;
 }
 
-/* tier_load for a pool on a device: pinned host slots move straight in, the rest staged. */
-static void tier_load_device(struct dpool *p, struct core_load *loads, uint32_t n)
+/* The latest ticket touching any of the loads' blocks that the file tier writes itself. */
+static uint64_t file_loads_fence(const struct dpool *p, const struct core_load *loads, uint32_t n)
 {
-	load_host_direct(p, loads, n);
-	load_staged(p, loads, n);
+	uint64_t fence = 0;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (loads[i].tier == CORE_TIER_FILE && p->block_ticket[loads[i].block] > fence)
+			fence = p->block_ticket[loads[i].block];
+	return fence;
 }
 
-/* core_tier_ops.load: host slots are copied at once; file slots are read in one batch. */
+/*
+ * core_tier_ops.load: host-tier hits are queued moves; file hits are read in one batch (into a
+ * host pool's blocks, once nothing queued touches them; a device pool's through the staging).
+ */
 static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 {
 	struct dpool *p = ctx;
@@ -278,19 +439,13 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 	void **dsts = NULL;
 	int *results = NULL;
 
+	load_host_direct(p, loads, n);
 	if (!p->mem.base) {
-		tier_load_device(p, loads, n);
+		load_staged(p, loads, n);
 		return;
 	}
-	for (uint32_t i = 0; i < n; i++) {
-		struct tier_key key = tier_key_of(&loads[i].key);
-
-		if (loads[i].tier == CORE_TIER_HOST)
-			loads[i].result = host_tier_load(p->host, loads[i].slot, &key,
-							 block_at(p, loads[i].block));
-		else
-			nfile++;
-	}
+	for (uint32_t i = 0; i < n; i++)
+		nfile += loads[i].tier == CORE_TIER_FILE;
 	if (!nfile)
 		return;
 	slots = malloc(nfile * sizeof(*slots));
@@ -313,6 +468,12 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 			dsts[nfile] = block_at(p, loads[i].block);
 			which[nfile++] = i;
 		}
+	pool_wait(p, file_loads_fence(p, loads, n));
+	if (p->failed) {
+		for (uint32_t k = 0; k < nfile; k++)
+			loads[which[k]].result = p->failed;
+		goto out;
+	}
 	file_tier_load(p->file, nfile, slots, keys, dsts, results);
 	for (uint32_t k = 0; k < nfile; k++) {
 		loads[which[k]].result = results[k];
@@ -352,7 +513,7 @@ static void on_file_lost(void *ctx, uint32_t slot, int err)
 
 /*
  * A deferred load: the file-tier part of one LOADING sequence's loads (its host-tier loads
- * were copied at once).  The arrays are the file tier's batch, in flight while the job is
+ * were queued at once).  The arrays are the file tier's batch, in flight while the job is
  * the head of the pool's queue.
  */
 struct load_job {
@@ -360,7 +521,8 @@ struct load_job {
 	struct session *s; /* a reference, dropped when the job ends */
 	uint64_t seq;
 	uint32_t n;
-	bool finished;
+	uint64_t fence;  /* the reads start once this ticket is done (their blocks are free) */
+	bool started, finished;
 	uint32_t *which; /* index in the sequence's loads */
 	uint32_t *slots;
 	struct tier_key *keys;
@@ -376,10 +538,19 @@ static void job_done(void *ctx)
 	p->jobs->finished = true;
 }
 
+/*
+ * Starts the head job's reads once the backend's queue is past every operation on its blocks
+ * (an eviction that freed one may still be moving it out); else dpool_backend_poll does.
+ */
 static void job_start(struct dpool *p, struct load_job *job)
 {
-	int r = file_tier_load_start(p->file, job->n, job->slots, job->keys, job->dsts,
-				     job->results, job_done, p);
+	int r;
+
+	if (job->started || !dpool_passed(p, job->fence))
+		return;
+	job->started = true;
+	r = file_tier_load_start(p->file, job->n, job->slots, job->keys, job->dsts, job->results,
+				 job_done, p);
 
 	if (r < 0) {
 		log_warning("pool %s: cannot start reading %u blocks from the file tier: %s; "
@@ -426,14 +597,8 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 	job = nfile ? calloc(1, size) : NULL;
 	if (nfile && !job)
 		return -ENOMEM;
-	/* Host RAM: copied now.  (Deferral is for pools in host memory: block_at works.) */
-	for (uint32_t i = 0; i < n; i++) {
-		struct tier_key key = tier_key_of(&loads[i].key);
-
-		if (loads[i].tier == CORE_TIER_HOST)
-			loads[i].result = host_tier_load(p->host, loads[i].slot, &key,
-							 block_at(p, loads[i].block));
-	}
+	/* Host RAM: queued now.  (Deferral is for pools in host memory: block_at works.) */
+	load_host_direct(p, loads, n);
 	if (!nfile) {
 		core_seq_loaded(p->core, seq);
 		return 0;
@@ -459,6 +624,7 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 	}
 	job->s = s;
 	job->seq = seq;
+	job->fence = file_loads_fence(p, loads, n);
 	s->refs++;
 	log_debug("pool %s: sequence %llu: reading %u blocks from the swap files, the loop going "
 		  "on", p->cfg->name, (unsigned long long)seq, nfile);
@@ -515,6 +681,33 @@ void dpool_tier_poll(struct dpool *p)
 	}
 }
 
+void dpool_arm_backend_poll(struct server *srv, struct dpool *p)
+{
+	struct io_uring_sqe *sqe;
+
+	if (p->backend_armed || p->mem.done_fd < 0)
+		return;
+	sqe = server_sqe(srv);
+	p->backend_op = (struct op){ .kind = OP_BACKEND, .pool = p };
+	io_uring_prep_poll_multishot(sqe, p->mem.done_fd, POLLIN);
+	io_uring_sqe_set_data(sqe, &p->backend_op);
+	p->backend_armed = true;
+}
+
+void dpool_backend_poll(struct dpool *p)
+{
+	(void)dpool_passed(p, p->issued); /* learns how far the queue got */
+	if (p->jobs && !p->jobs->started)
+		job_start(p, p->jobs);
+	if (!p->nheld)
+		return;
+	for (struct session *s = p->srv->sessions, *next; s; s = next) {
+		next = s->next;
+		if (s->pool == p && s->held)
+			session_release(s);
+	}
+}
+
 static void on_restored(void *ctx, uint32_t slot, const struct tier_key *k)
 {
 	struct dpool *p = ctx;
@@ -559,8 +752,10 @@ static double measure_move_bandwidth(struct dpool *p)
 	for (int k = 0; k < 6; k++) {
 		double t = now_s();
 
-		if (move_and_wait(p, k % 2 ? BACKEND_FROM_HOST : BACKEND_TO_HOST, m,
-				  (uint32_t)n) < 0) {
+		uint64_t ticket;
+
+		if (q_move(p, k % 2 ? BACKEND_FROM_HOST : BACKEND_TO_HOST, m, (uint32_t)n,
+			   &ticket) < 0 || (pool_wait(p, ticket), p->failed)) {
 			best = 0;
 			break;
 		}
@@ -680,6 +875,9 @@ static int host_tier_open(struct dpool *p, const struct backend_module *module)
 	 * committed as slots fill.  Where it cannot be had (not enough memory, a limit), the tier
 	 * is plain memory reached through the staging, as a host tier was before.
 	 */
+	p->slot_ticket = calloc(c->host_tier_blocks, sizeof(*p->slot_ticket));
+	if (!p->slot_ticket)
+		return log_error_errno(ENOMEM, "pool %s: out of memory", c->name);
 	if (!p->mem.base) {
 		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, &pinned,
 				  &p->host);
@@ -699,6 +897,8 @@ static int host_tier_open(struct dpool *p, const struct backend_module *module)
 		return log_error_errno(r, "pool %s: cannot allocate the host tier (%u blocks of %llu "
 				       "bytes): %m", c->name, c->host_tier_blocks,
 				       (unsigned long long)p->block_bytes);
+	/* A pool in host memory moves to and from any memory: its slots are reached directly. */
+	p->host_direct = p->mem.base != NULL;
 	return 0;
 }
 
@@ -771,7 +971,7 @@ static int backend_select(const struct kvpd_pool_config *cfg, const struct backe
 
 	*ret_module = NULL;
 	if (cfg->backend == KVPD_BACKEND_HOST) {
-		*ret = &backend_host;
+		*ret = cfg->copy_thread ? &backend_host_threaded : &backend_host;
 		return 0;
 	}
 	/* Earlier builds chose the GPU by this variable; the key replaced it (one source). */
@@ -788,7 +988,7 @@ static int backend_select(const struct kvpd_pool_config *cfg, const struct backe
 	}
 	if (cfg->backend == KVPD_BACKEND_AUTO) {
 		log_info("pool %s: backend = auto: using host memory (%s)", cfg->name, why);
-		*ret = &backend_host;
+		*ret = cfg->copy_thread ? &backend_host_threaded : &backend_host;
 		return 0;
 	}
 	return log_error_errno(r, "pool %s: backend = cuda, but the CUDA backend is not available "
@@ -799,16 +999,16 @@ static int backend_select(const struct kvpd_pool_config *cfg, const struct backe
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 {
 	const struct backend_module *module;
-	const struct backend_ops *ops;
+	const struct backend_ops *ops = NULL;
 	struct core_config cc = {
 		.capacity_blocks = cfg->capacity_blocks,
 		.block_tokens = cfg->block_tokens,
 		.max_sequences = cfg->max_sequences,
 		.max_seq_tokens = cfg->max_seq_tokens,
 		.vocab_size = cfg->vocab_size,
-		.copy_block = backend_copy_block,
+		.copy_block = pool_copy_block,
 		.copy_slots = pool_copy_slots,
-		.copy_ctx = &p->mem,
+		.copy_ctx = p,
 		.policy = (enum core_policy)cfg->policy,
 		.on_drop = on_drop,
 		.drop_ctx = p,
@@ -835,10 +1035,16 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 				       (unsigned long long)(p->block_bytes * cfg->capacity_blocks),
 				       ops->name, module ? " (" : "",
 				       module ? module->last_error() : "", module ? ")" : "");
+	if (ops == &backend_host_threaded)
+		log_info("pool %s: copies and moves run on a helper thread (copy_thread = yes)",
+			 cfg->name);
 	p->mem.layers = cfg->layers;
 	p->mem.layer_stride = p->layer_stride;
 	p->mem.kv_stride = p->kv_stride;
 	p->mem.slot_stride = p->slot_stride;
+	p->block_ticket = calloc(cfg->capacity_blocks, sizeof(*p->block_ticket));
+	if (!p->block_ticket)
+		return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
 	r = tiers_open(p, module, &cc);
 	if (r < 0)
 		return r;
@@ -901,8 +1107,14 @@ void dpool_done(struct dpool *p)
 		p->jobs = job->next;
 		free(job);
 	}
+	/* Nothing may still move into the host tier's arena or out of the pool when freed. */
+	if (p->mem.ops && p->issued && p->mem.ops->wait(&p->mem, p->issued) < 0)
+		log_error("pool %s: the backend failed while its last operations completed",
+			  p->cfg->name);
 	p->host = host_tier_free(p->host);
 	free(p->lost);
+	free(p->block_ticket);
+	free(p->slot_ticket);
 	core_free(p->core);
 	if (p->mem.stage)
 		p->mem.ops->host_free(&p->mem, p->mem.stage,

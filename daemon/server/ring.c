@@ -381,16 +381,44 @@ bool ring_process(struct session *s, const char **why)
 		r->cq_tail++;
 		posted++;
 	}
-	/* Publish: entries before indices (release), so the client never sees a torn entry. */
 	store_release(&r->sq->head, r->sq_head);
-	if (posted) {
-		store_release(&r->cq->tail, r->cq_tail);
-		/* Pairs with the client's flag store + fence before it sleeps. */
-		atomic_thread_fence(memory_order_seq_cst);
-		if (load_acquire(&r->cq->flags) & KVP_CQ_NEED_WAKEUP)
-			wake_client(s);
-	}
+	/*
+	 * Completions that hand out blocks the pool's queue still works on wait for it, and the
+	 * ones after them too (the tail shows entries in order).
+	 */
+	if (s->fence > r->held_fence)
+		r->held_fence = s->fence;
+	s->fence = 0;
+	if (posted || r->held_fence)
+		ring_release(s);
 	return true;
+}
+
+void ring_release(struct session *s)
+{
+	struct session_ring *r = s->ring;
+
+	if (!r)
+		return;
+	if (r->held_fence) {
+		if (!dpool_passed(s->pool, r->held_fence)) {
+			if (s->pool->failed)
+				session_close(s, "the pool's device failed");
+			else
+				session_hold(s);
+			return;
+		}
+		r->held_fence = 0;
+	}
+	if (r->cq_published == r->cq_tail)
+		return;
+	/* Publish: entries before indices (release), so the client never sees a torn entry. */
+	store_release(&r->cq->tail, r->cq_tail);
+	r->cq_published = r->cq_tail;
+	/* Pairs with the client's flag store + fence before it sleeps. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (load_acquire(&r->cq->flags) & KVP_CQ_NEED_WAKEUP)
+		wake_client(s);
 }
 
 /* Runs a ring until it is empty; closes the session on a protocol violation. */

@@ -190,6 +190,7 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 		return log_error_errno(ENOMEM, "out of memory");
 	for (size_t i = 0; i < cfg->npools; i++) {
 		r = dpool_init(&srv->pools[i], &cfg->pools[i]);
+		srv->pools[i].srv = srv;
 		if (r < 0)
 			return r;
 		srv->npools++;
@@ -570,6 +571,24 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 		}
 		dpool_tier_poll(op->pool);
 		break;
+	case OP_BACKEND:
+		/* Queued copies or moves completed: replies and reads that waited may go on. */
+		if (read(op->pool->mem.done_fd, &op->pool->backend_event,
+			 sizeof(op->pool->backend_event)) < 0 &&
+		    errno != EAGAIN)
+			log_warning("pool %s: reading the backend's eventfd: %m",
+				    op->pool->cfg->name);
+		if (!(cqe->flags & IORING_CQE_F_MORE)) {
+			op->pool->backend_armed = false;
+			if (cqe->res >= 0)
+				dpool_arm_backend_poll(srv, op->pool);
+			else if (cqe->res != -ECANCELED)
+				log_error("pool %s: polling the backend's eventfd: %s; its queue is "
+					  "checked after every pass of the loop from now on",
+					  op->pool->cfg->name, strerror(-cqe->res));
+		}
+		dpool_backend_poll(op->pool);
+		break;
 	case OP_TIMER:
 		if (cqe->res == -ECANCELED)
 			break;
@@ -595,8 +614,10 @@ int server_run(struct server *srv)
 	status_text(srv, srv->status, sizeof(srv->status));
 	systemd_notify_ready(srv->status);
 	arm_tick(srv, start);
-	for (size_t i = 0; i < srv->npools; i++)
+	for (size_t i = 0; i < srv->npools; i++) {
 		dpool_arm_tier_poll(srv, &srv->pools[i]);
+		dpool_arm_backend_poll(srv, &srv->pools[i]);
+	}
 
 	while ((!srv->stopping || srv->sessions) && !srv->abandoned) {
 		struct io_uring_cqe *cqe;
@@ -660,6 +681,15 @@ int server_run(struct server *srv)
 		for (size_t i = 0; i < srv->npools; i++) {
 			if (!srv->pools[i].tier_armed)
 				dpool_tier_poll(&srv->pools[i]);
+			if (!srv->pools[i].backend_armed)
+				dpool_backend_poll(&srv->pools[i]);
+			if (srv->pools[i].failed && !srv->stopping) {
+				/* A device error is sticky: nothing of the pool can be trusted. */
+				begin_stop(srv);
+				srv->exit_status = 1;
+			}
+			if (srv->pools[i].failed && srv->pools[i].nheld)
+				dpool_backend_poll(&srv->pools[i]); /* its held replies are dropped */
 			if (srv->pools[i].waiters)
 				dpool_retry_waiters(&srv->pools[i], server_now_ns());
 		}

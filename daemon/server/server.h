@@ -33,12 +33,13 @@ enum op_kind {
 	OP_DOORBELL,
 	OP_TIMER, /* the server's timeouts: watchdog and status, drain deadline */
 	OP_TIER,  /* a pool's file tier posted completions (its eventfd) */
+	OP_BACKEND, /* a pool's backend completed queued copies or moves (its done_fd) */
 };
 
 struct op {
 	enum op_kind kind;
 	struct session *s; /* NULL for the server's own operations */
-	struct dpool *pool; /* OP_TIER */
+	struct dpool *pool; /* OP_TIER, OP_BACKEND */
 };
 
 struct load_job;
@@ -59,9 +60,24 @@ struct seq_owner {
 };
 
 struct dpool {
+	struct server *srv;
 	const struct kvpd_pool_config *cfg;
 	struct core *core;
 	struct backend_pool mem;
+	/*
+	 * The backend's queue (pool.c): the last ticket issued and the last known complete; per
+	 * block, the last ticket touching it; per host-tier slot, the last move writing it; the
+	 * last touching the staging.  Replies that hand out blocks wait for theirs (dpool_fence).
+	 */
+	uint64_t issued, completed;
+	uint64_t *block_ticket, *slot_ticket, stage_ticket;
+	uint64_t cpu_waits; /* times the loop itself waited for the queue */
+	uint64_t held_replies; /* replies and ring batches that waited for the queue */
+	uint32_t nheld;     /* sessions whose replies wait for the queue */
+	int failed;         /* the backend failed (-errno): the daemon stops */
+	struct op backend_op; /* the poll on the backend's done_fd */
+	uint64_t backend_event;
+	bool backend_armed;
 	uint64_t bytes_per_token, block_bytes;
 	uint64_t layer_stride, kv_stride, slot_stride, head_stride;
 	struct seq_owner *owners; /* by the core's sequence slot (low 32 bits of an id) */
@@ -93,6 +109,7 @@ struct dpool {
 
 struct outbuf {
 	struct outbuf *next;
+	uint64_t fence; /* sent once the pool's queue passed this ticket (0: at once) */
 	uint8_t *data;
 	size_t len, off;
 	int fds[KVP_FRAME_MAX_FDS];
@@ -112,6 +129,8 @@ struct session_ring {
 	uint64_t data_bytes;
 	uint32_t sq_head; /* the daemon's own copies: shared memory is never trusted */
 	uint32_t cq_tail;
+	uint32_t cq_published; /* the tail the client was shown */
+	uint64_t held_fence;   /* entries past cq_published wait for this ticket */
 	struct op doorbell_op;
 	bool doorbell_armed;
 	bool polled; /* the daemon polls this ring (ring_poll_us) instead of sleeping on it */
@@ -166,6 +185,14 @@ struct session {
 	uint64_t requests;
 
 	struct session_ring *ring;
+
+	/*
+	 * Replies that hand out blocks still being written by the pool's queue: fence is the
+	 * ticket the request being answered needs (taken by its reply); held: a reply or ring
+	 * completion waits for the queue, and the pool releases it (session_release).
+	 */
+	uint64_t fence;
+	bool held;
 
 	/* waiting for memory: the request at the head of rbuf is retried until its deadline */
 	bool waiting;
@@ -252,6 +279,20 @@ void dpool_tier_poll(struct dpool *p);
 int dpool_load(struct dpool *p, struct session *s, uint64_t seq);
 /* Arms the poll on the file tier's eventfd (once, at start; again when it ends). */
 void dpool_arm_tier_poll(struct server *srv, struct dpool *p);
+/* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
+void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
+/*
+ * The backend completed queued work (done_fd fired, or after every pass of the loop if that
+ * poll failed): releases held replies and starts deferred reads that waited for it.
+ */
+void dpool_backend_poll(struct dpool *p);
+/* Whether the pool's queue completed ticket t (0 always has). */
+bool dpool_passed(struct dpool *p, uint64_t t);
+/*
+ * The ticket a reply handing out table[0..n) must wait for: the latest queued operation on any
+ * of those blocks that is not done yet, else 0.
+ */
+uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
 void dpool_done(struct dpool *p);
 struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name);
 int dpool_verify(struct dpool *p, char *why, size_t why_len);
@@ -270,6 +311,10 @@ bool session_wait(struct session *s, uint32_t wait_ms);
  * request again so it replies, or, if s closed meanwhile, closes the sequence.
  */
 void session_loaded(struct session *s, uint64_t seq);
+/* s's reply or ring completions wait for its pool's queue (counted in the pool's nheld). */
+void session_hold(struct session *s);
+/* The pool's queue moved on: sends or publishes what of s's no longer waits. */
+void session_release(struct session *s);
 /* Retries a pool's waiting requests when blocks may have become available or time is up. */
 void dpool_retry_waiters(struct dpool *p, uint64_t now);
 /* The earliest deadline of any waiting request, 0 when none waits. */
@@ -339,3 +384,5 @@ bool ring_process(struct session *s, const char **why);
 /* One pass over the polled rings; returns whether any had work.  With expire, rings with
  * nothing to do go back to sleeping on their doorbell. */
 bool ring_poll_all(struct server *srv, bool expire);
+/* Shows the client the completions that waited for the pool's queue, once they may be. */
+void ring_release(struct session *s);

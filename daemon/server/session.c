@@ -324,10 +324,21 @@ uint64_t server_next_deadline(const struct server *srv)
 {
 	uint64_t first = 0;
 
-	for (size_t i = 0; i < srv->npools; i++)
-		for (const struct session *s = srv->pools[i].waiters; s; s = s->wait_next)
+	for (size_t i = 0; i < srv->npools; i++) {
+		const struct dpool *p = &srv->pools[i];
+
+		for (const struct session *s = p->waiters; s; s = s->wait_next)
 			if (!first || s->wait_deadline_ns < first)
 				first = s->wait_deadline_ns;
+		/*
+		 * A pool whose eventfd poll failed is looked at after every pass of the loop
+		 * instead; while replies or reads wait on it, a pass comes every millisecond.
+		 */
+		if (((!p->backend_armed && (p->nheld || p->jobs)) ||
+		     (p->file && !p->tier_armed && p->jobs)) &&
+		    (!first || first > server_now_ns() + 1000000u))
+			first = server_now_ns() + 1000000u;
+	}
 	return first;
 }
 
@@ -338,6 +349,23 @@ static void arm_send(struct session *s)
 
 	if (!o || s->send_armed)
 		return;
+	if (o->fence) {
+		/* It hands out blocks the pool's queue still writes or reads: not yet. */
+		if (!dpool_passed(s->pool, o->fence)) {
+			if (!s->pool->failed) {
+				session_hold(s);
+				return;
+			}
+			/* The device failed: those blocks will never be right.  Nothing more. */
+			free_outq(s);
+			if (s->closing)
+				shutdown(s->fd, SHUT_RDWR);
+			else
+				session_close(s, "the pool's device failed");
+			return;
+		}
+		o->fence = 0;
+	}
 	s->siov = (struct iovec){ .iov_base = o->data + o->off, .iov_len = o->len - o->off };
 	s->smsg = (struct msghdr){ .msg_iov = &s->siov, .msg_iovlen = 1 };
 	if (o->off == 0 && o->nfds > 0) {
@@ -400,6 +428,34 @@ out:
 	session_unref(s);
 }
 
+/*
+ * A held session keeps a reference, so that its replies still go out if it closes meanwhile
+ * (a drain, or a peer that half-closed after its last request).
+ */
+void session_hold(struct session *s)
+{
+	if (s->held)
+		return;
+	s->held = true;
+	s->refs++;
+	s->pool->nheld++;
+	s->pool->held_replies++;
+}
+
+void session_release(struct session *s)
+{
+	const uint64_t held = s->pool->held_replies;
+
+	s->held = false;
+	s->pool->nheld--;
+	if (s->ring)
+		ring_release(s);
+	arm_send(s); /* each holds the session again if it must still wait */
+	/* Counted when its replies first waited, not again for each wake-up. */
+	s->pool->held_replies = held;
+	session_unref(s);
+}
+
 int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
 		  const int *fds, unsigned nfds)
 {
@@ -422,6 +478,8 @@ int session_reply(struct session *s, uint16_t type, uint32_t seq, const Protobuf
 	if (msg)
 		protobuf_c_message_pack(msg, o->data + KVP_FRAME_HEADER_BYTES);
 	o->len = KVP_FRAME_HEADER_BYTES + len;
+	o->fence = s->fence; /* what the request being answered handed out */
+	s->fence = 0;
 	o->nfds = nfds;
 	if (nfds)
 		memcpy(o->fds, fds, nfds * sizeof(int));

@@ -4,12 +4,14 @@
  * in the same run, for a 7B geometry (32 layers, 8 KV heads, head dim 128, bf16) and blocks
  * of 16 to 512 tokens:
  *
- *   copy      one copy_block (copy-on-write, waited for) vs cuMemcpyDtoDAsync + sync
+ *   copy      copy_blocks of one block (copy-on-write) vs cuMemcpyDtoDAsync + sync
  *   copies    copy_blocks of many scattered blocks vs one cuMemcpyDtoDAsync of their bytes
  *   gather    copy_slots of many scattered tokens (h2o compaction) vs one cuMemcpyDtoDAsync
  *   out, in   move of scattered blocks to/from pinned staging, through the copy engines
  *             (dma) and through the kernel, vs one cuMemcpy{DtoH,HtoD}Async of the bytes
  *
+ * The backend only queues an operation: each of its figures times the call and wait() for the
+ * ticket it returned, as each reference times its copy and the stream's synchronization.
  * Each figure is the best of a few runs.  The issue's bar: copies and gather at least 80% of
  * the plain copy, and out and in (the faster path) at least 80% too.  Prints a table and one
  * line per bar; exits 1 if one is missed, 77 without a GPU.  Not a test: tests/gpu/run.sh
@@ -73,6 +75,15 @@ static void die(const char *what, int r)
 	exit(2);
 }
 
+/* An operation's result r and ticket: waited for, as a caller needing its bytes would. */
+static void finish(struct backend_pool *p, const char *what, int r, uint64_t ticket)
+{
+	if (r == 0)
+		r = module->ops->wait(p, ticket);
+	if (r < 0)
+		die(what, r);
+}
+
 static struct backend_pool pool_new(uint32_t tokens, const char *swap)
 {
 	uint64_t block = SLOT_BYTES * tokens * 2 * LAYERS;
@@ -108,7 +119,7 @@ static void bench_moves(struct backend_pool *p, int kernel, uint8_t *stage, uint
 			const uint32_t *order, struct result *res, CUstream ref_stream)
 {
 	struct backend_move *m = calloc(n, sizeof(*m));
-	uint64_t bytes = (uint64_t)n * p->block_bytes, ticket;
+	uint64_t bytes = (uint64_t)n * p->block_bytes, ticket = 0;
 	int r;
 
 	for (uint32_t i = 0; i < n; i++)
@@ -116,17 +127,11 @@ static void bench_moves(struct backend_pool *p, int kernel, uint8_t *stage, uint
 					      .host = stage + (uint64_t)i * p->block_bytes };
 	res->out[kernel] = BEST(bytes, {
 		r = module->ops->move(p, BACKEND_TO_HOST, m, n, &ticket);
-		if (r == 0)
-			r = module->ops->move_wait(p, ticket);
-		if (r < 0)
-			die("move out", r);
+		finish(p, "move out", r, ticket);
 	});
 	res->in[kernel] = BEST(bytes, {
 		r = module->ops->move(p, BACKEND_FROM_HOST, m, n, &ticket);
-		if (r == 0)
-			r = module->ops->move_wait(p, ticket);
-		if (r < 0)
-			die("move in", r);
+		finish(p, "move in", r, ticket);
 	});
 	if (!kernel) {
 		res->out_ref = BEST(bytes, {
@@ -150,7 +155,7 @@ static void bench_size(uint32_t tokens, struct result *res)
 	uint32_t *order = calloc(cap, sizeof(*order));
 	struct backend_block_copy *bc = calloc(half, sizeof(*bc));
 	struct backend_slot_copy *sc;
-	uint64_t bytes, seed = 7;
+	uint64_t bytes, seed = 7, ticket = 0;
 	CUdeviceptr scratch;
 	CUstream s;
 	uint8_t *stage;
@@ -162,11 +167,11 @@ static void bench_size(uint32_t tokens, struct result *res)
 		order[i] = i;
 	shuffle(order, cap, tokens);
 
-	/* One copy-on-write copy, synchronous both ways. */
+	/* One copy-on-write copy, waited for both ways. */
+	bc[0] = (struct backend_block_copy){ .dst = order[1], .src = order[0] };
 	res->copy = BEST(p.block_bytes, {
-		r = module->ops->copy_block(&p, order[1], order[0]);
-		if (r < 0)
-			die("copy_block", r);
+		r = module->ops->copy_blocks(&p, bc, 1, &ticket);
+		finish(&p, "copy_blocks of 1", r, ticket);
 	});
 	res->copy_ref = BEST(p.block_bytes, {
 		GPU_OK(cu.cuMemcpyDtoDAsync((CUdeviceptr)p.device_base +
@@ -182,9 +187,8 @@ static void bench_size(uint32_t tokens, struct result *res)
 		bc[i] = (struct backend_block_copy){ .dst = order[half + i], .src = order[i] };
 	bytes = (uint64_t)half * p.block_bytes;
 	res->copies = BEST(bytes, {
-		r = module->ops->copy_blocks(&p, bc, half);
-		if (r < 0)
-			die("copy_blocks", r);
+		r = module->ops->copy_blocks(&p, bc, half, &ticket);
+		finish(&p, "copy_blocks", r, ticket);
 	});
 	res->copies_ref = BEST(bytes, {
 		GPU_OK(cu.cuMemcpyDtoDAsync(scratch, (CUdeviceptr)p.device_base, bytes, s));
@@ -202,9 +206,8 @@ static void bench_size(uint32_t tokens, struct result *res)
 		};
 	bytes = (uint64_t)ngather * 2 * LAYERS * SLOT_BYTES;
 	res->gather = BEST(bytes, {
-		r = module->ops->copy_slots(&p, sc, ngather);
-		if (r < 0)
-			die("copy_slots", r);
+		r = module->ops->copy_slots(&p, sc, ngather, &ticket);
+		finish(&p, "copy_slots", r, ticket);
 	});
 	res->gather_ref = BEST(bytes, {
 		GPU_OK(cu.cuMemcpyDtoDAsync(scratch, (CUdeviceptr)p.device_base, bytes, s));

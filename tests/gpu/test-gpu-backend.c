@@ -7,6 +7,13 @@
  * vector path) and an odd one (bytes).  A host tier whose arena is the module's pinned memory,
  * as the daemon makes it for a GPU pool, takes blocks straight from the pool and gives them
  * back.  The device argument picks the device.  Exits 77 without a GPU.
+ *
+ * The host backend completes each operation in the call; the module only queues it, so the
+ * device pool is read back only after wait() on its last ticket.  The queue's own contract is
+ * checked along the way: tickets go up by one per operation whatever its kind, done() reports
+ * the last one once it was waited for, done_fd becomes readable when a ticket completes, and
+ * operations queued back to back without waiting see each other's results (stream order) --
+ * long lists too, whose upload buffer the next long list must not overwrite too early.
  */
 #include <check.h>
 #include <errno.h>
@@ -14,6 +21,7 @@
 #include <poll.h>
 #include <string.h>
 
+#include "cuda/kernels.h" /* KVPD_INLINE: how long a list the module passes inline */
 #include "daemon/backend/backend.h"
 #include "daemon/tier/tier.h"
 #include "tests/check-runner.h"
@@ -27,6 +35,7 @@ struct pools {
 	const struct backend_module *module;
 	struct backend_pool dev, host;
 	uint64_t block_bytes, bytes;
+	uint64_t last; /* the device pool's last ticket */
 	uint8_t *scratch; /* bytes, for reading the device pool back */
 };
 
@@ -78,8 +87,27 @@ static void pools_close(struct pools *p)
 	unsetenv("KVPAGED_CUDA_SWAP");
 }
 
+/* A ticket the device pool issued: the next one, whatever the kind of operation. */
+static void issued(struct pools *p, uint64_t ticket)
+{
+	ck_assert_msg(ticket == p->last + 1, "ticket %llu after %llu", (unsigned long long)ticket,
+		      (unsigned long long)p->last);
+	p->last = ticket;
+}
+
+/* Waits for everything the device pool was given; done() then says so, without error. */
+static void wait_all(struct pools *p)
+{
+	uint64_t done = UINT64_MAX;
+
+	ck_assert_int_eq(p->module->ops->wait(&p->dev, p->last), 0);
+	ck_assert_int_eq(p->module->ops->done(&p->dev, &done), 0);
+	ck_assert_uint_eq(done, p->last);
+}
+
 static void assert_same(struct pools *p, const char *after)
 {
+	wait_all(p);
 	gpu_read(p->scratch, p->dev.device_base, p->bytes);
 	for (uint64_t i = 0; i < p->bytes; i++)
 		if (p->scratch[i] != ((uint8_t *)p->host.base)[i])
@@ -89,23 +117,61 @@ static void assert_same(struct pools *p, const char *after)
 				     ((uint8_t *)p->host.base)[i]);
 }
 
+/* Queues on the device, does on the host (waited for: a threaded host backend may queue too). */
 static void both_copy_blocks(struct pools *p, const struct backend_block_copy *c, uint32_t n)
 {
-	ck_assert_int_eq(p->module->ops->copy_blocks(&p->dev, c, n), 0);
-	ck_assert_int_eq(backend_host.copy_blocks(&p->host, c, n), 0);
+	uint64_t t = 0, ht = 0;
+
+	ck_assert_int_eq(p->module->ops->copy_blocks(&p->dev, c, n, &t), 0);
+	issued(p, t);
+	ck_assert_int_eq(backend_host.copy_blocks(&p->host, c, n, &ht), 0);
+	ck_assert_int_eq(backend_host.wait(&p->host, ht), 0);
 }
 
-/* Waits for the completion eventfd, then for the ticket. */
+static void both_copy_slots(struct pools *p, const struct backend_slot_copy *c, uint32_t n)
+{
+	uint64_t t = 0, ht = 0;
+
+	ck_assert_int_eq(p->module->ops->copy_slots(&p->dev, c, n, &t), 0);
+	issued(p, t);
+	ck_assert_int_eq(backend_host.copy_slots(&p->host, c, n, &ht), 0);
+	ck_assert_int_eq(backend_host.wait(&p->host, ht), 0);
+}
+
+static void both_move(struct pools *p, enum backend_dir dir, const struct backend_move *m,
+		      const struct backend_move *hm, uint32_t n)
+{
+	uint64_t t = 0, ht = 0;
+
+	ck_assert_int_eq(p->module->ops->move(&p->dev, dir, m, n, &t), 0);
+	issued(p, t);
+	ck_assert_int_eq(backend_host.move(&p->host, dir, hm, n, &ht), 0);
+	ck_assert_int_eq(backend_host.wait(&p->host, ht), 0);
+}
+
+/* Clears the completion eventfd, so that a poll after it sees later tickets only. */
+static void drain(struct backend_pool *b)
+{
+	uint64_t v;
+
+	(void)!read(b->done_fd, &v, sizeof(v)); /* non-blocking: EAGAIN when already clear */
+}
+
+/*
+ * Waits for the completion eventfd (drained before ticket was issued), then for the ticket;
+ * done() then reports it.
+ */
 static void wait_move(struct backend_pool *b, uint64_t ticket)
 {
 	struct pollfd pfd = { .fd = b->done_fd, .events = POLLIN };
-	uint64_t v;
+	uint64_t v, done = 0;
 
 	ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
 	ck_assert_int_eq(read(b->done_fd, &v, sizeof(v)), (ssize_t)sizeof(v));
 	ck_assert_int_ge((int)v, 1);
-	ck_assert_int_eq(b->ops->move_wait(b, ticket), 0);
-	ck_assert_int_eq(b->ops->move_done(b, ticket), 1);
+	ck_assert_int_eq(b->ops->wait(b, ticket), 0);
+	ck_assert_int_eq(b->ops->done(b, &done), 0);
+	ck_assert_uint_ge(done, ticket);
 }
 
 static void run_geometry(const struct geometry *g, const char *swap)
@@ -115,32 +181,31 @@ static void run_geometry(const struct geometry *g, const char *swap)
 	struct backend_slot_copy sc[600];
 	struct backend_move m[300], hm[300];
 	uint32_t nm = 0, ns = 0;
-	uint64_t ticket;
+	uint64_t ticket, done;
 	uint8_t *stage, *hstage;
 	struct pools p;
 
 	pools_open(&p, g, swap);
 
 	/* Copy-on-write: one block, then a batch over more than one launch's worth. */
-	ck_assert_int_eq(p.module->ops->copy_block(&p.dev, 5, 3), 0);
-	ck_assert_int_eq(backend_host.copy_block(&p.host, 5, 3), 0);
-	assert_same(&p, "copy_block");
+	bc[0] = (struct backend_block_copy){ .dst = 5, .src = 3 };
+	both_copy_blocks(&p, bc, 1);
+	assert_same(&p, "copy_blocks of 1");
 	for (uint32_t i = 0; i < cap / 2; i++)
 		bc[i] = (struct backend_block_copy){ .dst = cap / 2 + i, .src = (i * 7) % (cap / 2) };
 	both_copy_blocks(&p, bc, cap / 2);
 	assert_same(&p, "copy_blocks");
 
 	/* Token gather: one slot, then a batch (more than one launch) into distinct slots. */
-	p.module->ops->copy_slot(&p.dev, 1, B - 1, 2, 0);
-	backend_host.copy_slot(&p.host, 1, B - 1, 2, 0);
-	assert_same(&p, "copy_slot");
+	sc[0] = (struct backend_slot_copy){ .dst = 1, .dst_slot = B - 1, .src = 2, .src_slot = 0 };
+	both_copy_slots(&p, sc, 1);
+	assert_same(&p, "copy_slots of 1");
 	for (uint32_t dst = cap / 2; dst < cap && ns < 600; dst++)
 		for (uint32_t s = 0; s < B && ns < 600; s++, ns++)
 			sc[ns] = (struct backend_slot_copy){ .dst = dst, .dst_slot = s,
 							     .src = (ns * 13) % (cap / 2),
 							     .src_slot = (ns * 5) % B };
-	ck_assert_int_eq(p.module->ops->copy_slots(&p.dev, sc, ns), 0);
-	ck_assert_int_eq(backend_host.copy_slots(&p.host, sc, ns), 0);
+	both_copy_slots(&p, sc, ns);
 	assert_same(&p, "copy_slots");
 
 	/* Swap out: adjacent runs and scattered blocks, into pinned staging. */
@@ -153,7 +218,10 @@ static void run_geometry(const struct geometry *g, const char *swap)
 							.host = hstage + nm * p.block_bytes };
 			nm++;
 		}
+	drain(&p.dev);
+	drain(&p.host);
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, nm, &ticket), 0);
+	issued(&p, ticket);
 	wait_move(&p.dev, ticket);
 	ck_assert_int_eq(backend_host.move(&p.host, BACKEND_TO_HOST, hm, nm, &ticket), 0);
 	wait_move(&p.host, ticket);
@@ -164,13 +232,50 @@ static void run_geometry(const struct geometry *g, const char *swap)
 		stage[i] = hstage[i] = (uint8_t)(stage[i] ^ 0xa5);
 	for (uint32_t i = 0; i < nm; i++)
 		m[i].block = hm[i].block = cap - 1 - m[i].block;
+	drain(&p.dev);
+	drain(&p.host);
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_FROM_HOST, m, nm, &ticket), 0);
+	issued(&p, ticket);
 	wait_move(&p.dev, ticket);
 	ck_assert_int_eq(backend_host.move(&p.host, BACKEND_FROM_HOST, hm, nm, &ticket), 0);
 	wait_move(&p.host, ticket);
 	assert_same(&p, "swap in");
 
-	/* Several moves in flight, both ways, completing in order per direction. */
+	/*
+	 * Every kind queued back to back, none waited for: one ticket each, in order, and each
+	 * sees what the ones before did -- the copy reads blocks the move out still reads, the
+	 * move in reads staging the move out writes, the gather and the last copy read blocks
+	 * the move in writes.
+	 */
+	{
+		enum { k = 8 };
+		struct backend_move mk[k], hmk[k];
+		struct backend_block_copy one;
+		struct backend_slot_copy slot = { .dst = k, .dst_slot = 0, .src = cap - 1,
+						  .src_slot = B - 1 };
+
+		for (uint32_t i = 0; i < k; i++) {
+			mk[i] = (struct backend_move){ .block = i,
+						       .host = stage + i * p.block_bytes };
+			hmk[i] = (struct backend_move){ .block = i,
+							.host = hstage + i * p.block_bytes };
+			bc[i] = (struct backend_block_copy){ .dst = cap - 1 - i, .src = i };
+		}
+		both_move(&p, BACKEND_TO_HOST, mk, hmk, k);
+		both_copy_blocks(&p, bc, k);
+		for (uint32_t i = 0; i < k; i++)
+			mk[i].block = hmk[i].block = k + i;
+		both_move(&p, BACKEND_FROM_HOST, mk, hmk, k);
+		both_copy_slots(&p, &slot, 1);
+		one = (struct backend_block_copy){ .dst = 2 * k + 1, .src = k };
+		both_copy_blocks(&p, &one, 1);
+		ck_assert_int_eq(p.module->ops->done(&p.dev, &done), 0); /* never blocks */
+		ck_assert_uint_le(done, p.last);
+		assert_same(&p, "mixed operations back to back");
+		ck_assert_int_eq(memcmp(stage, hstage, k * p.block_bytes), 0);
+	}
+
+	/* Several moves in flight, both ways, completing in the order they were queued. */
 	{
 		uint64_t t[4];
 
@@ -180,15 +285,39 @@ static void run_geometry(const struct geometry *g, const char *swap)
 		ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, 1, &t[2]), 0);
 		ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_FROM_HOST, m + nm - 1, 1, &t[3]),
 				 0);
-		ck_assert_int_eq(p.module->ops->move_wait(&p.dev, t[2]), 0);
-		ck_assert_int_eq(p.module->ops->move_done(&p.dev, t[0]), 1);
-		ck_assert_int_eq(p.module->ops->move_wait(&p.dev, t[3]), 0);
-		ck_assert_int_eq(p.module->ops->move_done(&p.dev, t[1]), 1);
+		for (int i = 0; i < 4; i++)
+			issued(&p, t[i]);
+		ck_assert_int_eq(p.module->ops->wait(&p.dev, t[2]), 0);
+		ck_assert_int_eq(p.module->ops->done(&p.dev, &done), 0);
+		ck_assert_uint_ge(done, t[2]);
+		ck_assert_int_eq(p.module->ops->wait(&p.dev, t[0]), 0); /* already: at once */
+		ck_assert_int_eq(p.module->ops->wait(&p.dev, t[3]), 0);
+		ck_assert_int_eq(p.module->ops->done(&p.dev, &done), 0);
+		ck_assert_uint_eq(done, t[3]);
 	}
-	/* Bad arguments are refused, and nothing is queued. */
+	/* Nothing to do is no ticket, and ticket 0 is done. */
+	ticket = 1;
+	ck_assert_int_eq(p.module->ops->copy_blocks(&p.dev, bc, 0, &ticket), 0);
+	ck_assert_uint_eq(ticket, 0);
+	ticket = 1;
+	ck_assert_int_eq(p.module->ops->copy_slots(&p.dev, sc, 0, &ticket), 0);
+	ck_assert_uint_eq(ticket, 0);
+	ticket = 1;
+	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, 0, &ticket), 0);
+	ck_assert_uint_eq(ticket, 0);
+	ck_assert_int_eq(p.module->ops->wait(&p.dev, 0), 0);
+	/* Bad arguments are refused, and nothing is queued: no ticket is used up. */
 	m[0].block = cap;
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, 1, &ticket), -EINVAL);
-	ck_assert_int_eq(p.module->ops->copy_block(&p.dev, cap, 0), -EINVAL);
+	bc[0] = (struct backend_block_copy){ .dst = cap, .src = 0 };
+	ck_assert_int_eq(p.module->ops->copy_blocks(&p.dev, bc, 1, &ticket), -EINVAL);
+	sc[0] = (struct backend_slot_copy){ .dst = 0, .dst_slot = 0, .src = cap, .src_slot = 0 };
+	ck_assert_int_eq(p.module->ops->copy_slots(&p.dev, sc, 1, &ticket), -EINVAL);
+	ck_assert_int_eq(p.module->ops->wait(&p.dev, p.last + 1), -EINVAL); /* not issued */
+	bc[0] = (struct backend_block_copy){ .dst = 1, .src = 0 };
+	ck_assert_int_eq(p.module->ops->copy_blocks(&p.dev, bc, 1, &ticket), 0);
+	issued(&p, ticket);
+	wait_all(&p);
 
 	p.module->ops->host_free(&p.dev, stage, cap * p.block_bytes);
 	backend_host.host_free(&p.host, hstage, cap * p.block_bytes);
@@ -202,6 +331,8 @@ static const struct geometry wide = { 4, 2, 64, 2, 16, 64 };
  * them that batches take more than one launch.
  */
 static const struct geometry odd = { 3, 1, 3, 1, 5, 520 };
+/* One layer of one 1-byte slot: 2-byte blocks, so many that a list outgrows the upload buffer. */
+static const struct geometry tiny = { 1, 1, 1, 1, 1, 24000 };
 
 START_TEST(test_wide_dma)
 {
@@ -224,6 +355,57 @@ END_TEST
 START_TEST(test_odd_kernel)
 {
 	run_geometry(&odd, "kernel");
+}
+END_TEST
+
+/*
+ * Lists longer than a launch holds (KVPD_INLINE) go through the module's one upload buffer.
+ * Four of them queued back to back, none waited for, each reading what the one before wrote:
+ * a call must not overwrite the buffer (or free it to grow it, as the second list does with
+ * tiny blocks) while the one before may still upload from it or read it.
+ */
+static void run_long_lists(const struct geometry *g)
+{
+	const uint32_t cap = g->capacity, half = cap / 2, B = g->block_tokens;
+	const uint32_t n1 = half < 300 ? half : 300, n3 = half * B < 600 ? half * B : 600;
+	struct backend_block_copy *bc = calloc(half, sizeof(*bc));
+	struct backend_slot_copy *sc = calloc((size_t)half * B, sizeof(*sc));
+	struct pools p;
+
+	ck_assert_ptr_nonnull(bc);
+	ck_assert_ptr_nonnull(sc);
+	ck_assert_uint_gt(n1, KVPD_INLINE);
+	ck_assert_uint_gt(n3, KVPD_INLINE);
+	pools_open(&p, g, "dma");
+	/* Lower half into the upper half... */
+	for (uint32_t i = 0; i < n1; i++)
+		bc[i] = (struct backend_block_copy){ .dst = half + i, .src = i };
+	both_copy_blocks(&p, bc, n1);
+	/* ...the upper half (as just written) back over the lower half, all of it... */
+	for (uint32_t i = 0; i < half; i++)
+		bc[i] = (struct backend_block_copy){ .dst = i, .src = half + (i * 7) % half };
+	both_copy_blocks(&p, bc, half);
+	/* ...tokens of the lower half into the upper half's slots, a few, then all of them. */
+	for (uint32_t k = 0; k < n3; k++)
+		sc[k] = (struct backend_slot_copy){ .dst = half + k / B, .dst_slot = k % B,
+						    .src = (k * 13) % half,
+						    .src_slot = (k * 5) % B };
+	both_copy_slots(&p, sc, n3);
+	for (uint32_t k = 0; k < half * B; k++)
+		sc[k] = (struct backend_slot_copy){ .dst = half + k / B, .dst_slot = k % B,
+						    .src = (k * 3) % half,
+						    .src_slot = (k * 7) % B };
+	both_copy_slots(&p, sc, half * B);
+	assert_same(&p, "long lists back to back");
+	pools_close(&p);
+	free(sc);
+	free(bc);
+}
+
+START_TEST(test_long_lists)
+{
+	run_long_lists(&odd);
+	run_long_lists(&tiny);
 }
 END_TEST
 
@@ -294,6 +476,7 @@ static void run_host_tier(const struct geometry *g, const char *swap)
 					      .host = host_tier_slot_for_write(t, slot) };
 	}
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, N, &ticket), 0);
+	issued(&p, ticket);
 	wait_move(&p.dev, ticket);
 	for (uint32_t i = 0; i < N; i++) {
 		uint32_t slot = i < N / 2 ? i : 2 * N - 1 - i;
@@ -315,13 +498,16 @@ static void run_host_tier(const struct geometry *g, const char *swap)
 	for (uint32_t i = 0; i < N; i++) {
 		uint32_t slot = i < N / 2 ? i : 2 * N - 1 - i;
 		uint32_t dst = cap / 2 + i;
+		const struct backend_block_copy c = { .dst = dst, .src = m[i].block };
 
-		ck_assert_int_eq(backend_host.copy_block(&p.host, dst, m[i].block), 0);
+		ck_assert_int_eq(backend_host.copy_blocks(&p.host, &c, 1, &ticket), 0);
+		ck_assert_int_eq(backend_host.wait(&p.host, ticket), 0);
 		m[i] = (struct backend_move){ .block = dst,
 					      .host = (void *)host_tier_lookup(t, slot, &keys[i]) };
 		ck_assert_ptr_nonnull(m[i].host);
 	}
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_FROM_HOST, m, N, &ticket), 0);
+	issued(&p, ticket);
 	wait_move(&p.dev, ticket);
 	assert_same(&p, "moves in from the host tier");
 
@@ -398,6 +584,7 @@ int main(void)
 	tcase_add_test(tc, test_wide_kernel);
 	tcase_add_test(tc, test_odd_dma);
 	tcase_add_test(tc, test_odd_kernel);
+	tcase_add_test(tc, test_long_lists);
 	tcase_add_test(tc, test_fd_imports);
 	tcase_add_test(tc, test_host_tier_dma);
 	tcase_add_test(tc, test_host_tier_kernel);

@@ -79,8 +79,21 @@ static inline void daemon_start_with(struct daemon *d, const char *daemon_extra,
 	snprintf(d->log, sizeof(d->log), "%s/kvpaged.log", d->dir);
 	f = fopen(d->conf, "w");
 	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s\n%s", d->sock, d->admin,
-		daemon_extra ? daemon_extra : "", rest ? rest : default_rest);
+	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s\n", d->sock, d->admin,
+		daemon_extra ? daemon_extra : "");
+	/*
+	 * $KVPAGED_TEST_COPY_THREAD (threaded.test): every pool copies on a helper thread, so the
+	 * same tests run with replies held for the backend's queue.
+	 */
+	rest = rest ? rest : default_rest;
+	for (const char *line = rest, *end; *line; line = end) {
+		end = strchr(line, '\n');
+		end = end ? end + 1 : line + strlen(line);
+		fwrite(line, 1, (size_t)(end - line), f);
+		if (getenv("KVPAGED_TEST_COPY_THREAD") && !strstr(rest, "copy_thread") &&
+		    !strncmp(line, "[pool ", 6))
+			fputs("copy_thread = yes\n", f);
+	}
 	fclose(f);
 	setenv("KVPAGED_SOCKET", d->sock, 1);
 

@@ -145,6 +145,56 @@ START_TEST(test_fork_and_copy_on_write_across_processes)
 }
 END_TEST
 
+/*
+ * A stop while a reply waits for the backend's queue: the copy-on-write copy of an append
+ * runs on the helper thread (slowed to 300 ms by the test hook), SIGTERM arrives meanwhile,
+ * and the drain must still send the reply before the session goes.
+ */
+START_TEST(test_drain_sends_a_reply_waiting_for_its_copy)
+{
+	uint32_t t[20], x = 99, cached;
+	struct kvp_table tab = { 0 }, kid = { 0 };
+	struct kvp_client *c;
+	uint64_t seq, child;
+	int status = 0;
+	pid_t pid, r = 0;
+
+	setenv("KVPAGED_TEST_COPY_DELAY_MS", "300", 1);
+	daemon_start(&d, "[pool main]\ncopy_thread = yes\nlayers = 2\nkv_heads = 2\n"
+			 "head_dim = 4\nelement_bytes = 4\nblock_tokens = 16\n"
+			 "capacity_blocks = 64\n");
+	unsetenv("KVPAGED_TEST_COPY_DELAY_MS");
+	prompt(t, 20, 5);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, t, 20, 0, 0, &seq, &cached, &tab), 0);
+	ck_assert_int_eq(kvp_commit(c, seq, 20, &tab), 0);
+	ck_assert_int_eq(kvp_fork(c, seq, &child, &kid), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		msleep(50);
+		kill(d.pid, SIGTERM);
+		_exit(0);
+	}
+	/* Slot 20 is in the shared partial block: the daemon copies it, then replies. */
+	ck_assert_int_eq(kvp_append(c, child, &x, 1, &kid), 0);
+	ck_assert_uint_eq(kid.len, 2);
+	ck_assert_uint_ne(kid.blocks[1], tab.blocks[1]);
+	ck_assert_int_eq(wait_child(pid), 0);
+	kvp_disconnect(c);
+	for (int i = 0; i < 500 && (r = waitpid(d.pid, &status, WNOHANG)) == 0; i++)
+		msleep(10);
+	ck_assert_msg(r == d.pid, "kvpaged did not stop");
+	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "kvpaged exited with %d",
+		      status);
+	unlink(d.conf);
+	unlink(d.log);
+	rmdir(d.dir);
+	kvp_table_free(&tab);
+	kvp_table_free(&kid);
+}
+END_TEST
+
 START_TEST(test_quotas_and_limits)
 {
 	uint32_t t[200], cached;
@@ -749,6 +799,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_eight_processes_share_a_prompt);
 	tcase_add_test(tc, test_fork_and_copy_on_write_across_processes);
+	tcase_add_test(tc, test_drain_sends_a_reply_waiting_for_its_copy);
 	tcase_add_test(tc, test_quotas_and_limits);
 	tcase_add_test(tc, test_max_sessions);
 	tcase_add_test(tc, test_client_killed_mid_stream);

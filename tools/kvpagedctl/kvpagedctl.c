@@ -357,6 +357,9 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "pruned_blocks", p->pruned_blocks);
 			jadd_u(x, "pruned_tokens", p->pruned_tokens);
 			jadd_u(x, "compactions", p->compactions);
+			jadd_u(x, "queued_ops", p->queued_ops);
+			jadd_u(x, "held_replies", p->held_replies);
+			jadd_u(x, "loop_waits", p->loop_waits);
 			json_object *ta = json_object_new_array(), *ra = json_object_new_array();
 			for (size_t k = 0; k < p->n_tiers; k++) {
 				Kvpaged__V1__TierStats *t = p->tiers[k];
@@ -457,6 +460,10 @@ static int cmd_stats(int fd, const char *pool)
 				       t->demotions, t->promotions, t->evictions,
 				       t->load_errors + t->store_errors, t->lost, t->skipped);
 			}
+			if (p->held_replies || p->loop_waits)
+				printf("\n%s: %" PRIu64 " copies and moves queued on the backend; %" PRIu64
+				       " replies waited for them, the loop %" PRIu64 " times\n", p->pool,
+				       p->queued_ops, p->held_replies, p->loop_waits);
 			if (p->pruned_tokens)
 				printf("\n%s: %" PRIu64 " tokens released by retention policies (%" PRIu64
 				       " blocks), %" PRIu64 " tokens compacted\n", p->pool,
