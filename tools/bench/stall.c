@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * kvpaged-bench stall: what a client's reads from the swap files cost everyone else.
+ * kvpaged-bench stall: what a client's swaps cost everyone else.
  *
- * A loader process opens long prompts that the pool has pushed down to its file tier, one
- * after another, so that every open reads blocks back from the swap files.  Meanwhile a prober
- * times cheap round trips (a LOOKUP of one block) to the same daemon.  With the daemon's
- * deferred reads the prober is served while the reads are in flight; with
- * file_tier_blocking_reads = yes it waits behind each batch.  Each pool named is measured in
- * turn, in one run: the prober alone first, then beside the loader.
+ * A loader process opens long prompts that the pool has pushed down to its tiers, one after
+ * another, so that every open brings blocks back (and pushes others down).  Meanwhile a prober
+ * times cheap round trips (a LOOKUP of one block) to the same daemon.  Swap-file reads: with
+ * the daemon's deferred reads the prober is served while they are in flight; with
+ * file_tier_blocking_reads = yes it waits behind each batch.  Host-tier copies: with
+ * copy_thread = yes they run on the backend's helper thread while the prober is served; without
+ * it the loop copies them itself.  Each pool named is measured in turn, in one run: the prober
+ * alone first, then beside the loader.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -250,8 +252,8 @@ static void report(const struct stall_options *o, const struct pool_result *r, i
 		json_print(top);
 		return;
 	}
-	printf("stall: a LOOKUP round trip while another client opens %u-block prompts read back "
-	       "from the swap files (%u s per phase)\n", o->blocks, o->seconds);
+	printf("stall: a LOOKUP round trip while another client opens %u-block prompts brought "
+	       "back from the tiers (%u s per phase)\n", o->blocks, o->seconds);
 	printf("%-16s %12s %12s %12s %12s %12s %10s %12s\n", "pool", "idle p50 us", "idle p99 us",
 	       "busy p50 us", "busy p99 us", "busy max us", "opens/s", "blocks/open");
 	for (int i = 0; i < n; i++) {
@@ -269,8 +271,8 @@ static void usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench stall --daemon SOCKET --pool NAME[,NAME...] [--blocks N]\n"
 	      "                           [--prompts K] [--seconds S] [--json]\n"
-	      "  Each pool needs a file tier and room for fewer than K prompts of N blocks, so\n"
-	      "  that every open reads blocks back from the swap files (docs/bench.md).\n",
+	      "  Each pool needs a tier below it and room for fewer than K prompts of N blocks, so\n"
+	      "  that every open brings blocks back from the tiers (docs/bench.md).\n",
 	      f);
 }
 
