@@ -71,11 +71,60 @@ bool dpool_passed(struct dpool *p, uint64_t t)
 	return t <= p->completed;
 }
 
-/* Blocks the loop until ticket t completed: for the CPU's own use of queued memory. */
-static void pool_wait(struct dpool *p, uint64_t t)
+static void queued(struct dpool *p, uint64_t t)
 {
+	if (t > p->issued)
+		p->issued = t;
+}
+
+/*
+ * Demotions into the host tier are gathered (p->out) and queued as one move: an eviction of n
+ * blocks is then one launch or one job, not n.  The batch goes out before anything else is
+ * queued, waited for or fenced, so the queue's order is the order of the calls; and before it
+ * would hold a block or a slot twice (one move's entries may run in any order).
+ */
+static void flush_demotions(struct dpool *p)
+{
+	uint64_t t = 0;
 	int r;
 
+	if (!p->nout)
+		return;
+	r = p->mem.ops->move(&p->mem, BACKEND_TO_HOST, p->out, p->nout, &t);
+	if (r < 0) {
+		/*
+		 * The core has them in the tier already; their slots now match nothing, so a
+		 * lookup finds a miss (recomputed), never these bytes.  (A host backend does not
+		 * fail here; a GPU only for a device error, which stops the daemon.)
+		 */
+		log_warning("pool %s: moving %u blocks out to the host tier failed: %s; they will be "
+			    "recomputed", p->cfg->name, p->nout, strerror(-r));
+		for (uint32_t i = 0; i < p->nout; i++)
+			(void)host_tier_slot_for_write(p->host, p->out_slots[i]);
+	}
+	for (uint32_t i = 0; t && i < p->nout; i++)
+		p->block_ticket[p->out[i].block] = p->slot_ticket[p->out_slots[i]] = t;
+	queued(p, t);
+	p->nout = 0;
+}
+
+void dpool_flush(struct dpool *p)
+{
+	flush_demotions(p);
+}
+
+/*
+ * Blocks the loop until the ticket at *ticket completed: for the CPU's own use of queued
+ * memory.  A pointer, read only after the gathered demotions are queued: the memory the
+ * caller is about to touch may be in that batch, which sets its ticket.
+ */
+static void pool_wait(struct dpool *p, const uint64_t *ticket)
+{
+	uint64_t t;
+	int r;
+
+	flush_demotions(p);
+	t = *ticket;
 	if (dpool_passed(p, t))
 		return;
 	p->cpu_waits++;
@@ -91,6 +140,7 @@ uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n)
 {
 	uint64_t fence = 0;
 
+	flush_demotions(p);
 	if (dpool_passed(p, p->issued))
 		return 0;
 	for (uint32_t i = 0; i < n; i++)
@@ -99,16 +149,13 @@ uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n)
 	return fence > p->completed ? fence : 0;
 }
 
-static void queued(struct dpool *p, uint64_t t)
-{
-	if (t > p->issued)
-		p->issued = t;
-}
-
 static int q_copy_blocks(struct dpool *p, const struct backend_block_copy *c, uint32_t n)
 {
 	uint64_t t;
-	int r = p->mem.ops->copy_blocks(&p->mem, c, n, &t);
+	int r;
+
+	flush_demotions(p);
+	r = p->mem.ops->copy_blocks(&p->mem, c, n, &t);
 
 	if (r < 0 || !t)
 		return r;
@@ -121,7 +168,10 @@ static int q_copy_blocks(struct dpool *p, const struct backend_block_copy *c, ui
 static int q_copy_slots(struct dpool *p, const struct backend_slot_copy *c, uint32_t n)
 {
 	uint64_t t;
-	int r = p->mem.ops->copy_slots(&p->mem, c, n, &t);
+	int r;
+
+	flush_demotions(p);
+	r = p->mem.ops->copy_slots(&p->mem, c, n, &t);
 
 	if (r < 0 || !t)
 		return r;
@@ -136,8 +186,10 @@ static int q_move(struct dpool *p, enum backend_dir dir, const struct backend_mo
 		  uint64_t *ret_ticket)
 {
 	uint64_t t;
-	int r = p->mem.ops->move(&p->mem, dir, m, n, &t);
+	int r;
 
+	flush_demotions(p);
+	r = p->mem.ops->move(&p->mem, dir, m, n, &t);
 	if (r < 0) {
 		log_warning("pool %s: moving %u blocks %s the %s pool failed: %s", p->cfg->name, n,
 			    dir == BACKEND_TO_HOST ? "out of" : "into", p->mem.ops->name,
@@ -236,7 +288,7 @@ static int move_to_stage(struct dpool *p, uint32_t block)
 	int r = q_move(p, BACKEND_TO_HOST, &m, 1, &p->stage_ticket);
 
 	if (r == 0)
-		pool_wait(p, p->stage_ticket);
+		pool_wait(p, &p->stage_ticket);
 	return r < 0 ? r : p->failed;
 }
 
@@ -250,17 +302,20 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 
 	if (from_tier == CORE_TIER_POOL && to_tier == CORE_TIER_HOST && p->host_direct) {
 		/*
-		 * Queued: the slot is committed now, and every later use of it either queues
-		 * behind this move or waits for slot_ticket.  Until committed it matches nothing,
-		 * so a move that cannot be queued leaves no stale block.
+		 * Gathered into the batch (flush_demotions), committed now: every later use of the
+		 * slot either queues behind the batch or waits for it.
 		 */
-		struct backend_move m = { .block = from,
-					  .host = host_tier_slot_for_write(p->host, to) };
-		int r = q_move(p, BACKEND_TO_HOST, &m, 1, &p->slot_ticket[to]);
-
-		if (r < 0)
-			return r;
+		for (uint32_t i = 0; i < p->nout; i++)
+			if (p->out[i].block == from || p->out_slots[i] == to) {
+				flush_demotions(p);
+				break;
+			}
+		p->out[p->nout] = (struct backend_move){
+			.block = from, .host = host_tier_slot_for_write(p->host, to) };
+		p->out_slots[p->nout++] = to;
 		host_tier_commit(p->host, to, &key);
+		if (p->nout == OUT_MAX_BLOCKS)
+			flush_demotions(p);
 		return 0;
 	}
 	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
@@ -270,7 +325,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 			return r;
 		data = p->mem.stage;
 	} else if (from_tier == CORE_TIER_POOL) {
-		pool_wait(p, p->block_ticket[from]); /* a promotion into it may be queued */
+		pool_wait(p, &p->block_ticket[from]); /* a promotion into it may be queued */
 		if (p->failed)
 			return p->failed;
 		data = block_at(p, from);
@@ -281,7 +336,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		host_tier_key(p->host, from, &stored);
 		key.tokens = stored.tokens;
 		if (p->host_direct)
-			pool_wait(p, p->slot_ticket[from]);
+			pool_wait(p, &p->slot_ticket[from]);
 		if (p->failed)
 			return p->failed; /* the slot's bytes may never have arrived */
 		data = host_tier_data(p->host, from);
@@ -380,7 +435,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 		if (!count)
 			break;
 		/* The staging is the CPU's again once the last move reading it is done. */
-		pool_wait(p, p->stage_ticket);
+		pool_wait(p, &p->stage_ticket);
 		for (k = 0; k < count; k++) {
 			struct tier_key key = tier_key_of(&chunk[k]->key);
 
@@ -416,11 +471,15 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 			loads[next].result = -ENOMEM;
 }
 
-/* The latest ticket touching any of the loads' blocks that the file tier writes itself. */
-static uint64_t file_loads_fence(const struct dpool *p, const struct core_load *loads, uint32_t n)
+/*
+ * The latest ticket touching any of the loads' blocks that the file tier writes itself (the
+ * demotions gathered so far go out first: one of them may read such a block).
+ */
+static uint64_t file_loads_fence(struct dpool *p, const struct core_load *loads, uint32_t n)
 {
 	uint64_t fence = 0;
 
+	flush_demotions(p);
 	for (uint32_t i = 0; i < n; i++)
 		if (loads[i].tier == CORE_TIER_FILE && p->block_ticket[loads[i].block] > fence)
 			fence = p->block_ticket[loads[i].block];
@@ -436,6 +495,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 	struct dpool *p = ctx;
 	uint32_t nfile = 0, *slots = NULL, *which = NULL;
 	struct tier_key *keys = NULL;
+	uint64_t fence;
 	void **dsts = NULL;
 	int *results = NULL;
 
@@ -468,7 +528,8 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 			dsts[nfile] = block_at(p, loads[i].block);
 			which[nfile++] = i;
 		}
-	pool_wait(p, file_loads_fence(p, loads, n));
+	fence = file_loads_fence(p, loads, n);
+	pool_wait(p, &fence);
 	if (p->failed) {
 		for (uint32_t k = 0; k < nfile; k++)
 			loads[which[k]].result = p->failed;
@@ -755,7 +816,7 @@ static double measure_move_bandwidth(struct dpool *p)
 		uint64_t ticket;
 
 		if (q_move(p, k % 2 ? BACKEND_FROM_HOST : BACKEND_TO_HOST, m, (uint32_t)n,
-			   &ticket) < 0 || (pool_wait(p, ticket), p->failed)) {
+			   &ticket) < 0 || (pool_wait(p, &ticket), p->failed)) {
 			best = 0;
 			break;
 		}
@@ -1108,6 +1169,8 @@ void dpool_done(struct dpool *p)
 		free(job);
 	}
 	/* Nothing may still move into the host tier's arena or out of the pool when freed. */
+	if (p->mem.ops)
+		flush_demotions(p);
 	if (p->mem.ops && p->issued && p->mem.ops->wait(&p->mem, p->issued) < 0)
 		log_error("pool %s: the backend failed while its last operations completed",
 			  p->cfg->name);

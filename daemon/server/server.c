@@ -679,6 +679,7 @@ int server_run(struct server *srv)
 		 * (OP_TIER); a pool whose poll failed is reaped here, between requests.
 		 */
 		for (size_t i = 0; i < srv->npools; i++) {
+			dpool_flush(&srv->pools[i]); /* what this pass's requests demoted goes out */
 			if (!srv->pools[i].tier_armed)
 				dpool_tier_poll(&srv->pools[i]);
 			if (!srv->pools[i].backend_armed)

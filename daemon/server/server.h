@@ -59,6 +59,9 @@ struct seq_owner {
 	uint32_t idx;      /* position in s->seqs */
 };
 
+/* Demotions gathered into one move at most. */
+#define OUT_MAX_BLOCKS 64u
+
 struct dpool {
 	struct server *srv;
 	const struct kvpd_pool_config *cfg;
@@ -72,6 +75,10 @@ struct dpool {
 	uint64_t issued, completed;
 	uint64_t *block_ticket, *slot_ticket, stage_ticket;
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
+	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */
+	struct backend_move out[OUT_MAX_BLOCKS];
+	uint32_t out_slots[OUT_MAX_BLOCKS];
+	uint32_t nout;
 	uint64_t held_replies; /* replies and ring batches that waited for the queue */
 	uint32_t nheld;     /* sessions whose replies wait for the queue */
 	int failed;         /* the backend failed (-errno): the daemon stops */
@@ -286,6 +293,8 @@ void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
  * poll failed): releases held replies and starts deferred reads that waited for it.
  */
 void dpool_backend_poll(struct dpool *p);
+/* Queues the demotions gathered so far (also done before anything else is queued or fenced). */
+void dpool_flush(struct dpool *p);
 /* Whether the pool's queue completed ticket t (0 always has). */
 bool dpool_passed(struct dpool *p, uint64_t t);
 /*
