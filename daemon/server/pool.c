@@ -101,6 +101,8 @@ static void flush_demotions(struct dpool *p)
 			    "recomputed", p->cfg->name, p->nout, strerror(-r));
 		for (uint32_t i = 0; i < p->nout; i++)
 			(void)host_tier_slot_for_write(p->host, p->out_slots[i]);
+		/* The core believes those slots full: nothing of this pool is to be trusted. */
+		device_failed(p, r);
 	}
 	for (uint32_t i = 0; t && i < p->nout; i++)
 		p->block_ticket[p->out[i].block] = p->slot_ticket[p->out_slots[i]] = t;
@@ -194,6 +196,9 @@ static int q_move(struct dpool *p, enum backend_dir dir, const struct backend_mo
 		log_warning("pool %s: moving %u blocks %s the %s pool failed: %s", p->cfg->name, n,
 			    dir == BACKEND_TO_HOST ? "out of" : "into", p->mem.ops->name,
 			    strerror(-r));
+		/* The daemon's moves are always well formed: only the device can refuse one. */
+		if (r != -EINVAL)
+			device_failed(p, r);
 		return r;
 	}
 	for (uint32_t i = 0; t && i < n; i++)
@@ -339,7 +344,10 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 			pool_wait(p, &p->slot_ticket[from]);
 		if (p->failed)
 			return p->failed; /* the slot's bytes may never have arrived */
-		data = host_tier_data(p->host, from);
+		/* A slot whose move failed matches nothing: its stale bytes must not go down. */
+		data = host_tier_lookup(p->host, from, &key);
+		if (!data)
+			return -EBADMSG;
 	}
 	if (to_tier == CORE_TIER_HOST) {
 		host_tier_store(p->host, to, &key, data);
@@ -376,6 +384,7 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 	uint32_t ndirect = 0, nmoves = 0, *which = NULL;
 	int r;
 
+	flush_demotions(p); /* a slot looked up below may be in the batch, its move to fail */
 	for (uint32_t i = 0; i < n; i++)
 		ndirect += load_is_direct(p, &loads[i]);
 	if (!ndirect)
