@@ -62,6 +62,13 @@ struct host_state {
 	 * when the scheduler happens to make them needed.  Never set in production.
 	 */
 	unsigned delay_ms;
+	/*
+	 * The pool's mapping, which the operations use.  $KVPAGED_TEST_DEVICE_POOL=1 (threaded
+	 * only, read at create) keeps it from the caller (base NULL): the daemon then takes the
+	 * paths of a pool on a device (staging, moves into a "pinned" host tier), which tests
+	 * can run on a machine without one.  Never set in production.
+	 */
+	void *base;
 };
 
 static void *worker(void *arg);
@@ -72,6 +79,7 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 {
 	char name[96];
 	struct host_state *st;
+	bool hide = false;
 	void *base;
 	int fd, done_fd, r;
 
@@ -102,9 +110,13 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 		r = -errno;
 		goto fail;
 	}
+	st->base = base;
 	if (threaded) {
 		const char *delay = getenv("KVPAGED_TEST_COPY_DELAY_MS");
+		const char *device = getenv("KVPAGED_TEST_DEVICE_POOL");
 		sigset_t all, saved;
+
+		hide = device && !strcmp(device, "1");
 
 		st->threaded = true;
 		st->delay_ms = delay ? (unsigned)strtoul(delay, NULL, 10) : 0;
@@ -126,6 +138,8 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 	}
 	*ret = (struct backend_pool){ .ops = ops, .fd = fd, .base = base, .bytes = bytes,
 				      .block_bytes = block_bytes, .done_fd = done_fd, .priv = st };
+	if (hide)
+		ret->base = NULL;
 	return 0;
 fail:
 	if (fd >= 0)
@@ -162,8 +176,8 @@ static void host_destroy(struct backend_pool *p)
 		pthread_cond_destroy(&st->work);
 		pthread_mutex_destroy(&st->mu);
 	}
-	if (p->base)
-		munmap(p->base, p->bytes);
+	if (st ? st->base : p->base)
+		munmap(st ? st->base : p->base, p->bytes);
 	if (p->fd >= 0)
 		close(p->fd);
 	if (p->done_fd >= 0)
@@ -278,8 +292,10 @@ static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir d
 {
 	struct host_state *st = p->priv;
 	const uint64_t nblocks = p->bytes / p->block_bytes;
+	struct backend_pool mine = *p; /* with the mapping, which the caller may not have */
 	struct job *j;
 
+	mine.base = st->base;
 	for (uint32_t i = 0; i < n; i++) {
 		bool bad;
 
@@ -313,7 +329,7 @@ static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir d
 	if (n == 0)
 		return 0;
 	if (!st->threaded) {
-		run(p, kind, dir, list, n);
+		run(&mine, kind, dir, list, n);
 		*ret_ticket = ++st->issued;
 		return 0;
 	}
@@ -324,7 +340,7 @@ static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir d
 		pthread_mutex_lock(&st->mu);
 		while (st->head)
 			pthread_cond_wait(&st->progress, &st->mu);
-		run(p, kind, dir, list, n);
+		run(&mine, kind, dir, list, n);
 		*ret_ticket = ++st->issued;
 		atomic_store_explicit(&st->done, st->issued, memory_order_release);
 		pthread_cond_broadcast(&st->progress);
@@ -332,7 +348,7 @@ static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir d
 		return 0;
 	}
 	j->next = NULL;
-	j->pool = *p;
+	j->pool = mine;
 	j->kind = kind;
 	j->dir = dir;
 	j->n = n;

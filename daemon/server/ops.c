@@ -136,11 +136,13 @@ static int defer_loads(struct session *s, uint64_t seq)
 
 /*
  * Whether the pool's opens and resumes read its swap files without holding the loop: a pool in
- * host memory (the reads land in it), unless configured to block.
+ * host memory (the reads land in it) or on a device (they land in its load staging, then move
+ * in), unless configured to block.
  */
 static bool may_defer(const struct dpool *p)
 {
-	return p->file && p->mem.base && p->tier_armed && !p->cfg->file_tier_blocking_reads;
+	return p->file && (p->mem.base || p->load_stage) && p->tier_armed &&
+	       !p->cfg->file_tier_blocking_reads;
 }
 
 /* An open's figures, once its cached tokens are known. */

@@ -421,8 +421,11 @@ out:
 	free(which);
 }
 
-/* A device pool's other hits: each chunk is read into the staging, then moved in. */
-static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
+/*
+ * A device pool's other hits: each chunk is read into the staging, then moved in.  Without
+ * files, only the host tier's (the file tier's are a deferred job's).
+ */
+static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bool files)
 {
 	const uint32_t cap = p->mem.stage_blocks;
 	struct core_load *chunk[STAGE_MAX_BLOCKS];
@@ -439,7 +442,8 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 
 		/* No staging was allocated when nothing needs it (cap 0): nothing is taken then. */
 		for (; next < n && count < cap; next++)
-			if (load_is_staged(p, &loads[next]))
+			if (load_is_staged(p, &loads[next]) &&
+			    (files || loads[next].tier != CORE_TIER_FILE))
 				chunk[count++] = &loads[next];
 		if (!count)
 			break;
@@ -476,7 +480,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n)
 	}
 	/* Only if the staging is missing where it is needed, which dpool_init() rules out. */
 	for (; next < n; next++)
-		if (load_is_staged(p, &loads[next]))
+		if (load_is_staged(p, &loads[next]) && (files || loads[next].tier != CORE_TIER_FILE))
 			loads[next].result = -ENOMEM;
 }
 
@@ -510,7 +514,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 
 	load_host_direct(p, loads, n);
 	if (!p->mem.base) {
-		load_staged(p, loads, n);
+		load_staged(p, loads, n, true);
 		return;
 	}
 	for (uint32_t i = 0; i < n; i++)
@@ -593,6 +597,11 @@ struct load_job {
 	uint32_t n;
 	uint64_t fence;  /* the reads start once this ticket is done (their blocks are free) */
 	bool started, finished;
+	/*
+	 * The entries being read: all of them for a pool in host memory (into the blocks); for a
+	 * pool on a device, a chunk at a time into the load staging, each moved in once read.
+	 */
+	uint32_t first, count;
 	uint32_t *which; /* index in the sequence's loads */
 	uint32_t *slots;
 	struct tier_key *keys;
@@ -608,29 +617,79 @@ static void job_done(void *ctx)
 	p->jobs->finished = true;
 }
 
+/* A pool on a device reads into its load staging, then moves the blocks in. */
+static bool job_staged(const struct dpool *p)
+{
+	return !p->mem.base;
+}
+
 /*
- * Starts the head job's reads once the backend's queue is past every operation on its blocks
- * (an eviction that freed one may still be moving it out); else dpool_backend_poll does.
+ * Starts the head job's reads once the backend's queue is past every operation on their
+ * destination: for a pool in host memory its blocks (an eviction that freed one may still be
+ * moving it out), for a pool on a device the load staging (the last chunk's move in may still
+ * be reading it).  Else dpool_backend_poll starts them.
  */
 static void job_start(struct dpool *p, struct load_job *job)
 {
 	int r;
 
-	if (job->started || !dpool_passed(p, job->fence))
+	if (job->started || !dpool_passed(p, job_staged(p) ? p->load_stage_ticket : job->fence))
 		return;
 	job->started = true;
-	r = file_tier_load_start(p->file, job->n, job->slots, job->keys, job->dsts, job->results,
-				 job_done, p);
-
+	job->count = job->n - job->first;
+	if (job_staged(p)) {
+		if (job->count > p->load_stage_blocks)
+			job->count = p->load_stage_blocks;
+		for (uint32_t k = 0; k < job->count; k++)
+			job->dsts[job->first + k] =
+				(char *)p->load_stage + (uint64_t)k * p->block_bytes;
+	}
+	r = file_tier_load_start(p->file, job->count, job->slots + job->first,
+				 job->keys + job->first, job->dsts + job->first,
+				 job->results + job->first, job_done, p);
 	if (r < 0) {
 		log_warning("pool %s: cannot start reading %u blocks from the file tier: %s; "
-			    "they are recomputed", p->cfg->name, job->n, strerror(-r));
-		for (uint32_t k = 0; k < job->n; k++)
+			    "they are recomputed", p->cfg->name, job->count, strerror(-r));
+		for (uint32_t k = job->first; k < job->first + job->count; k++)
 			job->results[k] = r;
 		/* The next dpool_tier_poll finishes it: the eventfd brings the loop round. */
 		job->finished = true;
 		(void)eventfd_write(file_tier_event_fd(p->file), 1);
 	}
+}
+
+/*
+ * The head job's chunk is read.  A pool on a device moves what was read in from the load
+ * staging (one queued move), and goes on with the next chunk.  True when the job is done.
+ */
+static bool job_chunk_done(struct dpool *p, struct load_job *job)
+{
+	struct backend_move moves[STAGE_MAX_BLOCKS];
+	uint32_t idx[STAGE_MAX_BLOCKS], m = 0;
+	struct core_load *loads;
+	uint32_t n;
+	int r;
+
+	if (!job_staged(p)) {
+		job->first = job->n;
+		return true;
+	}
+	core_seq_pending_loads(p->core, job->seq, &loads, &n);
+	for (uint32_t k = job->first; k < job->first + job->count; k++)
+		if (job->results[k] == 0) {
+			moves[m] = (struct backend_move){ .block = loads[job->which[k]].block,
+							  .host = job->dsts[k] };
+			idx[m++] = k;
+		}
+	r = m ? q_move(p, BACKEND_FROM_HOST, moves, m, &p->load_stage_ticket) : 0;
+	for (uint32_t i = 0; i < m; i++)
+		job->results[idx[i]] = r;
+	job->first += job->count;
+	job->count = 0;
+	if (job->first == job->n)
+		return true;
+	job->started = job->finished = false;
+	return false;
 }
 
 static void job_finish(struct dpool *p, struct load_job *job)
@@ -667,8 +726,10 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 	job = nfile ? calloc(1, size) : NULL;
 	if (nfile && !job)
 		return -ENOMEM;
-	/* Host RAM: queued now.  (Deferral is for pools in host memory: block_at works.) */
+	/* Host RAM: queued now (or, from an unpinned tier, staged and queued). */
 	load_host_direct(p, loads, n);
+	if (!p->mem.base)
+		load_staged(p, loads, n, false);
 	if (!nfile) {
 		core_seq_loaded(p->core, seq);
 		return 0;
@@ -688,7 +749,7 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 			continue;
 		/* The key's tokens are the block's own in the core: they stay until loaded. */
 		job->keys[job->n] = tier_key_of(&loads[i].key);
-		job->dsts[job->n] = block_at(p, loads[i].block);
+		job->dsts[job->n] = p->mem.base ? block_at(p, loads[i].block) : NULL; /* staged */
 		job->slots[job->n] = loads[i].slot;
 		job->which[job->n++] = i;
 	}
@@ -742,6 +803,10 @@ void dpool_tier_poll(struct dpool *p)
 	while (p->jobs && p->jobs->finished) {
 		struct load_job *job = p->jobs;
 
+		if (!job_chunk_done(p, job)) {
+			job_start(p, job); /* its next chunk, once the staging is free */
+			break;
+		}
 		p->jobs = job->next;
 		if (!p->jobs)
 			p->jobs_tail = NULL;
@@ -1129,6 +1194,13 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 					       "staging for the tiers: %m", cfg->name,
 					       (unsigned long long)(n * p->block_bytes));
 		p->mem.stage_blocks = (uint32_t)n;
+		/* Deferred swap-file reads get their own, so that requests never wait for them. */
+		r = p->file ? ops->host_alloc(&p->mem, n * p->block_bytes, &p->load_stage) : 0;
+		if (r < 0)
+			return log_error_errno(r, "pool %s: cannot allocate %llu bytes of pinned "
+					       "staging for swap-file reads: %m", cfg->name,
+					       (unsigned long long)(n * p->block_bytes));
+		p->load_stage_blocks = p->load_stage ? (uint32_t)n : 0;
 	}
 	r = core_new(&cc, &p->core);
 	if (r < 0)
@@ -1192,6 +1264,10 @@ void dpool_done(struct dpool *p)
 		p->mem.ops->host_free(&p->mem, p->mem.stage,
 				      (uint64_t)p->mem.stage_blocks * p->block_bytes);
 	p->mem.stage = NULL;
+	if (p->load_stage)
+		p->mem.ops->host_free(&p->mem, p->load_stage,
+				      (uint64_t)p->load_stage_blocks * p->block_bytes);
+	p->load_stage = NULL;
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
 	free(p->owners);

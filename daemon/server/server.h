@@ -74,6 +74,13 @@ struct dpool {
 	 */
 	uint64_t issued, completed;
 	uint64_t *block_ticket, *slot_ticket, stage_ticket;
+	/*
+	 * A device pool's deferred swap-file reads land here (pinned, as the staging), a chunk
+	 * at a time, and move in from here: apart from the staging, which requests use.
+	 */
+	void *load_stage;
+	uint32_t load_stage_blocks;
+	uint64_t load_stage_ticket; /* the last move in reading it */
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
 	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */
 	struct backend_move out[OUT_MAX_BLOCKS];

@@ -699,6 +699,68 @@ START_TEST(test_replies_wait_for_queued_moves)
 }
 END_TEST
 
+/*
+ * Long prompts back from the swap file, bytewise: 200 blocks each, more than a staging holds
+ * (64), so that on a pool on a device (threaded.test's second pass) the socket's deferred
+ * reads go through the load staging in chunks and the ring's reads through the staging in
+ * chunks, each chunk moved in before the next is read.  On a pool in host memory the same
+ * reads land in the blocks directly.
+ */
+START_TEST(test_long_prompts_back_from_the_swap_file)
+{
+	static uint32_t ta[3200], tb[3200], table[200];
+	static char conf[1024];
+	struct kvp_table tab = { 0 };
+	struct kvp_completion comp;
+	struct kvp_client *c, *r;
+	struct kvp_op op;
+	uint32_t cached = 0;
+	uint64_t sa, sb;
+	char out[16384];
+
+	make_swap_dir();
+	setup_pools(210, 0, 512, false);
+	snprintf(conf, sizeof(conf), "%s", pools);
+	daemon_start(&d, conf);
+	prompt(ta, 3200, 100);
+	prompt(tb, 3200, 90000);
+	c = connect_ns(NULL, 0);
+	r = connect_ns(NULL, 64);
+
+	ck_assert_int_eq(kvp_open(c, ta, 3200, 0, 0, &sa, &cached, &tab), 0);
+	ck_assert_uint_eq(tab.len, 200);
+	write_big(c, tab.blocks, 200, 0x11);
+	ck_assert_int_eq(kvp_commit(c, sa, 3200, &tab), 0);
+	ck_assert_int_eq(kvp_close(c, sa), 0);
+	ck_assert_int_eq(kvp_open(c, tb, 3200, 0, 0, &sb, &cached, &tab), 0); /* a goes down */
+	write_big(c, tab.blocks, 200, 0x55);
+	ck_assert_int_eq(kvp_commit(c, sb, 3200, &tab), 0);
+	ck_assert_int_eq(kvp_close(c, sb), 0);
+
+	/* a over the socket (deferred reads), then b over the rings (read within the call). */
+	ck_assert_int_eq(kvp_open(c, ta, 3200, 0, 0, &sa, &cached, &tab), 0);
+	ck_assert_uint_eq(cached, 3200);
+	assert_big(c, tab.blocks, 200, 0x11, "socket: a's prompt from the swap file");
+	ck_assert_int_eq(kvp_close(c, sa), 0);
+	op = (struct kvp_op){ .opcode = KVP_OPEN, .user_data = 2, .tokens = tb, .ntokens = 3200,
+			      .table_cap = 200, .table_out = table };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_complete(r, &comp, 1, 1, 10000), 1);
+	ck_assert_int_eq(comp.res, 0);
+	ck_assert_uint_eq(comp.aux, 3200);
+	assert_big(r, table, 200, 0x55, "ring: b's prompt from the swap file");
+
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_ge(tier_int(out, "file", "promotions"), 2 * 190);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_disconnect(r);
+	kvp_table_free(&tab);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tiers");
@@ -712,6 +774,7 @@ int main(void)
 	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	tcase_add_test(tc, test_session_closed_while_loading);
 	tcase_add_test(tc, test_replies_wait_for_queued_moves);
+	tcase_add_test(tc, test_long_prompts_back_from_the_swap_file);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
