@@ -623,10 +623,16 @@ static int cuda_copy_slots(struct backend_pool *p, const struct backend_slot_cop
 
 	if (cp->error)
 		return cp->error;
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
 		if (c[i].dst >= cp->nblocks || c[i].src >= cp->nblocks)
 			return fail(-EINVAL, "copy_slots: no block %u",
 				    c[i].dst >= cp->nblocks ? c[i].dst : c[i].src);
+		/* A slot past the block would write into the next one (as the host backend checks). */
+		if ((uint64_t)c[i].dst_slot * p->slot_stride >= p->kv_stride ||
+		    (uint64_t)c[i].src_slot * p->slot_stride >= p->kv_stride)
+			return fail(-EINVAL, "copy_slots: no slot %u in a block",
+				    c[i].dst_slot > c[i].src_slot ? c[i].dst_slot : c[i].src_slot);
+	}
 	if (n == 0) {
 		*ret_ticket = 0;
 		return 0;

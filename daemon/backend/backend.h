@@ -49,7 +49,12 @@ struct backend_pool {
 /* One block of a move: the pool's block and block_bytes of host memory. */
 struct backend_move {
 	uint32_t block;
-	void *host; /* from host_alloc() for full speed; 16-byte aligned when slot_stride is */
+	/*
+	 * From host_alloc(): on a device the copy may read or write it directly from the GPU
+	 * (pinned, device-mapped memory is then required, not only faster).  16-byte aligned when
+	 * slot_stride is.
+	 */
+	void *host;
 };
 
 /* One block of a batched copy. */
@@ -88,10 +93,16 @@ struct backend_ops {
 	 */
 	int (*copy_blocks)(struct backend_pool *p, const struct backend_block_copy *c, uint32_t n,
 			   uint64_t *ret_ticket);
-	/* copy_slots: n token slots, every layer's K and V (gather, for compaction); as above. */
+	/*
+	 * copy_slots: n token slots, every layer's K and V (gather, for compaction).  No slot may
+	 * be both written and read, or written twice, by one call (two slots of one block may).
+	 */
 	int (*copy_slots)(struct backend_pool *p, const struct backend_slot_copy *c, uint32_t n,
 			  uint64_t *ret_ticket);
-	/* move: n blocks between the pool and host memory (swap out, swap in). */
+	/*
+	 * move: n blocks between the pool and host memory (swap out, swap in).  No block and no
+	 * host memory may appear twice in one call (its entries may run in any order).
+	 */
 	int (*move)(struct backend_pool *p, enum backend_dir dir, const struct backend_move *m,
 		    uint32_t n, uint64_t *ret_ticket);
 	/*
@@ -99,7 +110,10 @@ struct backend_ops {
 	 * the device failed (the pool is then unusable: a device's errors are sticky).
 	 */
 	int (*done)(struct backend_pool *p, uint64_t *ret_ticket);
-	/* Blocks until ticket completed (at once for 0): 0 or -errno if the device failed. */
+	/*
+	 * Blocks until ticket completed (at once for 0): 0, -EINVAL for a ticket never issued, or
+	 * -errno if the device failed.
+	 */
 	int (*wait)(struct backend_pool *p, uint64_t ticket);
 	/*
 	 * Host memory for moves: pinned (page-locked, device-visible) when the pool is on a

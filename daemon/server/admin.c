@@ -206,7 +206,7 @@ static void metrics_text(struct server *srv, struct text *t)
 		size_t off;
 	} queue_counters[] = {
 		{ "backend_queued_ops", "Copies and moves queued on the pool's backend.",
-		  offsetof(struct dpool, issued) },
+		  offsetof(struct dpool, queued_ops) },
 		{ "backend_held_replies", "Replies and ring batches that waited for the backend.",
 		  offsetof(struct dpool, held_replies) },
 		{ "backend_loop_waits", "Times the event loop waited for the backend's queue.",
@@ -571,7 +571,7 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->pruned_blocks = st.pruned_blocks;
 				x->pruned_tokens = st.pruned_tokens;
 				x->compactions = st.compactions;
-				x->queued_ops = p->issued;
+				x->queued_ops = p->queued_ops;
 				x->held_replies = p->held_replies;
 				x->loop_waits = p->cpu_waits;
 				tier_stats_fill(p, x);

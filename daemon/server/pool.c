@@ -73,8 +73,10 @@ bool dpool_passed(struct dpool *p, uint64_t t)
 
 static void queued(struct dpool *p, uint64_t t)
 {
-	if (t > p->issued)
+	if (t > p->issued) {
 		p->issued = t;
+		p->queued_ops++;
+	}
 }
 
 /*
@@ -97,8 +99,8 @@ static void flush_demotions(struct dpool *p)
 		 * lookup finds a miss (recomputed), never these bytes.  (A host backend does not
 		 * fail here; a GPU only for a device error, which stops the daemon.)
 		 */
-		log_warning("pool %s: moving %u blocks out to the host tier failed: %s; they will be "
-			    "recomputed", p->cfg->name, p->nout, strerror(-r));
+		log_warning("pool %s: moving %u blocks out to the host tier failed: %s; their slots "
+			    "are forgotten", p->cfg->name, p->nout, strerror(-r));
 		for (uint32_t i = 0; i < p->nout; i++)
 			(void)host_tier_slot_for_write(p->host, p->out_slots[i]);
 		/* The core believes those slots full: nothing of this pool is to be trusted. */
@@ -1075,6 +1077,9 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 					       : c->file_tier_bandwidth == KVPD_MEASURE
 							 ? 0
 							 : (double)c->file_tier_bandwidth;
+	/* The stats count what clients cause, not the measurements. */
+	p->queued_ops = 0;
+	p->cpu_waits = 0;
 	if (c->host_tier_bandwidth == KVPD_MEASURE || c->file_tier_bandwidth == KVPD_MEASURE)
 		log_info("pool %s: measured tier bandwidth: host %.2f GB/s, file %.2f GB/s", c->name,
 			 p->bandwidth[CORE_TIER_HOST] / 1e9, p->bandwidth[CORE_TIER_FILE] / 1e9);

@@ -81,6 +81,7 @@ struct dpool {
 	void *load_stage;
 	uint32_t load_stage_blocks;
 	uint64_t load_stage_ticket; /* the last move in reading it */
+	uint64_t queued_ops; /* operations queued (after the start-up measurements) */
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
 	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */
 	struct backend_move out[OUT_MAX_BLOCKS];
