@@ -299,6 +299,126 @@ static int move_to_stage(struct dpool *p, uint32_t block)
 	return r < 0 ? r : p->failed;
 }
 
+/* A queued write failed: remember the slot; dpool_tier_poll tells the core between calls. */
+static void on_file_lost(void *ctx, uint32_t slot, int err)
+{
+	struct dpool *p = ctx;
+
+	log_warning("pool %s: file tier write of slot %u failed: %s; the block is dropped",
+		    p->cfg->name, slot, strerror(-err));
+	if (p->nlost == p->lost_cap) {
+		uint32_t cap = p->lost_cap ? p->lost_cap * 2 : 64;
+		uint32_t *grown = realloc(p->lost, cap * sizeof(*grown));
+
+		if (!grown) {
+			p->lost_overflow = true;
+			return;
+		}
+		p->lost = grown;
+		p->lost_cap = cap;
+	}
+	p->lost[p->nlost++] = slot;
+}
+
+/*
+ * A device pool's demotions straight to the swap files (no pinned host tier in between): the
+ * block is moved out into a slot of the store staging, queued, and handed to the file tier once
+ * the move is done, oldest first (the file tier copies it at once, which frees the slot).  The
+ * core has the file slot from the start; anything that reads or writes that file slot first
+ * settles its pending store.
+ */
+static void *store_slot(const struct dpool *p, uint32_t k)
+{
+	return (char *)p->store_stage + (uint64_t)k * p->block_bytes;
+}
+
+/* The file tier never got the block: the core forgets the slot at the next tier poll. */
+static void store_lost(struct dpool *p, uint32_t file_slot, int err)
+{
+	on_file_lost(p, file_slot, err);
+	(void)eventfd_write(file_tier_event_fd(p->file), 1);
+}
+
+/*
+ * Hands the pending stores whose moves are done to the file tier, oldest first; the first
+ * `wait` of them are waited for if need be (the loop blocks, counted).
+ */
+static void stores_settle(struct dpool *p, uint32_t wait)
+{
+	while (p->nstores) {
+		struct pending_store *e = &p->stores[p->store_head];
+
+		if (wait) {
+			pool_wait(p, &e->ticket);
+			wait--;
+		} else if (!dpool_passed(p, e->ticket)) {
+			break;
+		}
+		if (p->failed) {
+			store_lost(p, e->file_slot, p->failed); /* its bytes may never have arrived */
+		} else {
+			int r = file_tier_store(p->file, e->file_slot, &e->key,
+						store_slot(p, p->store_head));
+
+			if (r < 0)
+				store_lost(p, e->file_slot, r);
+		}
+		p->store_head = (p->store_head + 1) % p->store_cap;
+		p->nstores--;
+	}
+}
+
+/* Settles the pending stores up to the last one of any of these file slots, waiting. */
+static void stores_settle_slots(struct dpool *p, const uint32_t *slots, uint32_t n)
+{
+	uint32_t upto = 0;
+
+	for (uint32_t k = 0; k < p->nstores; k++)
+		for (uint32_t i = 0; i < n; i++)
+			if (p->stores[(p->store_head + k) % p->store_cap].file_slot == slots[i])
+				upto = k + 1;
+	if (upto)
+		stores_settle(p, upto);
+}
+
+/* Whether any of these file slots has a store pending. */
+static bool stores_pending(const struct dpool *p, const uint32_t *slots, uint32_t n)
+{
+	for (uint32_t k = 0; k < p->nstores; k++)
+		for (uint32_t i = 0; i < n; i++)
+			if (p->stores[(p->store_head + k) % p->store_cap].file_slot == slots[i])
+				return true;
+	return false;
+}
+
+/* Queues a device pool's block for file slot `to` through the store staging. */
+static int store_queued(struct dpool *p, uint32_t from, uint32_t to, const struct core_key *ck)
+{
+	const uint32_t B = p->cfg->block_tokens;
+	struct pending_store *e;
+	struct backend_move m;
+	uint64_t ticket;
+	uint32_t k;
+	int r;
+
+	stores_settle(p, 0); /* those done free their slots */
+	if (p->nstores == p->store_cap)
+		stores_settle(p, 1); /* full: the oldest is waited for */
+	k = (p->store_head + p->nstores) % p->store_cap;
+	m = (struct backend_move){ .block = from, .host = store_slot(p, k) };
+	r = q_move(p, BACKEND_TO_HOST, &m, 1, &ticket);
+	if (r < 0)
+		return r;
+	e = &p->stores[k];
+	e->ticket = ticket;
+	e->file_slot = to;
+	e->key = tier_key_of(ck);
+	memcpy(&p->store_tokens[(size_t)k * B], ck->tokens, (size_t)B * sizeof(uint32_t));
+	e->key.tokens = &p->store_tokens[(size_t)k * B];
+	p->nstores++;
+	return 0;
+}
+
 /* core_tier_ops.store: pool or host slot -> host or file slot. */
 static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		      const struct core_key *ck)
@@ -325,6 +445,8 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 			flush_demotions(p);
 		return 0;
 	}
+	if (from_tier == CORE_TIER_POOL && to_tier == CORE_TIER_FILE && p->store_stage)
+		return store_queued(p, from, to, ck);
 	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
 		int r = move_to_stage(p, from);
 
@@ -355,6 +477,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		host_tier_store(p->host, to, &key, data);
 		return 0;
 	}
+	stores_settle_slots(p, &to, 1); /* an older store of this slot must not land after it */
 	return file_tier_store(p->file, to, &key, data);
 }
 
@@ -465,6 +588,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 			fwhich[nfile++] = k;
 		}
 		if (nfile) {
+			stores_settle_slots(p, fslots, nfile); /* their blocks may be on the way */
 			file_tier_load(p->file, nfile, fslots, fkeys, fdsts, fresults);
 			for (uint32_t f = 0; f < nfile; f++) {
 				results[fwhich[f]] = fresults[f];
@@ -566,27 +690,6 @@ out:
 
 static const struct core_tier_ops dpool_tier_ops = { .store = tier_store, .load = tier_load };
 
-/* A queued write failed: remember the slot; dpool_tier_poll tells the core between calls. */
-static void on_file_lost(void *ctx, uint32_t slot, int err)
-{
-	struct dpool *p = ctx;
-
-	log_warning("pool %s: file tier write of slot %u failed: %s; the block is dropped",
-		    p->cfg->name, slot, strerror(-err));
-	if (p->nlost == p->lost_cap) {
-		uint32_t cap = p->lost_cap ? p->lost_cap * 2 : 64;
-		uint32_t *grown = realloc(p->lost, cap * sizeof(*grown));
-
-		if (!grown) {
-			p->lost_overflow = true;
-			return;
-		}
-		p->lost = grown;
-		p->lost_cap = cap;
-	}
-	p->lost[p->nlost++] = slot;
-}
-
 /*
  * A deferred load: the file-tier part of one LOADING sequence's loads (its host-tier loads
  * were queued at once).  The arrays are the file tier's batch, in flight while the job is
@@ -642,6 +745,11 @@ static void job_start(struct dpool *p, struct load_job *job)
 	if (job_staged(p)) {
 		if (job->count > p->load_stage_blocks)
 			job->count = p->load_stage_blocks;
+		/* A slot whose block is still on its way to the files: after its store. */
+		if (stores_pending(p, job->slots + job->first, job->count)) {
+			job->started = false;
+			return;
+		}
 		for (uint32_t k = 0; k < job->count; k++)
 			job->dsts[job->first + k] =
 				(char *)p->load_stage + (uint64_t)k * p->block_bytes;
@@ -834,6 +942,7 @@ void dpool_arm_backend_poll(struct server *srv, struct dpool *p)
 void dpool_backend_poll(struct dpool *p)
 {
 	(void)dpool_passed(p, p->issued); /* learns how far the queue got */
+	stores_settle(p, 0);
 	if (p->jobs && !p->jobs->started)
 		job_start(p, p->jobs);
 	if (!p->nheld)
@@ -1206,6 +1315,19 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 					       "staging for swap-file reads: %m", cfg->name,
 					       (unsigned long long)(n * p->block_bytes));
 		p->load_stage_blocks = p->load_stage ? (uint32_t)n : 0;
+		/* And demotions straight to the files, so that they are not waited for either. */
+		r = p->file ? ops->host_alloc(&p->mem, n * p->block_bytes, &p->store_stage) : 0;
+		if (r < 0)
+			return log_error_errno(r, "pool %s: cannot allocate %llu bytes of pinned "
+					       "staging for swap-file writes: %m", cfg->name,
+					       (unsigned long long)(n * p->block_bytes));
+		if (p->store_stage) {
+			p->store_cap = (uint32_t)n;
+			p->stores = calloc(n, sizeof(*p->stores));
+			p->store_tokens = calloc(n * cfg->block_tokens, sizeof(*p->store_tokens));
+			if (!p->stores || !p->store_tokens)
+				return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
+		}
 	}
 	r = core_new(&cc, &p->core);
 	if (r < 0)
@@ -1246,6 +1368,8 @@ void dpool_done(struct dpool *p)
 		file_tier_poll(p->file);
 	}
 	/* Writes still queued finish first: with persistence they are what comes back. */
+	if (p->file && p->nstores)
+		stores_settle(p, p->nstores);
 	p->file = file_tier_close(p->file);
 	/* Loads still queued at exit (a forced stop): their sessions are gone already. */
 	while (p->jobs) {
@@ -1273,6 +1397,12 @@ void dpool_done(struct dpool *p)
 		p->mem.ops->host_free(&p->mem, p->load_stage,
 				      (uint64_t)p->load_stage_blocks * p->block_bytes);
 	p->load_stage = NULL;
+	if (p->store_stage)
+		p->mem.ops->host_free(&p->mem, p->store_stage,
+				      (uint64_t)p->store_cap * p->block_bytes);
+	p->store_stage = NULL;
+	free(p->stores);
+	free(p->store_tokens);
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
 	free(p->owners);

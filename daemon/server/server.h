@@ -44,6 +44,13 @@ struct op {
 
 struct load_job;
 
+/* A device pool's block on its way to a file slot: in the store staging once ticket is done. */
+struct pending_store {
+	uint64_t ticket;
+	uint32_t file_slot;
+	struct tier_key key; /* tokens point into the pool's store_tokens */
+};
+
 /* Hit statistics of one namespace of a pool (the admin's per-tenant view). */
 struct ns_stats {
 	uint64_t salt;
@@ -81,6 +88,11 @@ struct dpool {
 	void *load_stage;
 	uint32_t load_stage_blocks;
 	uint64_t load_stage_ticket; /* the last move in reading it */
+	/* A device pool's demotions straight to the swap files, on their way (pool.c). */
+	void *store_stage;
+	struct pending_store *stores; /* a ring: store_head, nstores of store_cap */
+	uint32_t *store_tokens;       /* block_tokens per staging slot */
+	uint32_t store_cap, store_head, nstores;
 	uint64_t queued_ops; /* operations queued (after the start-up measurements) */
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
 	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */

@@ -761,6 +761,56 @@ START_TEST(test_long_prompts_back_from_the_swap_file)
 }
 END_TEST
 
+/*
+ * One ring batch that pushes a prompt down to the swap file and reads it back at once: a (40
+ * blocks), then z (10), are cached in a pool of 60 with no host tier; the batch OPENs b (20
+ * blocks), which evicts a's last 10 to the files, then OPENs a, which evicts z and reads those
+ * 10 back.  On a pool on a device the demotions are still on their way through the store
+ * staging when the second entry reads their slots, and it must wait for them (else it reads
+ * what the slots held before, and a is recomputed).  On a pool in host memory they are written
+ * at once.
+ */
+START_TEST(test_ring_batch_reads_what_it_just_pushed_down)
+{
+	static uint32_t ta[640], tb[320], tz[160], table_a[40], table_b[20];
+	struct kvp_table tab = { 0 };
+	struct kvp_completion comp[2];
+	struct kvp_client *c, *r;
+	struct kvp_op ops[2];
+	char out[16384];
+
+	make_swap_dir();
+	setup_pools(60, 0, 128, false);
+	daemon_start(&d, pools);
+	prompt(ta, 640, 100);
+	prompt(tb, 320, 70000);
+	prompt(tz, 160, 90000);
+	c = connect_ns(NULL, 0);
+	r = connect_ns(NULL, 64);
+	ck_assert_int_eq(kvp_close(c, fill(c, ta, 640, 0x21, &tab)), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tz, 160, 0x61, &tab)), 0);
+
+	ops[0] = (struct kvp_op){ .opcode = KVP_OPEN, .user_data = 1, .tokens = tb, .ntokens = 320,
+				  .table_cap = 20, .table_out = table_b };
+	ops[1] = (struct kvp_op){ .opcode = KVP_OPEN, .user_data = 2, .tokens = ta, .ntokens = 640,
+				  .table_cap = 40, .table_out = table_a };
+	ck_assert_int_eq(kvp_submit(r, ops, 2), 2);
+	ck_assert_int_eq(kvp_complete(r, comp, 2, 2, 10000), 2);
+	ck_assert_int_eq(comp[0].res, 0);
+	ck_assert_int_eq(comp[1].res, 0);
+	ck_assert_uint_eq(comp[1].aux, 640);
+	assert_big(r, table_a, 40, 0x21, "a read back in the batch that pushed it down");
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_ge(tier_int(out, "file", "promotions"), 10);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_disconnect(r);
+	kvp_table_free(&tab);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tiers");
@@ -775,6 +825,7 @@ int main(void)
 	tcase_add_test(tc, test_session_closed_while_loading);
 	tcase_add_test(tc, test_replies_wait_for_queued_moves);
 	tcase_add_test(tc, test_long_prompts_back_from_the_swap_file);
+	tcase_add_test(tc, test_ring_batch_reads_what_it_just_pushed_down);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
