@@ -348,7 +348,9 @@ static void stores_settle(struct dpool *p, uint32_t wait)
 	while (p->nstores) {
 		struct pending_store *e = &p->stores[p->store_head];
 
-		if (wait) {
+		if (p->failed) {
+			/* Their moves will never be known done: none goes to the files. */
+		} else if (wait) {
 			pool_wait(p, &e->ticket);
 			wait--;
 		} else if (!dpool_passed(p, e->ticket)) {
@@ -942,16 +944,15 @@ void dpool_arm_backend_poll(struct server *srv, struct dpool *p)
 void dpool_backend_poll(struct dpool *p)
 {
 	(void)dpool_passed(p, p->issued); /* learns how far the queue got */
-	stores_settle(p, 0);
-	if (p->jobs && !p->jobs->started)
-		job_start(p, p->jobs);
-	if (!p->nheld)
-		return;
-	for (struct session *s = p->srv->sessions, *next; s; s = next) {
+	/* Replies first: handing stores to the file tier may wait for its buffers. */
+	for (struct session *s = p->srv->sessions, *next; p->nheld && s; s = next) {
 		next = s->next;
 		if (s->pool == p && s->held)
 			session_release(s);
 	}
+	stores_settle(p, 0);
+	if (p->jobs && !p->jobs->started)
+		job_start(p, p->jobs); /* after the stores: its slots may have been among them */
 }
 
 static void on_restored(void *ctx, uint32_t slot, const struct tier_key *k)
@@ -1308,19 +1309,22 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 					       "staging for the tiers: %m", cfg->name,
 					       (unsigned long long)(n * p->block_bytes));
 		p->mem.stage_blocks = (uint32_t)n;
-		/* Deferred swap-file reads get their own, so that requests never wait for them. */
-		r = p->file ? ops->host_alloc(&p->mem, n * p->block_bytes, &p->load_stage) : 0;
-		if (r < 0)
-			return log_error_errno(r, "pool %s: cannot allocate %llu bytes of pinned "
-					       "staging for swap-file reads: %m", cfg->name,
-					       (unsigned long long)(n * p->block_bytes));
+		/*
+		 * Deferred swap-file reads get their own, so that requests never wait for them, and
+		 * so do demotions straight to the files.  Without them (pinned memory short) the
+		 * reads and writes go through the staging within the request, as they could.
+		 */
+		if (p->file && ops->host_alloc(&p->mem, n * p->block_bytes, &p->load_stage) < 0) {
+			log_warning("pool %s: no pinned memory for the swap-file reads' staging: opens "
+				    "read the swap files within the request", cfg->name);
+			p->load_stage = NULL;
+		}
 		p->load_stage_blocks = p->load_stage ? (uint32_t)n : 0;
-		/* And demotions straight to the files, so that they are not waited for either. */
-		r = p->file ? ops->host_alloc(&p->mem, n * p->block_bytes, &p->store_stage) : 0;
-		if (r < 0)
-			return log_error_errno(r, "pool %s: cannot allocate %llu bytes of pinned "
-					       "staging for swap-file writes: %m", cfg->name,
-					       (unsigned long long)(n * p->block_bytes));
+		if (p->file && ops->host_alloc(&p->mem, n * p->block_bytes, &p->store_stage) < 0) {
+			log_warning("pool %s: no pinned memory for the swap-file writes' staging: "
+				    "demotions to the files are waited for", cfg->name);
+			p->store_stage = NULL;
+		}
 		if (p->store_stage) {
 			p->store_cap = (uint32_t)n;
 			p->stores = calloc(n, sizeof(*p->stores));

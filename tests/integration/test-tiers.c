@@ -811,6 +811,54 @@ START_TEST(test_ring_batch_reads_what_it_just_pushed_down)
 }
 END_TEST
 
+/*
+ * The same push-down, with the read back over the socket from another session: the ring's
+ * OPEN b pushes a's last 10 blocks to the files and, right behind it, a socket OPEN of a defers
+ * its reads; on a pool on a device they must start only once those blocks' stores are handed to
+ * the file tier.  (Had the socket open come first, a would still be whole in the pool: either
+ * way it comes back whole.)
+ */
+START_TEST(test_socket_read_waits_for_a_pushdown)
+{
+	static uint32_t ta[640], tb[320], tz[160], table_b[20];
+	struct kvp_table tab = { 0 }, tab2 = { 0 };
+	struct kvp_completion comp;
+	struct kvp_client *c, *c2, *r;
+	struct kvp_op op;
+	uint32_t cached = 0;
+	uint64_t sa;
+
+	make_swap_dir();
+	setup_pools(60, 0, 128, false);
+	daemon_start(&d, pools);
+	prompt(ta, 640, 100);
+	prompt(tb, 320, 70000);
+	prompt(tz, 160, 90000);
+	c = connect_ns(NULL, 0);
+	c2 = connect_ns(NULL, 0);
+	r = connect_ns(NULL, 64);
+	ck_assert_int_eq(kvp_close(c, fill(c, ta, 640, 0x21, &tab)), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tz, 160, 0x61, &tab)), 0);
+
+	op = (struct kvp_op){ .opcode = KVP_OPEN, .user_data = 1, .tokens = tb, .ntokens = 320,
+			      .table_cap = 20, .table_out = table_b };
+	ck_assert_int_eq(kvp_submit(r, &op, 1), 1);
+	ck_assert_int_eq(kvp_open(c2, ta, 640, 0, 0, &sa, &cached, &tab2), 0);
+	ck_assert_uint_eq(cached, 640);
+	assert_big(c2, tab2.blocks, 40, 0x21, "a over the socket behind the push-down");
+	ck_assert_int_eq(kvp_complete(r, &comp, 1, 1, 10000), 1);
+	ck_assert_int_eq(comp.res, 0);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_disconnect(c2);
+	kvp_disconnect(r);
+	kvp_table_free(&tab);
+	kvp_table_free(&tab2);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("tiers");
@@ -826,6 +874,7 @@ int main(void)
 	tcase_add_test(tc, test_replies_wait_for_queued_moves);
 	tcase_add_test(tc, test_long_prompts_back_from_the_swap_file);
 	tcase_add_test(tc, test_ring_batch_reads_what_it_just_pushed_down);
+	tcase_add_test(tc, test_socket_read_waits_for_a_pushdown);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
