@@ -147,6 +147,8 @@ static const struct config_key schema[] = {
 	  .offset = offsetof(struct kvpd_pool_config, copy_thread) },
 	POOL_NUMBER(TYPE_U32, window, 0, 1, UINT64_C(1) << 31, 0),
 	POOL_NUMBER(TYPE_U32, host_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
+	{ .name = "host_tier_plain", .section = SECTION_POOL, .type = TYPE_BOOL,
+	  .offset = offsetof(struct kvpd_pool_config, host_tier_plain) },
 	POOL_NUMBER(TYPE_U32, file_tier_blocks, 0, 0, UINT64_C(1) << 30, 0),
 	{ .name = "swap_files", .section = SECTION_POOL, .type = TYPE_FILES,
 	  .offset = offsetof(struct kvpd_pool_config, swap_files),
@@ -996,6 +998,13 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 	if (pc->n_swap_files && !pc->file_tier_blocks)
 		return fail_at(p, -EINVAL, st->key_line[files],
 			       "[pool %s] swap_files: set file_tier_blocks to use them", pc->name);
+	if (pc->host_tier_plain && !pc->host_tier_blocks)
+		return fail_at(p, -EINVAL, st->key_line[find_key(SECTION_POOL, "host_tier_plain")],
+			       "[pool %s] host_tier_plain: there is no host tier", pc->name);
+	if (pc->host_tier_plain && pc->backend == KVPD_BACKEND_HOST)
+		return fail_at(p, -EINVAL, st->key_line[find_key(SECTION_POOL, "host_tier_plain")],
+			       "[pool %s] host_tier_plain: a host pool's tier is plain memory "
+			       "already (the key is for a pool on a GPU)", pc->name);
 	if (pc->file_tier_persist && !pc->file_tier_blocks)
 		return fail_at(p, -EINVAL, st->key_line[persist],
 			       "[pool %s] file_tier_persist: there is no file tier", pc->name);

@@ -48,6 +48,7 @@ struct kvpd_pool_config {
 	uint64_t namespace_seed;
 	/* Tiers below the pool (see docs/tiers.md); 0 blocks: no such tier. */
 	uint32_t host_tier_blocks;
+	bool host_tier_plain; /* a GPU pool's host tier not pinned: committed as it fills */
 	uint32_t file_tier_blocks;
 	char **swap_files; /* the file tier's files, slots striped across them */
 	size_t n_swap_files;

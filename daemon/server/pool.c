@@ -1125,7 +1125,11 @@ static int host_tier_open(struct dpool *p, const struct backend_module *module)
 	p->slot_ticket = calloc(c->host_tier_blocks, sizeof(*p->slot_ticket));
 	if (!p->slot_ticket)
 		return log_error_errno(ENOMEM, "pool %s: out of memory", c->name);
-	if (!p->mem.base) {
+	if (!p->mem.base && c->host_tier_plain)
+		log_info("pool %s: host tier of %llu bytes in plain memory, committed as it fills "
+			 "(host_tier_plain = yes); its moves go through the pool's staging", c->name,
+			 bytes);
+	if (!p->mem.base && !c->host_tier_plain) {
 		r = host_tier_new(c->host_tier_blocks, p->block_bytes, c->block_tokens, &pinned,
 				  &p->host);
 		if (r == 0) {

@@ -770,7 +770,16 @@ END_TEST
  * what the slots held before, and a is recomputed).  On a pool in host memory they are written
  * at once.
  */
-START_TEST(test_ring_batch_reads_what_it_just_pushed_down)
+/* The pool of the push-down tests: 60 blocks of 512 bytes, host slots, 128 file slots, extra. */
+static void pushdown_pool(unsigned host, const char *extra)
+{
+	make_swap_dir();
+	setup_pools(60, host, 128, false);
+	strncat(pools, extra, sizeof(pools) - strlen(pools) - 1);
+	daemon_start(&d, pools);
+}
+
+static void ring_pushdown(unsigned host, const char *extra, const char *below)
 {
 	static uint32_t ta[640], tb[320], tz[160], table_a[40], table_b[20];
 	struct kvp_table tab = { 0 };
@@ -779,9 +788,7 @@ START_TEST(test_ring_batch_reads_what_it_just_pushed_down)
 	struct kvp_op ops[2];
 	char out[16384];
 
-	make_swap_dir();
-	setup_pools(60, 0, 128, false);
-	daemon_start(&d, pools);
+	pushdown_pool(host, extra);
 	prompt(ta, 640, 100);
 	prompt(tb, 320, 70000);
 	prompt(tz, 160, 90000);
@@ -801,13 +808,18 @@ START_TEST(test_ring_batch_reads_what_it_just_pushed_down)
 	ck_assert_uint_eq(comp[1].aux, 640);
 	assert_big(r, table_a, 40, 0x21, "a read back in the batch that pushed it down");
 	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
-	ck_assert_int_ge(tier_int(out, "file", "promotions"), 10);
+	ck_assert_int_ge(tier_int(out, below, "promotions"), 10);
 	assert_verified(&d);
 	kvp_disconnect(c);
 	kvp_disconnect(r);
 	kvp_table_free(&tab);
 	daemon_stop(&d);
 	remove_swap_dir();
+}
+
+START_TEST(test_ring_batch_reads_what_it_just_pushed_down)
+{
+	ring_pushdown(0, "", "file");
 }
 END_TEST
 
@@ -818,7 +830,7 @@ END_TEST
  * the file tier.  (Had the socket open come first, a would still be whole in the pool: either
  * way it comes back whole.)
  */
-START_TEST(test_socket_read_waits_for_a_pushdown)
+static void socket_pushdown(unsigned host, const char *extra)
 {
 	static uint32_t ta[640], tb[320], tz[160], table_b[20];
 	struct kvp_table tab = { 0 }, tab2 = { 0 };
@@ -828,9 +840,7 @@ START_TEST(test_socket_read_waits_for_a_pushdown)
 	uint32_t cached = 0;
 	uint64_t sa;
 
-	make_swap_dir();
-	setup_pools(60, 0, 128, false);
-	daemon_start(&d, pools);
+	pushdown_pool(host, extra);
 	prompt(ta, 640, 100);
 	prompt(tb, 320, 70000);
 	prompt(tz, 160, 90000);
@@ -857,6 +867,33 @@ START_TEST(test_socket_read_waits_for_a_pushdown)
 	daemon_stop(&d);
 	remove_swap_dir();
 }
+
+START_TEST(test_socket_read_waits_for_a_pushdown)
+{
+	socket_pushdown(0, "");
+}
+END_TEST
+
+/*
+ * A pool on a device whose host tier is plain memory (host_tier_plain = yes): its blocks go
+ * down through the staging and a CPU copy, and come back the same way, within a ring batch and
+ * behind a socket open.  Only where the daemon takes a GPU pool's paths here (threaded.test's
+ * second pass: backend = auto falls back to the threaded host backend, which poses as a device).
+ */
+START_TEST(test_plain_host_tier_as_on_a_device)
+{
+	static const char plain[] = "backend = auto\nbackend_module = /nonexistent/kvpaged-cuda.so\n"
+				    "copy_thread = yes\nhost_tier_plain = yes\n";
+	const char *device = getenv("KVPAGED_TEST_DEVICE_POOL");
+
+	if (!device || strcmp(device, "1")) {
+		printf("plain host tier: only as on a device (threaded.test)\n");
+		return;
+	}
+	unsetenv("KVPAGED_CUDA_MODULE"); /* auto must fall back to host memory */
+	ring_pushdown(20, plain, "host");
+	socket_pushdown(20, plain);
+}
 END_TEST
 
 int main(void)
@@ -875,6 +912,7 @@ int main(void)
 	tcase_add_test(tc, test_long_prompts_back_from_the_swap_file);
 	tcase_add_test(tc, test_ring_batch_reads_what_it_just_pushed_down);
 	tcase_add_test(tc, test_socket_read_waits_for_a_pushdown);
+	tcase_add_test(tc, test_plain_host_tier_as_on_a_device);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -949,6 +949,21 @@ START_TEST(test_backend_and_device)
 			  "kvpaged.conf:9: [pool main] device: 1024 is out of range 0..1023");
 	expect_pool_error("backend = cuda\ndevice = -1", "device: '-1' is not");
 	expect_pool_error("backend = gpu", "backend: 'gpu' is not one of host, cuda, auto");
+
+	/* Keys that only a pool on a GPU (or one that may be) can use, refused elsewhere. */
+	expect_pool_error("backend = cuda\ncopy_thread = yes",
+			  "[pool main] copy_thread: a pool on a GPU (backend = cuda) copies on "
+			  "the device");
+	load_ok(POOL_MAIN "backend = auto\ncopy_thread = yes\n", &a);
+	ck_assert(a.pools[0].copy_thread);
+	config_free(&a);
+	expect_pool_error("backend = cuda\nhost_tier_plain = yes",
+			  "host_tier_plain: there is no host tier");
+	expect_pool_error("host_tier_blocks = 4\nhost_tier_plain = yes",
+			  "host_tier_plain: a host pool's tier is plain memory already");
+	load_ok(POOL_MAIN "backend = cuda\nhost_tier_blocks = 4\nhost_tier_plain = yes\n", &a);
+	ck_assert(a.pools[0].host_tier_plain);
+	config_free(&a);
 }
 END_TEST
 
