@@ -41,9 +41,6 @@ struct backend_pool {
 	 */
 	int done_fd;
 	void *priv; /* the backend's own state */
-	/* The user's (daemon/server/pool.c): host_alloc()ed staging for the tiers' moves. */
-	void *stage;
-	uint32_t stage_blocks;
 };
 
 /* One block of a move: the pool's block and block_bytes of host memory. */

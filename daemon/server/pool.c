@@ -283,15 +283,16 @@ static void *block_at(const struct dpool *p, uint32_t b)
  */
 #define STAGE_MAX_BLOCKS 64u
 
-static void *stage_at(const struct dpool *p, uint32_t i)
+/* Block k of a staging. */
+static void *stage_at(const struct dpool *p, void *stage, uint32_t k)
 {
-	return (char *)p->mem.stage + (uint64_t)i * p->block_bytes;
+	return (char *)stage + (uint64_t)k * p->block_bytes;
 }
 
 /* A device pool's block into the staging, waited for: the CPU reads it next. */
 static int move_to_stage(struct dpool *p, uint32_t block)
 {
-	struct backend_move m = { .block = block, .host = p->mem.stage };
+	struct backend_move m = { .block = block, .host = p->stage };
 	int r = q_move(p, BACKEND_TO_HOST, &m, 1, &p->stage_ticket);
 
 	if (r == 0)
@@ -327,11 +328,6 @@ static void on_file_lost(void *ctx, uint32_t slot, int err)
  * core has the file slot from the start; anything that reads or writes that file slot first
  * settles its pending store.
  */
-static void *store_slot(const struct dpool *p, uint32_t k)
-{
-	return (char *)p->store_stage + (uint64_t)k * p->block_bytes;
-}
-
 /* The file tier never got the block: the core forgets the slot at the next tier poll. */
 static void store_lost(struct dpool *p, uint32_t file_slot, int err)
 {
@@ -360,37 +356,35 @@ static void stores_settle(struct dpool *p, uint32_t wait)
 			store_lost(p, e->file_slot, p->failed); /* its bytes may never have arrived */
 		} else {
 			int r = file_tier_store(p->file, e->file_slot, &e->key,
-						store_slot(p, p->store_head));
+						stage_at(p, p->store_stage, p->store_head));
 
 			if (r < 0)
 				store_lost(p, e->file_slot, r);
 		}
-		p->store_head = (p->store_head + 1) % p->store_cap;
+		p->store_head = (p->store_head + 1) % p->stage_blocks;
 		p->nstores--;
 	}
 }
 
-/* Settles the pending stores up to the last one of any of these file slots, waiting. */
-static void stores_settle_slots(struct dpool *p, const uint32_t *slots, uint32_t n)
+/* How many pending stores, oldest first, reach the last one of any of these file slots. */
+static uint32_t stores_reaching(const struct dpool *p, const uint32_t *slots, uint32_t n)
 {
 	uint32_t upto = 0;
 
 	for (uint32_t k = 0; k < p->nstores; k++)
 		for (uint32_t i = 0; i < n; i++)
-			if (p->stores[(p->store_head + k) % p->store_cap].file_slot == slots[i])
+			if (p->stores[(p->store_head + k) % p->stage_blocks].file_slot == slots[i])
 				upto = k + 1;
-	if (upto)
-		stores_settle(p, upto);
+	return upto;
 }
 
-/* Whether any of these file slots has a store pending. */
-static bool stores_pending(const struct dpool *p, const uint32_t *slots, uint32_t n)
+/* Settles the pending stores up to the last one of any of these file slots, waiting. */
+static void stores_settle_slots(struct dpool *p, const uint32_t *slots, uint32_t n)
 {
-	for (uint32_t k = 0; k < p->nstores; k++)
-		for (uint32_t i = 0; i < n; i++)
-			if (p->stores[(p->store_head + k) % p->store_cap].file_slot == slots[i])
-				return true;
-	return false;
+	uint32_t upto = stores_reaching(p, slots, n);
+
+	if (upto)
+		stores_settle(p, upto);
 }
 
 /* Queues a device pool's block for file slot `to` through the store staging. */
@@ -404,10 +398,10 @@ static int store_queued(struct dpool *p, uint32_t from, uint32_t to, const struc
 	int r;
 
 	stores_settle(p, 0); /* those done free their slots */
-	if (p->nstores == p->store_cap)
+	if (p->nstores == p->stage_blocks)
 		stores_settle(p, 1); /* full: the oldest is waited for */
-	k = (p->store_head + p->nstores) % p->store_cap;
-	m = (struct backend_move){ .block = from, .host = store_slot(p, k) };
+	k = (p->store_head + p->nstores) % p->stage_blocks;
+	m = (struct backend_move){ .block = from, .host = stage_at(p, p->store_stage, k) };
 	r = q_move(p, BACKEND_TO_HOST, &m, 1, &ticket);
 	if (r < 0)
 		return r;
@@ -454,7 +448,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 
 		if (r < 0)
 			return r;
-		data = p->mem.stage;
+		data = p->stage;
 	} else if (from_tier == CORE_TIER_POOL) {
 		pool_wait(p, &p->block_ticket[from]); /* a promotion into it may be queued */
 		if (p->failed)
@@ -554,7 +548,7 @@ out:
  */
 static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bool files)
 {
-	const uint32_t cap = p->mem.stage_blocks;
+	const uint32_t cap = p->stage_blocks;
 	struct core_load *chunk[STAGE_MAX_BLOCKS];
 	struct backend_move moves[STAGE_MAX_BLOCKS];
 	uint32_t fslots[STAGE_MAX_BLOCKS], fwhich[STAGE_MAX_BLOCKS];
@@ -581,12 +575,12 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 
 			if (chunk[k]->tier == CORE_TIER_HOST) {
 				results[k] = host_tier_load(p->host, chunk[k]->slot, &key,
-							    stage_at(p, k));
+							    stage_at(p, p->stage, k));
 				continue;
 			}
 			fslots[nfile] = chunk[k]->slot;
 			fkeys[nfile] = key;
-			fdsts[nfile] = stage_at(p, k);
+			fdsts[nfile] = stage_at(p, p->stage, k);
 			fwhich[nfile++] = k;
 		}
 		if (nfile) {
@@ -601,7 +595,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 		for (k = 0; k < count; k++)
 			if (results[k] == 0)
 				moves[nmoves++] = (struct backend_move){ .block = chunk[k]->block,
-									 .host = stage_at(p, k) };
+									 .host = stage_at(p, p->stage, k) };
 		r = nmoves ? q_move(p, BACKEND_FROM_HOST, moves, nmoves, &p->stage_ticket) : 0;
 		for (k = 0; k < count; k++)
 			chunk[k]->result = results[k] == 0 ? r : results[k];
@@ -745,16 +739,15 @@ static void job_start(struct dpool *p, struct load_job *job)
 	job->started = true;
 	job->count = job->n - job->first;
 	if (job_staged(p)) {
-		if (job->count > p->load_stage_blocks)
-			job->count = p->load_stage_blocks;
+		if (job->count > p->stage_blocks)
+			job->count = p->stage_blocks;
 		/* A slot whose block is still on its way to the files: after its store. */
-		if (stores_pending(p, job->slots + job->first, job->count)) {
+		if (stores_reaching(p, job->slots + job->first, job->count)) {
 			job->started = false;
 			return;
 		}
 		for (uint32_t k = 0; k < job->count; k++)
-			job->dsts[job->first + k] =
-				(char *)p->load_stage + (uint64_t)k * p->block_bytes;
+			job->dsts[job->first + k] = stage_at(p, p->load_stage, k);
 	}
 	r = file_tier_load_start(p->file, job->count, job->slots + job->first,
 				 job->keys + job->first, job->dsts + job->first,
@@ -1307,12 +1300,12 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		uint64_t n = (UINT64_C(32) << 20) / p->block_bytes;
 
 		n = n < 1 ? 1 : n > STAGE_MAX_BLOCKS ? STAGE_MAX_BLOCKS : n;
-		r = ops->host_alloc(&p->mem, n * p->block_bytes, &p->mem.stage);
+		r = ops->host_alloc(&p->mem, n * p->block_bytes, &p->stage);
 		if (r < 0)
 			return log_error_errno(r, "pool %s: cannot allocate %llu bytes of pinned "
 					       "staging for the tiers: %m", cfg->name,
 					       (unsigned long long)(n * p->block_bytes));
-		p->mem.stage_blocks = (uint32_t)n;
+		p->stage_blocks = (uint32_t)n;
 		/*
 		 * Deferred swap-file reads get their own, so that requests never wait for them, and
 		 * so do demotions straight to the files.  Without them (pinned memory short) the
@@ -1323,14 +1316,12 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 				    "read the swap files within the request", cfg->name);
 			p->load_stage = NULL;
 		}
-		p->load_stage_blocks = p->load_stage ? (uint32_t)n : 0;
 		if (p->file && ops->host_alloc(&p->mem, n * p->block_bytes, &p->store_stage) < 0) {
 			log_warning("pool %s: no pinned memory for the swap-file writes' staging: "
 				    "demotions to the files are waited for", cfg->name);
 			p->store_stage = NULL;
 		}
 		if (p->store_stage) {
-			p->store_cap = (uint32_t)n;
 			p->stores = calloc(n, sizeof(*p->stores));
 			p->store_tokens = calloc(n * cfg->block_tokens, sizeof(*p->store_tokens));
 			if (!p->stores || !p->store_tokens)
@@ -1397,18 +1388,16 @@ void dpool_done(struct dpool *p)
 	free(p->block_ticket);
 	free(p->slot_ticket);
 	core_free(p->core);
-	if (p->mem.stage)
-		p->mem.ops->host_free(&p->mem, p->mem.stage,
-				      (uint64_t)p->mem.stage_blocks * p->block_bytes);
-	p->mem.stage = NULL;
-	if (p->load_stage)
-		p->mem.ops->host_free(&p->mem, p->load_stage,
-				      (uint64_t)p->load_stage_blocks * p->block_bytes);
-	p->load_stage = NULL;
-	if (p->store_stage)
-		p->mem.ops->host_free(&p->mem, p->store_stage,
-				      (uint64_t)p->store_cap * p->block_bytes);
-	p->store_stage = NULL;
+	{
+		void **stages[] = { &p->stage, &p->load_stage, &p->store_stage };
+
+		for (size_t i = 0; i < sizeof(stages) / sizeof(stages[0]); i++) {
+			if (*stages[i])
+				p->mem.ops->host_free(&p->mem, *stages[i],
+						      (uint64_t)p->stage_blocks * p->block_bytes);
+			*stages[i] = NULL;
+		}
+	}
 	free(p->stores);
 	free(p->store_tokens);
 	if (p->mem.ops)

@@ -82,17 +82,16 @@ struct dpool {
 	uint64_t issued, completed;
 	uint64_t *block_ticket, *slot_ticket, stage_ticket;
 	/*
-	 * A device pool's deferred swap-file reads land here (pinned, as the staging), a chunk
-	 * at a time, and move in from here: apart from the staging, which requests use.
+	 * A device pool's pinned stagings (pool.c), stage_blocks blocks each: the requests' own;
+	 * the deferred swap-file reads', a chunk at a time (NULL: reads within the request); the
+	 * demotions straight to the files', on their way (NULL: waited for).
 	 */
-	void *load_stage;
-	uint32_t load_stage_blocks;
-	uint64_t load_stage_ticket; /* the last move in reading it */
-	/* A device pool's demotions straight to the swap files, on their way (pool.c). */
-	void *store_stage;
-	struct pending_store *stores; /* a ring: store_head, nstores of store_cap */
-	uint32_t *store_tokens;       /* block_tokens per staging slot */
-	uint32_t store_cap, store_head, nstores;
+	void *stage, *load_stage, *store_stage;
+	uint32_t stage_blocks;
+	uint64_t load_stage_ticket; /* the last move in reading the load staging */
+	struct pending_store *stores; /* a ring over the store staging: store_head, nstores */
+	uint32_t *store_tokens;       /* block_tokens per store staging slot */
+	uint32_t store_head, nstores;
 	uint64_t queued_ops; /* operations queued (after the start-up measurements) */
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
 	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */

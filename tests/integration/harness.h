@@ -239,12 +239,12 @@ static inline void assert_verified(const struct daemon *d)
 }
 
 /* Stops kvpaged with SIGTERM and checks that it exits 0 within 5 s. */
-static inline void daemon_stop(struct daemon *d)
+/* Waits up to 5 s for a daemon that was told to stop; it must exit 0.  Removes its files. */
+static inline void daemon_wait_stopped(struct daemon *d)
 {
 	int status = 0;
 	pid_t r = 0;
 
-	kill(d->pid, SIGTERM);
 	for (int i = 0; i < 500 && (r = waitpid(d->pid, &status, WNOHANG)) == 0; i++)
 		msleep(10);
 	if (r == 0) {
@@ -257,6 +257,12 @@ static inline void daemon_stop(struct daemon *d)
 	unlink(d->conf);
 	unlink(d->log);
 	rmdir(d->dir);
+}
+
+static inline void daemon_stop(struct daemon *d)
+{
+	kill(d->pid, SIGTERM);
+	daemon_wait_stopped(d);
 }
 
 static inline struct kvp_client *connect_ns(const char *ns, uint32_t ring_entries)

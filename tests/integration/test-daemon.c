@@ -156,8 +156,7 @@ START_TEST(test_drain_sends_a_reply_waiting_for_its_copy)
 	struct kvp_table tab = { 0 }, kid = { 0 };
 	struct kvp_client *c;
 	uint64_t seq, child;
-	int status = 0;
-	pid_t pid, r = 0;
+	pid_t pid;
 
 	setenv("KVPAGED_TEST_COPY_DELAY_MS", "300", 1);
 	daemon_start(&d, "[pool main]\ncopy_thread = yes\nlayers = 2\nkv_heads = 2\n"
@@ -182,14 +181,7 @@ START_TEST(test_drain_sends_a_reply_waiting_for_its_copy)
 	ck_assert_uint_ne(kid.blocks[1], tab.blocks[1]);
 	ck_assert_int_eq(wait_child(pid), 0);
 	kvp_disconnect(c);
-	for (int i = 0; i < 500 && (r = waitpid(d.pid, &status, WNOHANG)) == 0; i++)
-		msleep(10);
-	ck_assert_msg(r == d.pid, "kvpaged did not stop");
-	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "kvpaged exited with %d",
-		      status);
-	unlink(d.conf);
-	unlink(d.log);
-	rmdir(d.dir);
+	daemon_wait_stopped(&d); /* stopped by the SIGTERM above */
 	kvp_table_free(&tab);
 	kvp_table_free(&kid);
 }
