@@ -45,6 +45,14 @@ elif scripts/build.sh build-cuda --enable-werror --with-cuda; then
 	run_suite "CUDA backend without a driver" build-cuda \
 		TESTS="tests/gpu/nolink.test tests/gpu/test-nodriver tests/gpu/test-gpu-backend tests/gpu/test-gpu-share" ||
 		status=1
+	# What a lent GPU machine runs, built here and moved, as the device tool moves it.
+	echo "== GPU bundle (tests/gpu/bundle.sh, tests/gpu/device.sh)"
+	if tests/gpu/bundle-check.sh; then
+		passed=$((passed + 1))
+	else
+		failed=$((failed + 1))
+		status=1
+	fi
 else
 	failed=$((failed + 1))
 	status=1
