@@ -73,6 +73,21 @@ if [ -z "$build" ]; then
 	rc=${PIPESTATUS[0]}
 fi
 
+# A GPU test that failed runs again under compute-sanitizer (memcheck), while the time allows:
+# one lent run must say as much as it can.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+for t in gpu-backend gpu-share; do
+	grep -q "^gpu: .*failed (.*\b$t\b" "$out/run.txt" 2>/dev/null || continue
+	[ -n "$sanitizer" ] || { echo "device: no compute-sanitizer to rerun $t under"; break; }
+	[ $((SECONDS - start)) -lt 300 ] || { echo "device: no time left to rerun $t under compute-sanitizer"; break; }
+	echo "== $t under compute-sanitizer (memcheck)"
+	prog=./tests/gpu/test-${t#gpu-}
+	(cd "$build" && timeout 150 "$sanitizer" --tool memcheck --target-processes all \
+		--print-limit 50 "$prog") >"$build/gpu-$t-memcheck.log" 2>&1
+	echo "$t under memcheck exited $?"
+	grep -E '^========= (ERROR SUMMARY|Invalid|Program hit)' "$build/gpu-$t-memcheck.log" | head -10
+done
+
 # Every log, for reading afterwards (at most a few MiB).
 (cd "$build" 2>/dev/null && tar czf "$out/gpu-logs.tar.gz" --ignore-failed-read gpu-*.log tests/gpu/*.log \
 	$(ls test-*.log 2>/dev/null) 2>/dev/null)
