@@ -26,6 +26,7 @@ struct client_cuda_api {
 	int (*error_string)(int r, const char **ret);
 	int (*import)(uint64_t *ret_handle, void *os_handle, int handle_type);
 	int (*properties)(void *ret_prop, uint64_t handle);
+	int (*granularity)(size_t *ret, const void *prop, int option);
 	int (*ctx_retain)(void **ret_ctx, int device);
 	int (*ctx_release)(int device);
 	int (*ctx_push)(void *ctx);

@@ -143,6 +143,7 @@ static void copy_str(char *dst, size_t n, const char *src)
 #define CU_HANDLE_POSIX_FD 1
 #define CU_LOCATION_DEVICE 1
 #define CU_ACCESS_READWRITE 3
+#define CU_GRANULARITY_MINIMUM 0
 
 /* CUmemLocation and CUmemAccessDesc. */
 struct cu_location {
@@ -174,6 +175,7 @@ static int cuda_resolve(struct kvp_client *c)
 		FN(error_string, "cuGetErrorString"),
 		FN(import, "cuMemImportFromShareableHandle"),
 		FN(properties, "cuMemGetAllocationPropertiesFromHandle"),
+		FN(granularity, "cuMemGetAllocationGranularity"),
 		FN(ctx_retain, "cuDevicePrimaryCtxRetain"),
 		FN(ctx_release, "cuDevicePrimaryCtxRelease_v2"),
 		FN(ctx_push, "cuCtxPushCurrent_v2"),
@@ -224,6 +226,7 @@ static int cuda_map(struct kvp_client *c)
 		uint64_t align;
 	} prop;
 	struct cu_access access;
+	size_t align = 0;
 	void *ctx = NULL;
 	int cr, r;
 
@@ -252,7 +255,16 @@ static int cuda_map(struct kvp_client *c)
 	if (cr)
 		return cuda_fail(c, cr, "cuCtxPushCurrent");
 	cu->bytes = c->pool.pool_bytes;
-	cr = cu->api.reserve(&cu->ptr, cu->bytes, 0, 0, 0);
+	/*
+	 * cuMemMap wants the address a multiple of the allocation's granularity; a reservation
+	 * "aligned by default" is not documented to be one, so the alignment is asked for.
+	 */
+	cr = cu->api.granularity(&align, &prop, CU_GRANULARITY_MINIMUM);
+	if (cr) {
+		r = cuda_fail(c, cr, "cuMemGetAllocationGranularity");
+		goto out;
+	}
+	cr = cu->api.reserve(&cu->ptr, cu->bytes, align, 0, 0);
 	if (cr) {
 		r = cuda_fail(c, cr, "cuMemAddressReserve");
 		goto out;

@@ -63,6 +63,15 @@ struct host_state {
 	 */
 	unsigned delay_ms;
 	/*
+	 * $KVPAGED_TEST_COPY_FAIL_AT=N (threaded only, read at create): the Nth operation fails
+	 * as a device's stream does.  It and every later one never run and are never counted
+	 * done, done_fd is not written again (a failed CUDA stream skips its host functions),
+	 * and done(), wait() and new operations return -EIO.  For the daemon's handling of a
+	 * device error, which no host can otherwise show.  Never set in production.
+	 */
+	uint64_t fail_at, ran;
+	int error; /* under mu */
+	/*
 	 * The pool's mapping, which the operations use.  $KVPAGED_TEST_DEVICE_POOL=1 (threaded
 	 * only, read at create) keeps it from the caller (base NULL): the daemon then takes the
 	 * paths of a pool on a device (staging, moves into a "pinned" host tier), which tests
@@ -114,12 +123,14 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 	if (threaded) {
 		const char *delay = getenv("KVPAGED_TEST_COPY_DELAY_MS");
 		const char *device = getenv("KVPAGED_TEST_DEVICE_POOL");
+		const char *fail = getenv("KVPAGED_TEST_COPY_FAIL_AT");
 		sigset_t all, saved;
 
 		hide = device && !strcmp(device, "1");
 
 		st->threaded = true;
 		st->delay_ms = delay ? (unsigned)strtoul(delay, NULL, 10) : 0;
+		st->fail_at = fail ? strtoull(fail, NULL, 10) : 0;
 		pthread_mutex_init(&st->mu, NULL);
 		pthread_cond_init(&st->work, NULL);
 		pthread_cond_init(&st->progress, NULL);
@@ -172,6 +183,12 @@ static void host_destroy(struct backend_pool *p)
 		pthread_cond_signal(&st->work);
 		pthread_mutex_unlock(&st->mu);
 		pthread_join(st->thread, NULL);
+		while (st->head) { /* what a failure left unrun */
+			struct job *j = st->head;
+
+			st->head = j->next;
+			free(j);
+		}
 		pthread_cond_destroy(&st->progress);
 		pthread_cond_destroy(&st->work);
 		pthread_mutex_destroy(&st->mu);
@@ -253,14 +270,20 @@ static void *worker(void *arg)
 		struct job *j;
 		int fd;
 
-		while (!st->head && !st->stop)
+		while ((!st->head || st->error) && !st->stop)
 			pthread_cond_wait(&st->work, &st->mu);
-		if (!st->head)
-			break; /* stopping, and nothing is left */
+		if (!st->head || st->error)
+			break; /* stopping, and nothing is left (or nothing will run again) */
 		j = st->head;
 		pthread_mutex_unlock(&st->mu);
 		if (st->delay_ms)
 			usleep(st->delay_ms * 1000u);
+		if (st->fail_at && ++st->ran == st->fail_at) {
+			pthread_mutex_lock(&st->mu);
+			st->error = -EIO; /* the test hook's device error: see fail_at */
+			pthread_cond_broadcast(&st->progress);
+			continue;
+		}
 		run(&j->pool, j->kind, j->dir, &j->e, j->n);
 		fd = j->pool.done_fd;
 		pthread_mutex_lock(&st->mu);
@@ -326,6 +349,15 @@ static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir d
 			return -EINVAL;
 	}
 	*ret_ticket = 0;
+	if (st->threaded && st->fail_at) {
+		int error;
+
+		pthread_mutex_lock(&st->mu);
+		error = st->error;
+		pthread_mutex_unlock(&st->mu);
+		if (error)
+			return error;
+	}
 	if (n == 0)
 		return 0;
 	if (!st->threaded) {
@@ -385,26 +417,34 @@ static int host_move(struct backend_pool *p, enum backend_dir dir, const struct 
 
 static int host_done(struct backend_pool *p, uint64_t *ret_ticket)
 {
-	const struct host_state *st = p->priv;
+	struct host_state *st = p->priv;
+	int error = 0;
 
 	*ret_ticket = st->threaded ? atomic_load_explicit(&st->done, memory_order_acquire)
 				   : st->issued;
-	return 0;
+	if (st->threaded && st->fail_at && *ret_ticket < st->issued) {
+		pthread_mutex_lock(&st->mu);
+		error = st->error;
+		pthread_mutex_unlock(&st->mu);
+	}
+	return error;
 }
 
 static int host_wait(struct backend_pool *p, uint64_t ticket)
 {
 	struct host_state *st = p->priv;
+	int r;
 
 	if (!st->threaded || atomic_load_explicit(&st->done, memory_order_acquire) >= ticket)
 		return ticket <= st->issued ? 0 : -EINVAL;
 	if (ticket > st->issued)
 		return -EINVAL;
 	pthread_mutex_lock(&st->mu);
-	while (atomic_load_explicit(&st->done, memory_order_relaxed) < ticket)
+	while (atomic_load_explicit(&st->done, memory_order_relaxed) < ticket && !st->error)
 		pthread_cond_wait(&st->progress, &st->mu);
+	r = atomic_load_explicit(&st->done, memory_order_relaxed) < ticket ? st->error : 0;
 	pthread_mutex_unlock(&st->mu);
-	return 0;
+	return r;
 }
 
 static int host_host_alloc(struct backend_pool *p, uint64_t bytes, void **ret)

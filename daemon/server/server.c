@@ -682,8 +682,17 @@ int server_run(struct server *srv)
 			dpool_flush(&srv->pools[i]); /* what this pass's requests demoted goes out */
 			if (!srv->pools[i].tier_armed)
 				dpool_tier_poll(&srv->pools[i]);
-			if (!srv->pools[i].backend_armed)
+			if (!srv->pools[i].backend_armed ||
+			    (srv->pools[i].issued > srv->pools[i].completed &&
+			     server_now_ns() >= srv->pools[i].backend_checked_ns + BACKEND_CHECK_NS)) {
+				/*
+				 * Unarmed, or a while without an event though tickets are
+				 * outstanding: after a device error none will come, and only
+				 * asking finds the error.
+				 */
+				srv->pools[i].backend_checked_ns = server_now_ns();
 				dpool_backend_poll(&srv->pools[i]);
+			}
 			if (srv->pools[i].failed && !srv->stopping) {
 				/* A device error is sticky: nothing of the pool can be trusted. */
 				begin_stop(srv);

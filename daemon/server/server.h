@@ -68,6 +68,8 @@ struct seq_owner {
 
 /* Demotions gathered into one move at most. */
 #define OUT_MAX_BLOCKS 64u
+/* How often the loop asks a backend with outstanding tickets how far it got (100 ms). */
+#define BACKEND_CHECK_NS 100000000ull
 
 struct dpool {
 	struct server *srv;
@@ -104,6 +106,12 @@ struct dpool {
 	struct op backend_op; /* the poll on the backend's done_fd */
 	uint64_t backend_event;
 	bool backend_armed;
+	/*
+	 * When the loop last asked the backend how far its queue got without an event: a device
+	 * error means no more events (a failed stream skips its host functions), so while tickets
+	 * are outstanding the loop asks every BACKEND_CHECK_NS anyway (server.c).
+	 */
+	uint64_t backend_checked_ns;
 	uint64_t bytes_per_token, block_bytes;
 	uint64_t layer_stride, kv_stride, slot_stride, head_stride;
 	struct seq_owner *owners; /* by the core's sequence slot (low 32 bits of an id) */

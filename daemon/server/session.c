@@ -338,6 +338,10 @@ uint64_t server_next_deadline(const struct server *srv)
 		     (p->file && !p->tier_armed && p->jobs)) &&
 		    (!first || first > server_now_ns() + 1000000u))
 			first = server_now_ns() + 1000000u;
+		/* Outstanding tickets: the backend is asked now and then (a device error). */
+		if (p->issued > p->completed &&
+		    (!first || first > p->backend_checked_ns + BACKEND_CHECK_NS))
+			first = p->backend_checked_ns + BACKEND_CHECK_NS;
 	}
 	return first;
 }

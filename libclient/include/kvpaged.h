@@ -138,6 +138,12 @@ KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c);
  * valid in the primary context of the GPU that holds the pool (the context the CUDA runtime
  * uses), read-write, pool_bytes long, with the layout kvp_pool() describes.  0 for a host pool.
  * The mapping belongs to the client until kvp_disconnect().  Thread-safe (it only reads).
+ * Ordering: the daemon copies and moves blocks on a stream of its own, which nothing orders
+ * against the engine's.  The engine's GPU writes to a block must have completed (its stream
+ * synchronized, or an event waited for) before the call that lets the daemon copy or move it:
+ * kvp_commit, kvp_fork, kvp_append into a shared block, kvp_park, kvp_close, and their ring
+ * ops.  The other way round needs nothing: a reply (or completion) that returns a table is
+ * sent only once the daemon's copies into its blocks are done.
  */
 KVP_EXPORT uint64_t kvp_pool_device_ptr(const struct kvp_client *c);
 

@@ -89,7 +89,7 @@ for t in gpu-backend gpu-share; do
 done
 
 # Every log, for reading afterwards (at most a few MiB).
-(cd "$build" 2>/dev/null && tar czf "$out/gpu-logs.tar.gz" --ignore-failed-read gpu-*.log tests/gpu/*.log \
+(cd "$build" 2>/dev/null && tar czf "$out/gpu-logs.tar.gz" --ignore-failed-read gpu-*.log gpu-*.tap tests/gpu/*.log \
 	$(ls test-*.log 2>/dev/null) 2>/dev/null)
 echo "device: run.sh exited $rc after $((SECONDS - start)) s"
 exit "$rc"

@@ -42,18 +42,28 @@ export KVPAGED_CUDA_MODULE=$build/.libs/kvpaged-cuda.so
 export KVPAGED_CUDA_MODULE_BUILT=$KVPAGED_CUDA_MODULE
 export KVPAGED_BIN=$build/kvpaged KVPAGEDCTL_BIN=$build/kvpagedctl
 export abs_top_builddir=$build srcdir=$top CK_DEFAULT_TIMEOUT=120
+# Each test case gets 60 s (its 120 halved), and a daemon 30 s to start (a cold driver).
+export CK_TIMEOUT_MULTIPLIER=0.5 KVPAGED_TEST_START_S=30
 
 passed=() failed=() skipped=()
 run() { # NAME TIMEOUT COMMAND...: one test, its output kept in $build/gpu-NAME.log
 	local name=$1 limit=$2 rc
 	shift 2
 	echo "== $name"
-	(cd "$build" && timeout "$limit" "$@") >"$build/gpu-$name.log" 2>&1
+	# Check writes each case's result to the TAP file as it ends: a hang still says where.
+	rm -f "$build/gpu-$name.tap"
+	(cd "$build" && CK_TAP_LOG_FILE_NAME="$build/gpu-$name.tap" timeout "$limit" "$@") \
+		>"$build/gpu-$name.log" 2>&1
 	rc=$?
 	case $rc in
 	0) passed+=("$name") ;;
 	77) skipped+=("$name"); grep -m1 SKIP "$build/gpu-$name.log" ;;
-	*) failed+=("$name"); tail -30 "$build/gpu-$name.log" ;;
+	*)
+		failed+=("$name")
+		[ $rc -eq 124 ] && echo "$name: killed after $limit s"
+		tail -30 "$build/gpu-$name.log"
+		[ -s "$build/gpu-$name.tap" ] && grep -v '^ok' "$build/gpu-$name.tap" | head -20
+		;;
 	esac
 	return $rc
 }
@@ -79,5 +89,5 @@ if [ $gpu = no ]; then
 	[ ${#failed[@]} -eq 0 ] && exit 77
 	exit 1
 fi
-echo "gpu: ${#passed[@]} passed (${passed[*]-}), ${#failed[@]} failed (${failed[*]-}), ${#skipped[@]} skipped (${skipped[*]-}); benchmark bars $([ $bench_rc -eq 0 ] && echo met || echo MISSED); $((SECONDS - start)) s"
+echo "gpu: ${#passed[@]} passed (${passed[*]-}), ${#failed[@]} failed (${failed[*]-}), ${#skipped[@]} skipped (${skipped[*]-}); benchmark bars $(case $bench_rc in 0) echo met ;; 1) echo MISSED ;; *) echo "not measured (exit $bench_rc)" ;; esac); $((SECONDS - start)) s"
 [ ${#failed[@]} -eq 0 ]

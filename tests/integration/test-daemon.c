@@ -187,6 +187,42 @@ START_TEST(test_drain_sends_a_reply_waiting_for_its_copy)
 }
 END_TEST
 
+/*
+ * A device error while a reply waits for it: the copy-on-write copy of an append fails on the
+ * helper thread the way a GPU stream fails (test hooks), so no completion event ever comes.  The
+ * daemon must still find the error, drop the reply and stop with status 1, not hang.
+ */
+START_TEST(test_backend_failure_stops_the_daemon)
+{
+	uint32_t t[20], x = 99, cached;
+	struct kvp_table tab = { 0 }, kid = { 0 };
+	struct kvp_client *c;
+	uint64_t seq, child;
+
+	/* It fails 300 ms in: after the daemon last looked, when the reply was held. */
+	setenv("KVPAGED_TEST_COPY_FAIL_AT", "1", 1);
+	setenv("KVPAGED_TEST_COPY_DELAY_MS", "300", 1);
+	daemon_start(&d, "[pool main]\ncopy_thread = yes\nlayers = 2\nkv_heads = 2\n"
+			 "head_dim = 4\nelement_bytes = 4\nblock_tokens = 16\n"
+			 "capacity_blocks = 64\n");
+	unsetenv("KVPAGED_TEST_COPY_FAIL_AT");
+	unsetenv("KVPAGED_TEST_COPY_DELAY_MS");
+	prompt(t, 20, 5);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, t, 20, 0, 0, &seq, &cached, &tab), 0);
+	ck_assert_int_eq(kvp_commit(c, seq, 20, &tab), 0);
+	ck_assert_int_eq(kvp_fork(c, seq, &child, &kid), 0);
+	/* The pool's first operation: its reply waits for it, and it fails. */
+	ck_assert_int_lt(kvp_append(c, child, &x, 1, &kid), 0);
+	kvp_disconnect(c);
+	ck_assert_int_eq(daemon_wait_exit(&d), 1);
+	ck_assert(daemon_log_has(&d, "the pool's memory cannot be trusted"));
+	daemon_remove_files(&d);
+	kvp_table_free(&tab);
+	kvp_table_free(&kid);
+}
+END_TEST
+
 START_TEST(test_quotas_and_limits)
 {
 	uint32_t t[200], cached;
@@ -792,6 +828,7 @@ int main(void)
 	tcase_add_test(tc, test_eight_processes_share_a_prompt);
 	tcase_add_test(tc, test_fork_and_copy_on_write_across_processes);
 	tcase_add_test(tc, test_drain_sends_a_reply_waiting_for_its_copy);
+	tcase_add_test(tc, test_backend_failure_stops_the_daemon);
 	tcase_add_test(tc, test_quotas_and_limits);
 	tcase_add_test(tc, test_max_sessions);
 	tcase_add_test(tc, test_client_killed_mid_stream);
