@@ -119,7 +119,7 @@ struct hostmem {
 	struct CUctx_st *ctx;
 };
 
-enum op_kind { OP_MEMSET, OP_COPY, OP_KERNEL, OP_HOST_FN };
+enum op_kind { OP_MEMSET, OP_COPY, OP_KERNEL, OP_HOST_FN, OP_CALLBACK };
 
 /* Where a copy's side is: device memory, or host memory (pinned or not). */
 enum space { SPACE_DEVICE, SPACE_HOST };
@@ -127,7 +127,7 @@ enum space { SPACE_DEVICE, SPACE_HOST };
 struct op {
 	struct op *next;
 	enum op_kind kind;
-	uint64_t number; /* device operations: 1, 2, ... across the process; 0 for host functions */
+	uint64_t number; /* device operations: 1, 2, ... across the process; 0 for host calls */
 	const char *what; /* the API call that queued it */
 	union {
 		struct {
@@ -152,6 +152,11 @@ struct op {
 			CUhostFn fn;
 			void *arg;
 		} host;
+		struct {
+			CUstreamCallback fn;
+			CUstream stream;
+			void *arg;
+		} callback;
 	};
 };
 
@@ -319,7 +324,7 @@ static CUresult api(const char *fn)
 {
 	if (in_host_fn) {
 		atomic_fetch_add(&fake.from_host_fn, 1);
-		note("%s called from a host function (cuLaunchHostFunc): not permitted", fn);
+		note("%s called from a host function or stream callback: not permitted", fn);
 		return CUDA_ERROR_NOT_PERMITTED;
 	}
 	if (atomic_load(&fake.forked)) {
@@ -834,6 +839,7 @@ static CUresult run_device_op(const struct op *op, int dev, const struct CUctx_s
 			return run_copy_blocks(&op->kernel.args.blocks, dev);
 		return run_copy_slots(&op->kernel.args.slots, dev);
 	case OP_HOST_FN:
+	case OP_CALLBACK:
 		break;
 	}
 	return CUDA_ERROR_UNKNOWN;
@@ -850,8 +856,19 @@ static void run_op(struct CUstream_st *s, struct op *op)
 
 		nanosleep(&ts, NULL);
 	}
-	/* A reset context drops its queues; a failed one runs nothing more, host functions too. */
-	if (s->generation != atomic_load(&c->generation) || atomic_load(&c->sticky))
+	/* A reset context drops its queues. */
+	if (s->generation != atomic_load(&c->generation))
+		return;
+	/* Stream callbacks run after an error too, given it (cuStreamAddCallback documents it). */
+	if (op->kind == OP_CALLBACK) {
+		in_host_fn = true;
+		op->callback.fn(op->callback.stream, (CUresult)atomic_load(&c->sticky),
+				op->callback.arg);
+		in_host_fn = false;
+		return;
+	}
+	/* A failed context runs nothing more, host functions included (as documented). */
+	if (atomic_load(&c->sticky))
 		return;
 	if (op->kind == OP_HOST_FN) {
 		in_host_fn = true;
@@ -944,7 +961,7 @@ static CUresult enqueue(const char *fn, CUstream h, struct CUctx_st *ctx, struct
 		free(op);
 		return r;
 	}
-	if (op->kind != OP_HOST_FN) {
+	if (op->kind != OP_HOST_FN && op->kind != OP_CALLBACK) {
 		op->number = atomic_fetch_add(&fake.ops, 1) + 1;
 		if (fake.trace)
 			trace("op %llu: %s on stream %p%s", (unsigned long long)op->number, fn,
@@ -2224,6 +2241,29 @@ EXPORT CUresult CUDAAPI cuLaunchHostFunc(CUstream hStream, CUhostFn fn, void *us
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	op->host.fn = fn;
 	op->host.arg = userData;
+	return enqueue(__func__, hStream, c, op);
+}
+
+/*
+ * Runs callback on the stream's thread after everything queued before it, with CUDA_SUCCESS or
+ * the context's error: unlike a host function's, it runs after an error too.  The same rule
+ * holds inside it: no CUDA calls.
+ */
+EXPORT CUresult CUDAAPI cuStreamAddCallback(CUstream hStream, CUstreamCallback callback,
+					    void *userData, unsigned int flags)
+{
+	struct CUctx_st *c;
+	struct op *op;
+
+	API_CTX(__func__, &c);
+	if (!callback || flags)
+		return refuse(CUDA_ERROR_INVALID_VALUE, __func__, "no callback, or flags %#x", flags);
+	op = op_new(OP_CALLBACK);
+	if (!op)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	op->callback.fn = callback;
+	op->callback.stream = hStream;
+	op->callback.arg = userData;
 	return enqueue(__func__, hStream, c, op);
 }
 
