@@ -64,6 +64,7 @@ static const char *const kernel_names[KERNELS] = { "kvpd_copy_blocks", "kvpd_cop
 struct CUctx_st {
 	int device;
 	unsigned retained; /* primary context retains; 0: inactive */
+	bool started; /* its driver thread was started (once) */
 	_Atomic int sticky; /* a CUresult: the first error of its work, returned by every call */
 	_Atomic uint64_t generation; /* bumped by a reset: queued work of before is dropped */
 	unsigned workers; /* stream threads alive, destroyed streams still draining included */
@@ -1089,6 +1090,32 @@ static void ctx_reset(struct CUctx_st *c)
 	pthread_rwlock_unlock(&fake.mem);
 }
 
+/*
+ * The driver starts threads of its own at cuInit and when a context is created, and each
+ * starts with its creator's signal mask.  So does the fake: a thread that only waits, but takes
+ * what signals that mask let through.  A process that takes its signals through a signalfd
+ * (the daemon) blocks them in every thread; if it called the driver without blocking them, a
+ * SIGTERM would go to this thread and end the process, as it would with the real driver.
+ */
+static void *driver_thread(void *arg)
+{
+	for (;;)
+		pause();
+	return arg;
+}
+
+static void start_driver_thread(void)
+{
+	pthread_attr_t attr;
+	pthread_t thread;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, 64 << 10);
+	(void)pthread_create(&thread, &attr, driver_thread, NULL);
+	pthread_attr_destroy(&attr);
+}
+
 /* ---- initialization, devices, errors ------------------------------------------------------ */
 
 EXPORT CUresult CUDAAPI cuInit(unsigned int Flags)
@@ -1099,7 +1126,8 @@ EXPORT CUresult CUDAAPI cuInit(unsigned int Flags)
 		return refuse(CUDA_ERROR_INVALID_VALUE, __func__, "flags %u, must be 0", Flags);
 	if (fake.devices <= 0)
 		return CUDA_ERROR_NO_DEVICE;
-	atomic_store(&fake.initialized, true);
+	if (!atomic_exchange(&fake.initialized, true))
+		start_driver_thread();
 	return CUDA_SUCCESS;
 }
 
@@ -1254,7 +1282,10 @@ EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 	if (!valid_device(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	pthread_mutex_lock(&fake.lock);
-	contexts[dev].retained++;
+	if (contexts[dev].retained++ == 0 && !contexts[dev].started) {
+		contexts[dev].started = true;
+		start_driver_thread();
+	}
 	pthread_mutex_unlock(&fake.lock);
 	*pctx = &contexts[dev];
 	return CUDA_SUCCESS;
