@@ -15,11 +15,13 @@
  * It exists to find bugs, so it is strict wherever the real driver may be lenient or its
  * behaviour is not documented (each such place says so): work outside a context, CUDA calls
  * from host functions, device addresses that are not device memory, memory used after it was
- * freed, sticky errors.  Every refusal also goes to stderr, prefixed "fakecuda: ".
+ * freed, sticky errors.  Every refusal also goes to stderr, prefixed "fakecuda[pid]: ".
  *
- * Environment: FAKECUDA_DEVICES (default 1), FAKECUDA_DELAY_US (each stream operation sleeps
- * first), FAKECUDA_FAIL_OP=N (the Nth device operation enqueued in this process fails with
- * CUDA_ERROR_LAUNCH_FAILED), FAKECUDA_TRACE=1 (each device operation is logged as enqueued).
+ * Environment, read when the library is loaded: FAKECUDA_DEVICES (default 1),
+ * FAKECUDA_DELAY_US (each stream operation sleeps first), FAKECUDA_FAIL_OP=N (the Nth device
+ * operation queued in this process fails with CUDA_ERROR_LAUNCH_FAILED), FAKECUDA_TRACE=1 (each
+ * device operation is logged as it is queued); FAKECUDA_LOG, read at each line, names a file
+ * every line goes to as well.
  */
 #include <cuda.h>
 #include <errno.h>
