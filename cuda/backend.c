@@ -14,12 +14,14 @@
  * does not wait for the legacy default stream): copies the core asks for (copy-on-write, token
  * gather) and moves out and in (swap) alike, so everything completes in the order it was
  * issued, and work on the same memory needs no ordering of its own.  No call waits for its
- * work.  Each operation is one ticket: its copies, then a host function (on_done) that counts
- * it completed and writes the pool's eventfd.  Tickets are issued 1, 2, ... (queued); the
- * stream runs the host functions in order, so their count (completed) is the last ticket
- * completed.  A stream that failed runs no more of them: when the count lags, done() asks
- * cuStreamQuery whether the stream failed, and a failure is sticky.  wait() synchronizes the
- * stream.
+ * work.  Each operation is one ticket: its copies, then a stream callback (on_done) that
+ * counts it completed and writes the pool's eventfd.  Tickets are issued 1, 2, ... (queued);
+ * the stream runs the callbacks in order, so their count (completed) is the last ticket
+ * completed.  After a device error the callbacks still run, with the error, and count nothing:
+ * the eventfd wakes the daemon, done() sees the count lag and asks cuStreamQuery, which
+ * reports the failure (sticky).  (A host function, cuLaunchHostFunc, would not run after an
+ * error: nothing would wake the daemon, whose held replies would wait for ever.)  wait()
+ * synchronizes the stream.
  *
  * A copy list goes inside the launch's parameters (KVPD_INLINE entries, copied by the driver
  * when the launch is queued); a longer one is uploaded from a pinned buffer to device memory
@@ -224,13 +226,17 @@ static int cuda_probe(uint32_t device, char *why, size_t why_len)
 	return r;
 }
 
-/* The end of a ticket's work, run by a driver thread in stream order. */
-static void CUDA_CB on_done(void *arg)
+/*
+ * The end of a ticket's work, run by a driver thread in stream order, also after a device
+ * error (status): then the ticket did not complete, but the daemon must wake to find out.
+ */
+static void CUDA_CB on_done(CUstream stream, CUresult status, void *arg)
 {
 	struct cuda_pool *cp = arg;
 
-	/* A host function may not call CUDA; counting and a write(2) are fine. */
-	atomic_fetch_add_explicit(&cp->completed, 1, memory_order_release);
+	/* A stream callback may not call CUDA; counting and a write(2) are fine. */
+	if (status == CUDA_SUCCESS)
+		atomic_fetch_add_explicit(&cp->completed, 1, memory_order_release);
 	(void)eventfd_write(cp->done_fd, 1);
 }
 
@@ -244,12 +250,16 @@ static void cuda_destroy(struct backend_pool *p)
 	struct cuda_pool *cp = p->priv;
 
 	if (cp) {
-		bool entered = cp->ctx_retained && enter(cp) == 0;
+		bool entered = cp->ctx_retained && enter(cp) == 0, drained = !cp->stream;
 
 		if (entered) {
-			/* Its host functions too: on_done() must not run on a freed pool. */
+			/*
+			 * Its callbacks too: on_done() must not run on a freed pool.  After a device
+			 * error the synchronization returns the error, and whether the callbacks
+			 * still to run with it have run is not documented.
+			 */
 			if (cp->stream) {
-				(void)cu.cuStreamSynchronize(cp->stream);
+				drained = cu.cuStreamSynchronize(cp->stream) == CUDA_SUCCESS;
 				(void)cu.cuStreamDestroy(cp->stream);
 			}
 			if (cp->module)
@@ -272,10 +282,11 @@ static void cuda_destroy(struct backend_pool *p)
 			unblock_signals();
 		}
 		/*
-		 * Not entered with a stream: its host functions may still run and touch cp, so it
-		 * is left allocated (the daemon is stopping, or the pool never started).
+		 * A stream not drained (not entered, or failed): its callbacks may still run and
+		 * touch cp, so it is left allocated (the daemon is stopping, or the pool never
+		 * started).
 		 */
-		if (entered || !cp->stream)
+		if (drained)
 			free(cp);
 	}
 	if (p->fd >= 0)
@@ -425,7 +436,7 @@ static int sync_to(struct cuda_pool *cp, uint64_t ticket, const char *what)
 		return 0;
 	if (cp->error)
 		return cp->error;
-	/* The stream's host functions are part of it: on_done() has run when this returns. */
+	/* The stream's callbacks are part of it: on_done() has run when this returns. */
 	cr = cu.cuStreamSynchronize(cp->stream);
 	if (cr != CUDA_SUCCESS)
 		return cp->error = cu_fail(cr, what);
@@ -540,10 +551,10 @@ static int launch_copies(struct cuda_pool *cp, struct kvpd_copy_args *a)
 
 /*
  * Ends an operation whose work was queued (r == 0) or failed part way (r < 0).  On success its
- * host function goes last on the stream and its ticket is issued.  On failure the stream is
+ * callback goes last on the stream and its ticket is issued.  On failure the stream is
  * drained before the error returns, since the caller may reuse the memory at once, and no
- * ticket is issued: the host functions queued stay one per ticket, so their count is the last
- * ticket completed.  (If the host function itself cannot be queued, the copies before it are
+ * ticket is issued: the callbacks queued stay one per ticket, so their count is the last
+ * ticket completed.  (If the callback itself cannot be queued, the copies before it are
  * waited out the same way.)
  */
 static int queue_end(struct cuda_pool *cp, int r, bool ext, const char *what,
@@ -552,14 +563,14 @@ static int queue_end(struct cuda_pool *cp, int r, bool ext, const char *what,
 	CUresult cr;
 
 	if (r == 0) {
-		cr = cu.cuLaunchHostFunc(cp->stream, on_done, cp);
+		cr = cu.cuStreamAddCallback(cp->stream, on_done, cp, 0);
 		if (cr == CUDA_SUCCESS) {
 			*ret_ticket = ++cp->queued;
 			if (ext)
 				cp->ext_ticket = cp->queued;
 			return 0;
 		}
-		r = cu_fail(cr, "cuLaunchHostFunc");
+		r = cu_fail(cr, "cuStreamAddCallback");
 	}
 	cr = cu.cuStreamSynchronize(cp->stream);
 	if (cr != CUDA_SUCCESS)
@@ -797,7 +808,7 @@ static int cuda_done(struct backend_pool *p, uint64_t *ret_ticket)
 		return cp->error;
 	if (*ret_ticket >= cp->queued)
 		return 0;
-	/* Not yet: or never, if the stream failed (its host functions do not run then). */
+	/* Not yet: or never, if the stream failed (its callbacks then ran with the error). */
 	r = enter(cp);
 	if (r < 0)
 		return r;

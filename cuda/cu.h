@@ -54,6 +54,7 @@
 	X(cuStreamSynchronize)                                                                     \
 	X(cuStreamQuery)                                                                           \
 	X(cuLaunchHostFunc)                                                                        \
+	X(cuStreamAddCallback)                                                                     \
 	X(cuLaunchKernel)                                                                          \
 	X(cuModuleLoadData)                                                                        \
 	X(cuModuleUnload)                                                                          \

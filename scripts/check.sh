@@ -36,14 +36,15 @@ scripts/build.sh build --enable-werror || exit 1
 run_suite "tests" build || status=1
 
 # The CUDA backend compiles and links wherever nvcc is (no GPU or driver needed); its tests
-# here prove the no-driver paths (the GPU tests skip).  On a GPU: tests/gpu/run.sh.
+# here prove the no-driver paths (the GPU tests skip), then run the GPU tests under the driver
+# emulation (fakecuda.test).  On a GPU: tests/gpu/run.sh.
 echo "== build with the CUDA backend (--with-cuda: compile and link)"
 nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [ -z "$nvcc_path" ]; then
 	echo "SKIP: nvcc not found: the CUDA backend is not compiled (install the CUDA toolkit)"
 elif scripts/build.sh build-cuda --enable-werror --with-cuda; then
 	run_suite "CUDA backend without a driver" build-cuda \
-		TESTS="tests/gpu/nolink.test tests/gpu/test-nodriver tests/gpu/test-gpu-backend tests/gpu/test-gpu-share" ||
+		TESTS="tests/gpu/nolink.test tests/gpu/test-nodriver tests/gpu/test-gpu-backend tests/gpu/test-gpu-share tests/gpu/fakecuda.test" ||
 		status=1
 	# What a lent GPU machine runs, built here and moved, as the device tool moves it.
 	echo "== GPU bundle (tests/gpu/bundle.sh, tests/gpu/device.sh)"

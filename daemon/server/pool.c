@@ -46,10 +46,12 @@ static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 
 static void device_failed(struct dpool *p, int r)
 {
+	/* The errno says little ("Input/output error"); the module has the driver's words. */
 	if (!p->failed)
-		log_error("pool %s: the %s backend failed: %s; the pool's memory cannot be trusted "
-			  "any more, so the daemon stops", p->cfg->name, p->mem.ops->name,
-			  strerror(-r));
+		log_error("pool %s: the %s backend failed: %s%s%s%s; the pool's memory cannot be "
+			  "trusted any more, so the daemon stops", p->cfg->name, p->mem.ops->name,
+			  strerror(-r), p->module ? " (" : "",
+			  p->module ? p->module->last_error() : "", p->module ? ")" : "");
 	p->failed = r;
 }
 
@@ -1282,6 +1284,7 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 				       (unsigned long long)(p->block_bytes * cfg->capacity_blocks),
 				       ops->name, module ? " (" : "",
 				       module ? module->last_error() : "", module ? ")" : "");
+	p->module = module;
 	if (ops == &backend_host_threaded)
 		log_info("pool %s: copies and moves run on a helper thread (copy_thread = yes)",
 			 cfg->name);

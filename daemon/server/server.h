@@ -76,6 +76,7 @@ struct dpool {
 	const struct kvpd_pool_config *cfg;
 	struct core *core;
 	struct backend_pool mem;
+	const struct backend_module *module; /* the backend's module (its words for errors), or NULL */
 	/*
 	 * The backend's queue (pool.c): the last ticket issued and the last known complete; per
 	 * block, the last ticket touching it; per host-tier slot, the last move writing it; the

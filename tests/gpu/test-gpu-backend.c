@@ -174,6 +174,19 @@ static void wait_move(struct backend_pool *b, uint64_t ticket)
 	ck_assert_uint_ge(done, ticket);
 }
 
+/*
+ * The host backend's tickets are complete when the call returns and it never writes done_fd
+ * (daemon/backend/host.c), so only the device pool's done_fd is polled.
+ */
+static void host_wait(struct backend_pool *b, uint64_t ticket)
+{
+	uint64_t done = 0;
+
+	ck_assert_int_eq(backend_host.wait(b, ticket), 0);
+	ck_assert_int_eq(backend_host.done(b, &done), 0);
+	ck_assert_uint_ge(done, ticket);
+}
+
 static void run_geometry(const struct geometry *g, const char *swap)
 {
 	const uint32_t cap = g->capacity, B = g->block_tokens;
@@ -219,12 +232,11 @@ static void run_geometry(const struct geometry *g, const char *swap)
 			nm++;
 		}
 	drain(&p.dev);
-	drain(&p.host);
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_TO_HOST, m, nm, &ticket), 0);
 	issued(&p, ticket);
 	wait_move(&p.dev, ticket);
 	ck_assert_int_eq(backend_host.move(&p.host, BACKEND_TO_HOST, hm, nm, &ticket), 0);
-	wait_move(&p.host, ticket);
+	host_wait(&p.host, ticket);
 	ck_assert_int_eq(memcmp(stage, hstage, nm * p.block_bytes), 0);
 
 	/* Swap in: changed bytes, into other blocks, reversed (so no run is adjacent). */
@@ -233,12 +245,11 @@ static void run_geometry(const struct geometry *g, const char *swap)
 	for (uint32_t i = 0; i < nm; i++)
 		m[i].block = hm[i].block = cap - 1 - m[i].block;
 	drain(&p.dev);
-	drain(&p.host);
 	ck_assert_int_eq(p.module->ops->move(&p.dev, BACKEND_FROM_HOST, m, nm, &ticket), 0);
 	issued(&p, ticket);
 	wait_move(&p.dev, ticket);
 	ck_assert_int_eq(backend_host.move(&p.host, BACKEND_FROM_HOST, hm, nm, &ticket), 0);
-	wait_move(&p.host, ticket);
+	host_wait(&p.host, ticket);
 	assert_same(&p, "swap in");
 
 	/*
