@@ -27,6 +27,7 @@
 	X(cuDevicePrimaryCtxRelease)                                                               \
 	X(cuCtxPushCurrent)                                                                        \
 	X(cuCtxPopCurrent)                                                                         \
+	X(cuCtxSynchronize)                                                                        \
 	X(cuMemGetAllocationGranularity)                                                           \
 	X(cuMemCreate)                                                                             \
 	X(cuMemRelease)                                                                            \

@@ -1027,6 +1027,29 @@ static void wait_blocking_streams(struct CUctx_st *ctx)
 	}
 }
 
+/* Waits until every stream of ctx ran everything queued (cuCtxSynchronize). */
+static void wait_all_streams(struct CUctx_st *ctx)
+{
+	for (;;) {
+		struct CUstream_st *busy = NULL;
+
+		pthread_mutex_lock(&fake.lock);
+		for (struct CUstream_st *s = fake.streams; s && !busy; s = s->next) {
+			if (s->ctx != ctx)
+				continue;
+			pthread_mutex_lock(&s->m);
+			if (s->head)
+				busy = s;
+			pthread_mutex_unlock(&s->m);
+		}
+		if (!busy) {
+			pthread_mutex_unlock(&fake.lock);
+			return;
+		}
+		stream_drain(busy);
+	}
+}
+
 /*
  * The primary context's last release resets it: its queues are dropped (nothing more of them
  * runs, host functions included), its streams and modules destroyed, its cuMemAlloc and
@@ -2214,6 +2237,15 @@ EXPORT CUresult CUDAAPI cuStreamDestroy(CUstream hStream)
 	}
 	pthread_mutex_unlock(&fake.lock);
 	return r;
+}
+
+EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
+{
+	struct CUctx_st *c;
+
+	API_CTX(__func__, &c);
+	wait_all_streams(c);
+	return (CUresult)atomic_load(&c->sticky);
 }
 
 EXPORT CUresult CUDAAPI cuStreamSynchronize(CUstream hStream)

@@ -74,9 +74,14 @@ static inline void gpu_use(int device)
 	GPU_OK(cu.cuCtxPushCurrent(ctx));
 }
 
+/*
+ * Returns once the bytes are in device memory: a copy from pageable memory may return before
+ * its DMA is done, and nothing orders it against the daemon's stream (another process's).
+ */
 static inline void gpu_write(uint64_t dst, const void *src, size_t n)
 {
 	GPU_OK(cu.cuMemcpyHtoD((CUdeviceptr)dst, src, n));
+	GPU_OK(cu.cuCtxSynchronize());
 }
 
 static inline void gpu_read(void *dst, uint64_t src, size_t n)

@@ -339,9 +339,11 @@ static void run_geometry(const struct geometry *g, const char *swap)
 static const struct geometry wide = { 4, 2, 64, 2, 16, 64 };
 /*
  * 3 layers, 1 head, dim 3, 1-byte elements, 5 tokens: 90-byte blocks (byte path); enough of
- * them that batches take more than one launch.
+ * them that lists outgrow a launch's parameters and go through the upload buffer.
  */
 static const struct geometry odd = { 3, 1, 3, 1, 5, 520 };
+/* 1 layer, 1 head, dim 2, bf16, 5 tokens: 40-byte blocks, 4-byte slots (4-byte path). */
+static const struct geometry narrow = { 1, 1, 2, 2, 5, 300 };
 /* One layer of one 1-byte slot: 2-byte blocks, so many that a list outgrows the upload buffer. */
 static const struct geometry tiny = { 1, 1, 1, 1, 1, 24000 };
 
@@ -366,6 +368,18 @@ END_TEST
 START_TEST(test_odd_kernel)
 {
 	run_geometry(&odd, "kernel");
+}
+END_TEST
+
+START_TEST(test_narrow_dma)
+{
+	run_geometry(&narrow, "dma");
+}
+END_TEST
+
+START_TEST(test_narrow_kernel)
+{
+	run_geometry(&narrow, "kernel");
 }
 END_TEST
 
@@ -595,6 +609,8 @@ int main(void)
 	tcase_add_test(tc, test_wide_kernel);
 	tcase_add_test(tc, test_odd_dma);
 	tcase_add_test(tc, test_odd_kernel);
+	tcase_add_test(tc, test_narrow_dma);
+	tcase_add_test(tc, test_narrow_kernel);
 	tcase_add_test(tc, test_long_lists);
 	tcase_add_test(tc, test_fd_imports);
 	tcase_add_test(tc, test_host_tier_dma);
