@@ -83,6 +83,7 @@ struct cuda_pool {
 	CUstream stream; /* the pool's one queue */
 	uint64_t queued; /* the last ticket issued */
 	_Atomic uint64_t completed; /* tickets completed, counted by on_done() on a driver thread */
+	_Atomic uint64_t returned;  /* on_done() calls past their last touch of the pool */
 	/*
 	 * Tickets known complete because the stream was found idle (cuStreamSynchronize or
 	 * cuStreamQuery succeeded): the work is done then, whether or not the driver has yet
@@ -244,6 +245,8 @@ static void CUDA_CB on_done(CUstream stream, CUresult status, void *arg)
 	if (status == CUDA_SUCCESS)
 		atomic_fetch_add_explicit(&cp->completed, 1, memory_order_release);
 	(void)eventfd_write(cp->done_fd, 1);
+	/* Last: destroy frees the pool (and closes the eventfd) once every call got here. */
+	atomic_fetch_add_explicit(&cp->returned, 1, memory_order_release);
 }
 
 static uint64_t completed(struct cuda_pool *cp)
@@ -262,12 +265,18 @@ static void cuda_destroy(struct backend_pool *p)
 
 		if (entered) {
 			/*
-			 * Its callbacks too: on_done() must not run on a freed pool.  After a device
-			 * error the synchronization returns the error, and whether the callbacks
-			 * still to run with it have run is not documented.
+			 * Its callbacks too: on_done() must not run on a freed pool or write a
+			 * closed (or reused) eventfd.  Whether a synchronization returns only after
+			 * the callbacks returned is not documented, nor when those after a device
+			 * error run: each counts itself out last, and they are waited for (1 s).
 			 */
 			if (cp->stream) {
-				drained = cu.cuStreamSynchronize(cp->stream) == CUDA_SUCCESS;
+				(void)cu.cuStreamSynchronize(cp->stream);
+				for (int i = 0; i < 1000 && atomic_load_explicit(&cp->returned,
+						memory_order_acquire) < cp->queued; i++)
+					usleep(1000);
+				drained = atomic_load_explicit(&cp->returned, memory_order_acquire) >=
+					  cp->queued;
 				(void)cu.cuStreamDestroy(cp->stream);
 			}
 			if (cp->module)
@@ -290,12 +299,14 @@ static void cuda_destroy(struct backend_pool *p)
 			unblock_signals();
 		}
 		/*
-		 * A stream not drained (not entered, or failed): its callbacks may still run and
-		 * touch cp, so it is left allocated (the daemon is stopping, or the pool never
-		 * started).
+		 * A stream not drained (not entered, or callbacks still to run): they may still
+		 * touch cp and write its eventfd, so both are left (the daemon is stopping, or the
+		 * pool never started).
 		 */
 		if (drained)
 			free(cp);
+		else
+			p->done_fd = -1;
 	}
 	if (p->fd >= 0)
 		close(p->fd);

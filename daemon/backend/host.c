@@ -65,9 +65,11 @@ struct host_state {
 	/*
 	 * $KVPAGED_TEST_COPY_FAIL_AT=N (threaded only, read at create): the Nth operation fails
 	 * as a device's stream does.  It and every later one never run and are never counted
-	 * done, done_fd is not written again (a failed CUDA stream skips its host functions),
-	 * and done(), wait() and new operations return -EIO.  For the daemon's handling of a
-	 * device error, which no host can otherwise show.  Never set in production.
+	 * done, and done(), wait() and new operations return -EIO.  done_fd is not written again:
+	 * the worst a device can do (a CUDA host function is skipped after an error; the CUDA
+	 * module's stream callbacks do run, and the daemon's 100 ms check covers the rest).  For
+	 * the daemon's handling of a device error, which no host can otherwise show.  Never set
+	 * in production.
 	 */
 	uint64_t fail_at, ran;
 	int error; /* under mu */
@@ -370,8 +372,14 @@ static int submit(struct backend_pool *p, enum job_kind kind, enum backend_dir d
 	if (!j) {
 		/* No memory to queue it: it runs here, in its turn, once the thread is idle. */
 		pthread_mutex_lock(&st->mu);
-		while (st->head)
+		while (st->head && !st->error)
 			pthread_cond_wait(&st->progress, &st->mu);
+		if (st->error) {
+			int error = st->error;
+
+			pthread_mutex_unlock(&st->mu);
+			return error;
+		}
 		run(&mine, kind, dir, list, n);
 		*ret_ticket = ++st->issued;
 		atomic_store_explicit(&st->done, st->issued, memory_order_release);

@@ -162,7 +162,13 @@ static int q_copy_blocks(struct dpool *p, const struct backend_block_copy *c, ui
 
 	flush_demotions(p);
 	r = p->mem.ops->copy_blocks(&p->mem, c, n, &t);
-
+	/*
+	 * The daemon's lists are well formed, and a list the backend has no room for is split
+	 * (ENOMEM); anything else is the device's, sticky: no ticket was issued, so no event or
+	 * check would find it later.
+	 */
+	if (r < 0 && r != -EINVAL && r != -ENOMEM)
+		device_failed(p, r);
 	if (r < 0 || !t)
 		return r;
 	for (uint32_t i = 0; i < n; i++)
@@ -178,7 +184,13 @@ static int q_copy_slots(struct dpool *p, const struct backend_slot_copy *c, uint
 
 	flush_demotions(p);
 	r = p->mem.ops->copy_slots(&p->mem, c, n, &t);
-
+	/*
+	 * The daemon's lists are well formed, and a list the backend has no room for is split
+	 * (ENOMEM); anything else is the device's, sticky: no ticket was issued, so no event or
+	 * check would find it later.
+	 */
+	if (r < 0 && r != -EINVAL && r != -ENOMEM)
+		device_failed(p, r);
 	if (r < 0 || !t)
 		return r;
 	for (uint32_t i = 0; i < n; i++)
@@ -225,8 +237,8 @@ static int pool_copy_block(void *ctx, uint32_t dst, uint32_t src)
  * core_config.copy_slots: the backend's batched gather, queued.  The two structs are the same
  * four words in the same order (checked here), so the core's list goes to the backend as it
  * is.  A list the backend has no room for (a GPU's long-list buffer) goes in shorter pieces;
- * the core cannot be told of any other failure, which only a device error (sticky: the next
- * done() reports it and the daemon stops) or a bug can cause.
+ * the core cannot be told of any other failure, which only a device error (the daemon stops)
+ * or a bug can cause.
  */
 _Static_assert(sizeof(struct core_slot_copy) == sizeof(struct backend_slot_copy) &&
 		       offsetof(struct core_slot_copy, dst) ==

@@ -108,9 +108,9 @@ struct dpool {
 	uint64_t backend_event;
 	bool backend_armed;
 	/*
-	 * When the loop last asked the backend how far its queue got without an event: a device
-	 * error means no more events (a failed stream skips its host functions), so while tickets
-	 * are outstanding the loop asks every BACKEND_CHECK_NS anyway (server.c).
+	 * When the loop last asked the backend how far its queue got without an event.  While
+	 * tickets are outstanding it asks every BACKEND_CHECK_NS anyway (server.c): a backend
+	 * whose device failed may never signal again, and asking finds the error.
 	 */
 	uint64_t backend_checked_ns;
 	uint64_t bytes_per_token, block_bytes;

@@ -245,8 +245,6 @@ static inline void assert_verified(const struct daemon *d)
 	ck_assert_msg(ctl(d, "verify", out, sizeof(out)) == 0, "kvpagedctl verify: %s", out);
 }
 
-/* Stops kvpaged with SIGTERM and checks that it exits 0 within 5 s. */
-/* Waits up to 5 s for a daemon that was told to stop; it must exit 0.  Removes its files. */
 /* Waits up to 5 s for kvpaged to exit: its exit status (-1: killed by a signal). */
 static inline int daemon_wait_exit(struct daemon *d)
 {
@@ -270,6 +268,7 @@ static inline void daemon_remove_files(struct daemon *d)
 	rmdir(d->dir);
 }
 
+/* Waits up to 5 s for a daemon that was told to stop; it must exit 0.  Removes its files. */
 static inline void daemon_wait_stopped(struct daemon *d)
 {
 	int status = daemon_wait_exit(d);
@@ -278,6 +277,7 @@ static inline void daemon_wait_stopped(struct daemon *d)
 	daemon_remove_files(d);
 }
 
+/* Stops kvpaged with SIGTERM and checks that it exits 0 within 5 s. */
 static inline void daemon_stop(struct daemon *d)
 {
 	kill(d->pid, SIGTERM);
