@@ -13,20 +13,38 @@ cd "$top"
 out=${OUT:-$top/gpu-out}
 mkdir -p "$out"
 bundle=${KVPAGED_GPU_BUNDLE:-$top/.gpu}
+[ -d "$bundle" ] && bundle=$(cd "$bundle" && pwd)
 start=$SECONDS
+libs=
+build=
+rc=1
+
+# Every log, for reading afterwards (a few MiB at most): the tests', their TAP files, and the
+# logs of daemons the tests kept because a case failed.  Written at the end, and on SIGTERM.
+save_logs() {
+	[ -n "$build" ] && [ -d "$build" ] || return 0
+	mkdir -p "$build/daemon-logs"
+	for l in /tmp/kvpaged-test-*/kvpaged.log; do
+		[ -f "$l" ] && cp "$l" "$build/daemon-logs/$(basename "$(dirname "$l")").log"
+	done
+	(cd "$build" && tar czf "$out/gpu-logs.tar.gz" --ignore-failed-read \
+		$(ls -d gpu-*.log gpu-*.tap daemon-logs 2>/dev/null)) 2>/dev/null
+}
+trap 'save_logs; exit 143' TERM
+trap '[ -n "$libs" ] && rm -rf "$libs"' EXIT
 
 {
 	echo "== machine"
 	echo "kernel $(uname -r) $(uname -m); $(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")"
 	echo "$(ldd --version 2>/dev/null | head -1); $(nproc) CPUs"
-	nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv,noheader 2>&1 | head -4
+	timeout 20 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm \
+		--format=csv,noheader 2>&1 | head -4
 	command -v nvcc >/dev/null && nvcc --version | tail -1
 	for t in gcc autoreconf pkg-config readelf; do
 		printf '%s: %s\n' "$t" "$(command -v $t || echo missing)"
 	done
 } 2>&1 | tee "$out/machine.txt"
 
-build=
 if [ -f "$bundle/build-path" ]; then
 	built=$(cat "$bundle/build-path")
 	build=$bundle/build
@@ -44,10 +62,11 @@ fi
 
 if [ -n "$build" ]; then
 	libs=$(mktemp -d /tmp/kvpaged-libs.XXXXXX)
+	have=$(ldconfig -p 2>/dev/null)
 	for l in "$bundle"/lib/*; do
 		[ -e "$l" ] || continue
 		so=$(basename "$l")
-		if [ "${KVPAGED_GPU_ALL_LIBS:-0}" = 1 ] || ! ldconfig -p 2>/dev/null | grep -q "^[[:space:]]$so "; then
+		if [ "${KVPAGED_GPU_ALL_LIBS:-0}" = 1 ] || ! grep -q "^[[:space:]]$so " <<<"$have"; then
 			ln -s "$l" "$libs/$so"
 		fi
 	done
@@ -73,23 +92,6 @@ if [ -z "$build" ]; then
 	rc=${PIPESTATUS[0]}
 fi
 
-# A GPU test that failed runs again under compute-sanitizer (memcheck), while the time allows:
-# one lent run must say as much as it can.
-sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-for t in gpu-backend gpu-share; do
-	grep -q "^gpu: .*failed (.*\b$t\b" "$out/run.txt" 2>/dev/null || continue
-	[ -n "$sanitizer" ] || { echo "device: no compute-sanitizer to rerun $t under"; break; }
-	[ $((SECONDS - start)) -lt 300 ] || { echo "device: no time left to rerun $t under compute-sanitizer"; break; }
-	echo "== $t under compute-sanitizer (memcheck)"
-	prog=./tests/gpu/test-${t#gpu-}
-	(cd "$build" && timeout 150 "$sanitizer" --tool memcheck --target-processes all \
-		--print-limit 50 "$prog") >"$build/gpu-$t-memcheck.log" 2>&1
-	echo "$t under memcheck exited $?"
-	grep -E '^========= (ERROR SUMMARY|Invalid|Program hit)' "$build/gpu-$t-memcheck.log" | head -10
-done
-
-# Every log, for reading afterwards (at most a few MiB).
-(cd "$build" 2>/dev/null && tar czf "$out/gpu-logs.tar.gz" --ignore-failed-read gpu-*.log gpu-*.tap tests/gpu/*.log \
-	$(ls test-*.log 2>/dev/null) 2>/dev/null)
+save_logs
 echo "device: run.sh exited $rc after $((SECONDS - start)) s"
 exit "$rc"
