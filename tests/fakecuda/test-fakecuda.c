@@ -223,13 +223,34 @@ START_TEST(test_sticky_error)
 }
 END_TEST
 
-/* FAKECUDA_FAIL_OP: the second device operation fails, nothing after it runs. */
+/* A stream callback's calls and the status each was given. */
+struct callbacks {
+	int calls;
+	CUresult status[4];
+};
+
+static void CUDA_CB callback(CUstream stream, CUresult status, void *arg)
+{
+	struct callbacks *c = arg;
+
+	if (c->calls < 4)
+		c->status[c->calls] = status;
+	c->calls++;
+}
+
+/*
+ * FAKECUDA_FAIL_OP: the second device operation fails, nothing after it runs: no host function,
+ * but a stream callback queued behind the failure does, given the error (the CUDA module's
+ * completions rely on that to wake the daemon).
+ */
 START_TEST(test_fail_op)
 {
 	CUmemGenericAllocationHandle h;
 	CUdeviceptr base;
 	CUstream s;
 	uint8_t buf[16] = { 0 };
+	struct callbacks cb = { 0 };
+	CUresult late;
 	int ran = 0;
 
 	setenv("FAKECUDA_FAIL_OP", "2", 1);
@@ -239,10 +260,18 @@ START_TEST(test_fail_op)
 	GPU_OK(cu.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 	GPU_OK(cu.cuMemsetD8Async(base, 1, 16, s));
 	GPU_OK(cu.cuLaunchHostFunc(s, count, &ran));
+	GPU_OK(cu.cuStreamAddCallback(s, callback, &cb, 0));
 	GPU_OK(cu.cuMemsetD8Async(base, 2, 16, s));
 	queued_or(cu.cuLaunchHostFunc(s, count, &ran), CUDA_ERROR_LAUNCH_FAILED);
+	late = cu.cuStreamAddCallback(s, callback, &cb, 0);
+	queued_or(late, CUDA_ERROR_LAUNCH_FAILED);
 	CU_IS(cu.cuStreamSynchronize(s), CUDA_ERROR_LAUNCH_FAILED);
 	ck_assert_int_eq(ran, 1);
+	/* The first callback ran clean; the second, if it was queued, ran with the error. */
+	ck_assert_int_eq(cb.calls, late == CUDA_SUCCESS ? 2 : 1);
+	ck_assert_int_eq(cb.status[0], CUDA_SUCCESS);
+	if (late == CUDA_SUCCESS)
+		ck_assert_int_eq(cb.status[1], CUDA_ERROR_LAUNCH_FAILED);
 	CU_IS(cu.cuMemcpyDtoH(buf, base, sizeof(buf)), CUDA_ERROR_LAUNCH_FAILED);
 }
 END_TEST
