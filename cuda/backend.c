@@ -25,8 +25,8 @@
  *
  * A copy list goes inside the launch's parameters (KVPD_INLINE entries, copied by the driver
  * when the launch is queued); a longer one is uploaded from a pinned buffer to device memory
- * ahead of the kernel, and these two buffers are the only state an operation leaves behind:
- * see list_at() for when a call waits for the one before.
+ * ahead of the kernel, and those buffers are the only state an operation leaves behind: see
+ * ext_reserve() for when a call waits for one.
  *
  * A move goes through the copy engines (one cuMemcpyAsync per run of adjacent blocks) or
  * through kvpd_copy_blocks writing to or reading from pinned host memory directly;
@@ -65,6 +65,9 @@ extern const unsigned char kvpd_cuda_fatbin[];
 
 enum swap_mode { SWAP_DMA, SWAP_KERNEL };
 
+/* Upload buffers for long copy lists, used in turn (ext_reserve). */
+#define EXT_BUFS 4u
+
 struct cuda_pool {
 	CUdevice dev;
 	CUcontext ctx; /* the device's primary context: the one engines use too */
@@ -91,10 +94,17 @@ struct cuda_pool {
 	 */
 	uint64_t idle_at;
 	int done_fd;
-	CUdeviceptr ext_dev; /* long copy lists, uploaded from ext_host */
-	void *ext_host;
-	size_t ext_bytes;
-	uint64_t ext_ticket; /* the last ticket whose work may read them (0: none) */
+	/*
+	 * Long copy lists, uploaded from host to dev: EXT_BUFS of them, used in turn; ext_cur is
+	 * the one the operation being built uses.
+	 */
+	struct ext_buf {
+		CUdeviceptr dev;
+		void *host;
+		size_t bytes;
+		uint64_t ticket; /* the last ticket whose work may read it (0: none) */
+	} ext[EXT_BUFS];
+	unsigned ext_cur;
 	int error; /* the device failed: sticky, every later call returns it */
 };
 
@@ -281,10 +291,12 @@ static void cuda_destroy(struct backend_pool *p)
 			}
 			if (cp->module)
 				(void)cu.cuModuleUnload(cp->module);
-			if (cp->ext_dev)
-				(void)cu.cuMemFree(cp->ext_dev);
-			if (cp->ext_host)
-				(void)cu.cuMemFreeHost(cp->ext_host);
+			for (unsigned i = 0; i < EXT_BUFS; i++) {
+				if (cp->ext[i].dev)
+					(void)cu.cuMemFree(cp->ext[i].dev);
+				if (cp->ext[i].host)
+					(void)cu.cuMemFreeHost(cp->ext[i].host);
+			}
 			if (cp->mapped)
 				(void)cu.cuMemUnmap(cp->base, cp->size);
 			if (cp->reserved)
@@ -465,49 +477,49 @@ static int sync_to(struct cuda_pool *cp, uint64_t ticket, const char *what)
 /*
  * Room for a list too long to pass inline: device memory, and pinned memory to upload from.
  *
- * Calls do not wait for their work, so the last operation that used the buffers (ext_ticket)
- * may still need them: its upload may not have read ext_host yet, nor its kernel ext_dev.  A
- * long list therefore waits for that ticket before it writes ext_host, and before the buffers
- * are freed to grow them.  (ext_dev alone would need no wait: the next upload into it is
- * queued behind that kernel on the same stream.)  Only a long list issued before the last one
- * has run waits here, and then for the whole stream (cuStreamSynchronize), swaps queued since
- * included; short lists and moves never touch the buffers.  (An event recorded after each
- * upload would make that wait exact; long lists are rare enough not to need it yet.)
+ * Calls do not wait for their work, so the last operation that used a buffer (its ticket) may
+ * still need it: its upload may not have read the host side yet, nor its kernel the device
+ * side.  The EXT_BUFS buffers are used in turn, and a long list takes the next one, waiting for
+ * that buffer's last ticket before it writes it (or frees it to grow it).  So a long list waits
+ * only when EXT_BUFS of them are still queued, and then for the whole stream
+ * (cuStreamSynchronize); short lists and moves never touch the buffers.
  */
 static int ext_reserve(struct cuda_pool *cp, size_t bytes)
 {
+	struct ext_buf *b = &cp->ext[(cp->ext_cur + 1) % EXT_BUFS];
 	size_t size = 64 << 10;
 	CUresult cr;
 	int r;
 
-	r = sync_to(cp, cp->ext_ticket, "waiting for the copy list buffer");
+	r = sync_to(cp, b->ticket, "waiting for a copy list buffer");
 	if (r < 0)
 		return r;
-	if (bytes <= cp->ext_bytes)
+	cp->ext_cur = (unsigned)(b - cp->ext);
+	if (bytes <= b->bytes)
 		return 0;
 	while (size < bytes)
 		size *= 2;
-	if (cp->ext_dev)
-		(void)cu.cuMemFree(cp->ext_dev);
-	if (cp->ext_host)
-		(void)cu.cuMemFreeHost(cp->ext_host);
-	cp->ext_dev = 0;
-	cp->ext_host = NULL;
-	cp->ext_bytes = 0;
-	cr = cu.cuMemAlloc(&cp->ext_dev, size);
+	if (b->dev)
+		(void)cu.cuMemFree(b->dev);
+	if (b->host)
+		(void)cu.cuMemFreeHost(b->host);
+	b->dev = 0;
+	b->host = NULL;
+	b->bytes = 0;
+	cr = cu.cuMemAlloc(&b->dev, size);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "cuMemAlloc");
-	cr = cu.cuMemHostAlloc(&cp->ext_host, size, 0);
+	cr = cu.cuMemHostAlloc(&b->host, size, 0);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "cuMemHostAlloc");
-	cp->ext_bytes = size;
+	b->bytes = size;
 	return 0;
 }
 
 /*
  * Where a list of n entries of size bytes goes: the launch's parameters when it fits, else the
- * pinned upload buffer (queued to the device by ext_upload(); the operation's ticket becomes
- * ext_ticket).  0 or -errno, nothing queued.
+ * next upload buffer's pinned side (queued to the device by ext_upload(); the operation's
+ * ticket becomes the buffer's).  0 or -errno, nothing queued.
  */
 static int list_at(struct cuda_pool *cp, void *inline_entries, uint32_t n, size_t size,
 		   void **ret)
@@ -521,21 +533,22 @@ static int list_at(struct cuda_pool *cp, void *inline_entries, uint32_t n, size_
 	r = ext_reserve(cp, (size_t)n * size);
 	if (r < 0)
 		return r;
-	*ret = cp->ext_host;
+	*ret = cp->ext[cp->ext_cur].host;
 	return 0;
 }
 
 static int ext_upload(struct cuda_pool *cp, uint32_t n, size_t size, uint64_t *ret_ext)
 {
+	const struct ext_buf *b = &cp->ext[cp->ext_cur];
 	CUresult cr;
 
 	*ret_ext = 0;
 	if (n <= KVPD_INLINE)
 		return 0;
-	cr = cu.cuMemcpyHtoDAsync(cp->ext_dev, cp->ext_host, (size_t)n * size, cp->stream);
+	cr = cu.cuMemcpyHtoDAsync(b->dev, b->host, (size_t)n * size, cp->stream);
 	if (cr != CUDA_SUCCESS)
 		return cu_fail(cr, "uploading a copy list");
-	*ret_ext = (uint64_t)cp->ext_dev;
+	*ret_ext = (uint64_t)b->dev;
 	return 0;
 }
 
@@ -583,7 +596,7 @@ static int queue_end(struct cuda_pool *cp, int r, bool ext, const char *what,
 		if (cr == CUDA_SUCCESS) {
 			*ret_ticket = ++cp->queued;
 			if (ext)
-				cp->ext_ticket = cp->queued;
+				cp->ext[cp->ext_cur].ticket = cp->queued;
 			return 0;
 		}
 		r = cu_fail(cr, "cuStreamAddCallback");

@@ -384,10 +384,10 @@ START_TEST(test_narrow_kernel)
 END_TEST
 
 /*
- * Lists longer than a launch holds (KVPD_INLINE) go through the module's one upload buffer.
- * Four of them queued back to back, none waited for, each reading what the one before wrote:
- * a call must not overwrite the buffer (or free it to grow it, as the second list does with
- * tiny blocks) while the one before may still upload from it or read it.
+ * Lists longer than a launch holds (KVPD_INLINE) go through the module's upload buffers, used
+ * in turn.  Twelve of them queued back to back, none waited for, each reading what the one
+ * before wrote: a call must not overwrite a buffer (or free it to grow it, as the second list
+ * does with tiny blocks) while an earlier list may still upload from it or read it.
  */
 static void run_long_lists(const struct geometry *g)
 {
@@ -402,25 +402,30 @@ static void run_long_lists(const struct geometry *g)
 	ck_assert_uint_gt(n1, KVPD_INLINE);
 	ck_assert_uint_gt(n3, KVPD_INLINE);
 	pools_open(&p, g, "dma");
-	/* Lower half into the upper half... */
-	for (uint32_t i = 0; i < n1; i++)
-		bc[i] = (struct backend_block_copy){ .dst = half + i, .src = i };
-	both_copy_blocks(&p, bc, n1);
-	/* ...the upper half (as just written) back over the lower half, all of it... */
-	for (uint32_t i = 0; i < half; i++)
-		bc[i] = (struct backend_block_copy){ .dst = i, .src = half + (i * 7) % half };
-	both_copy_blocks(&p, bc, half);
-	/* ...tokens of the lower half into the upper half's slots, a few, then all of them. */
-	for (uint32_t k = 0; k < n3; k++)
-		sc[k] = (struct backend_slot_copy){ .dst = half + k / B, .dst_slot = k % B,
-						    .src = (k * 13) % half,
-						    .src_slot = (k * 5) % B };
-	both_copy_slots(&p, sc, n3);
-	for (uint32_t k = 0; k < half * B; k++)
-		sc[k] = (struct backend_slot_copy){ .dst = half + k / B, .dst_slot = k % B,
-						    .src = (k * 3) % half,
-						    .src_slot = (k * 7) % B };
-	both_copy_slots(&p, sc, half * B);
+	/* Three rounds of four: more long lists queued than the module has buffers for them. */
+	for (uint32_t round = 1; round <= 3; round++) {
+		/* Lower half into the upper half... */
+		for (uint32_t i = 0; i < n1; i++)
+			bc[i] = (struct backend_block_copy){ .dst = half + i,
+							     .src = (i * round) % half };
+		both_copy_blocks(&p, bc, n1);
+		/* ...the upper half (as just written) back over the lower half, all of it... */
+		for (uint32_t i = 0; i < half; i++)
+			bc[i] = (struct backend_block_copy){ .dst = i,
+							     .src = half + (i * (5 + 2 * round)) % half };
+		both_copy_blocks(&p, bc, half);
+		/* ...tokens of the lower half into the upper half's slots, a few, then all. */
+		for (uint32_t k = 0; k < n3; k++)
+			sc[k] = (struct backend_slot_copy){ .dst = half + k / B, .dst_slot = k % B,
+							    .src = (k * (11 + 2 * round)) % half,
+							    .src_slot = (k * 5) % B };
+		both_copy_slots(&p, sc, n3);
+		for (uint32_t k = 0; k < half * B; k++)
+			sc[k] = (struct backend_slot_copy){ .dst = half + k / B, .dst_slot = k % B,
+							    .src = (k * (1 + 2 * round)) % half,
+							    .src_slot = (k * 7) % B };
+		both_copy_slots(&p, sc, half * B);
+	}
 	assert_same(&p, "long lists back to back");
 	pools_close(&p);
 	free(sc);
