@@ -5,6 +5,8 @@
 #   tests/gpu/run.sh [CONFIGURE FLAGS...]      (e.g. --with-cuda=/usr/local/cuda-13.0)
 # $KVPAGED_GPU_PREBUILT=1: $KVPAGED_GPU_BUILD is already built (tests/gpu/bundle.sh); nothing is
 # built, so the machine needs no compiler or -dev packages (tests/gpu/device.sh sets this).
+# $KVPAGED_GPU_DEADLINE: seconds the whole run may take (330).  $KVPAGED_GPU_SKIP_BENCH=1: no
+# benchmark (for the driver emulation, where its numbers mean nothing).
 # Exit status: 0 all passed and every benchmark bar met; 1 something failed or missed a bar;
 # 77 no GPU (the tests that need none still run and must pass).
 set -uo pipefail
