@@ -155,6 +155,21 @@ uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n)
 	return fence > p->completed ? fence : 0;
 }
 
+/*
+ * Whether a copy asked for (r, ticket t) was queued, counted if so.  The daemon's lists are
+ * well formed, and a list the backend has no room for is split (ENOMEM); any other refusal is
+ * the device's, sticky: no ticket was issued, so no event or check would find it later.
+ */
+static bool copy_queued(struct dpool *p, int r, uint64_t t)
+{
+	if (r < 0 && r != -EINVAL && r != -ENOMEM)
+		device_failed(p, r);
+	if (r < 0 || !t)
+		return false;
+	queued(p, t);
+	return true;
+}
+
 static int q_copy_blocks(struct dpool *p, const struct backend_block_copy *c, uint32_t n)
 {
 	uint64_t t;
@@ -162,19 +177,10 @@ static int q_copy_blocks(struct dpool *p, const struct backend_block_copy *c, ui
 
 	flush_demotions(p);
 	r = p->mem.ops->copy_blocks(&p->mem, c, n, &t);
-	/*
-	 * The daemon's lists are well formed, and a list the backend has no room for is split
-	 * (ENOMEM); anything else is the device's, sticky: no ticket was issued, so no event or
-	 * check would find it later.
-	 */
-	if (r < 0 && r != -EINVAL && r != -ENOMEM)
-		device_failed(p, r);
-	if (r < 0 || !t)
-		return r;
-	for (uint32_t i = 0; i < n; i++)
-		p->block_ticket[c[i].dst] = p->block_ticket[c[i].src] = t;
-	queued(p, t);
-	return 0;
+	if (copy_queued(p, r, t))
+		for (uint32_t i = 0; i < n; i++)
+			p->block_ticket[c[i].dst] = p->block_ticket[c[i].src] = t;
+	return r;
 }
 
 static int q_copy_slots(struct dpool *p, const struct backend_slot_copy *c, uint32_t n)
@@ -184,19 +190,10 @@ static int q_copy_slots(struct dpool *p, const struct backend_slot_copy *c, uint
 
 	flush_demotions(p);
 	r = p->mem.ops->copy_slots(&p->mem, c, n, &t);
-	/*
-	 * The daemon's lists are well formed, and a list the backend has no room for is split
-	 * (ENOMEM); anything else is the device's, sticky: no ticket was issued, so no event or
-	 * check would find it later.
-	 */
-	if (r < 0 && r != -EINVAL && r != -ENOMEM)
-		device_failed(p, r);
-	if (r < 0 || !t)
-		return r;
-	for (uint32_t i = 0; i < n; i++)
-		p->block_ticket[c[i].dst] = p->block_ticket[c[i].src] = t;
-	queued(p, t);
-	return 0;
+	if (copy_queued(p, r, t))
+		for (uint32_t i = 0; i < n; i++)
+			p->block_ticket[c[i].dst] = p->block_ticket[c[i].src] = t;
+	return r;
 }
 
 /* A move; *ret_ticket (may be NULL) gets its ticket for the caller's host side. */
