@@ -281,7 +281,7 @@ static uint64_t env_u64(const char *name, uint64_t fallback)
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
-static const struct {
+static const struct error_name {
 	CUresult r;
 	const char *name, *text;
 } errors[] = {
@@ -1002,40 +1002,18 @@ static void stream_drain(struct CUstream_st *s)
 }
 
 /*
- * The synchronous copies are ordered on the legacy default stream, which waits for the
- * context's blocking streams (CU_STREAM_DEFAULT), never for non-blocking ones.
+ * Waits until ctx's streams ran everything queued: all of them (cuCtxSynchronize), or only the
+ * blocking ones (CU_STREAM_DEFAULT), which the synchronous copies are ordered behind on the
+ * legacy default stream, never the non-blocking ones.
  */
-static void wait_blocking_streams(struct CUctx_st *ctx)
+static void wait_streams(struct CUctx_st *ctx, bool blocking_only)
 {
 	for (;;) {
 		struct CUstream_st *busy = NULL;
 
 		pthread_mutex_lock(&fake.lock);
 		for (struct CUstream_st *s = fake.streams; s && !busy; s = s->next) {
-			if (s->ctx != ctx || (s->flags & CU_STREAM_NON_BLOCKING))
-				continue;
-			pthread_mutex_lock(&s->m);
-			if (s->head)
-				busy = s;
-			pthread_mutex_unlock(&s->m);
-		}
-		if (!busy) {
-			pthread_mutex_unlock(&fake.lock);
-			return;
-		}
-		stream_drain(busy);
-	}
-}
-
-/* Waits until every stream of ctx ran everything queued (cuCtxSynchronize). */
-static void wait_all_streams(struct CUctx_st *ctx)
-{
-	for (;;) {
-		struct CUstream_st *busy = NULL;
-
-		pthread_mutex_lock(&fake.lock);
-		for (struct CUstream_st *s = fake.streams; s && !busy; s = s->next) {
-			if (s->ctx != ctx)
+			if (s->ctx != ctx || (blocking_only && (s->flags & CU_STREAM_NON_BLOCKING)))
 				continue;
 			pthread_mutex_lock(&s->m);
 			if (s->head)
@@ -1166,19 +1144,25 @@ EXPORT CUresult CUDAAPI cuDriverGetVersion(int *driverVersion)
 	return CUDA_SUCCESS;
 }
 
+/* The table's entry for error, or NULL. */
+static const struct error_name *error_entry(CUresult error)
+{
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].r == error)
+			return &errors[i];
+	return NULL;
+}
+
 EXPORT CUresult CUDAAPI cuGetErrorName(CUresult error, const char **pStr)
 {
 	if (in_host_fn)
 		return api(__func__);
 	if (!pStr)
 		return CUDA_ERROR_INVALID_VALUE;
-	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
-		if (errors[i].r == error) {
-			*pStr = errors[i].name;
-			return CUDA_SUCCESS;
-		}
-	*pStr = NULL;
-	return CUDA_ERROR_INVALID_VALUE;
+	const struct error_name *e = error_entry(error);
+
+	*pStr = e ? e->name : NULL;
+	return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr)
@@ -1187,13 +1171,10 @@ EXPORT CUresult CUDAAPI cuGetErrorString(CUresult error, const char **pStr)
 		return api(__func__);
 	if (!pStr)
 		return CUDA_ERROR_INVALID_VALUE;
-	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
-		if (errors[i].r == error) {
-			*pStr = errors[i].text;
-			return CUDA_SUCCESS;
-		}
-	*pStr = NULL;
-	return CUDA_ERROR_INVALID_VALUE;
+	const struct error_name *e = error_entry(error);
+
+	*pStr = e ? e->text : NULL;
+	return e ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 static bool valid_device(CUdevice dev)
@@ -2124,7 +2105,7 @@ static CUresult copy_sync(const char *fn, uintptr_t dst, enum space ds, uintptr_
 	CUresult r;
 
 	API_CTX(fn, &c);
-	wait_blocking_streams(c);
+	wait_streams(c, true);
 	pthread_rwlock_rdlock(&fake.mem);
 	r = check_side(fn, "destination", c, dst, n, ds, true, false, NULL);
 	if (r == CUDA_SUCCESS)
@@ -2244,7 +2225,7 @@ EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
 	struct CUctx_st *c;
 
 	API_CTX(__func__, &c);
-	wait_all_streams(c);
+	wait_streams(c, false);
 	return (CUresult)atomic_load(&c->sticky);
 }
 

@@ -321,8 +321,7 @@ START_TEST(test_daemon_device_failure)
 	struct kvp_client *c;
 	uint32_t p[24], tok = 7;
 	uint64_t s, child;
-	int status = 0, r;
-	pid_t w = 0;
+	int status, r;
 	struct daemon d;
 
 	setenv("FAKECUDA_FAIL_OP", "2", 1);
@@ -336,15 +335,8 @@ START_TEST(test_daemon_device_failure)
 	ck_assert_int_eq(kvp_fork(c, s, &child, &ct), 0);
 	r = kvp_append(c, child, &tok, 1, &ct); /* the copy-on-write: fails on the device */
 	ck_assert_msg(r < 0, "an append whose copy failed on the device succeeded");
-	for (int i = 0; i < 1000 && (w = waitpid(d.pid, &status, WNOHANG)) == 0; i++)
-		msleep(10);
-	if (w == 0) {
-		kill(d.pid, SIGKILL);
-		waitpid(d.pid, &status, 0);
-		ck_abort_msg("kvpaged did not stop within 10 s of its device failing");
-	}
-	ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 1,
-		      "kvpaged exited with status %#x, not 1", status);
+	status = daemon_wait_exit(&d);
+	ck_assert_msg(status == 1, "kvpaged exited with status %d, not 1", status);
 	/* In the daemon's words, with the driver's (not only the fake's note, also on stderr). */
 	ck_assert_msg(daemon_log_has(&d, "the cuda backend failed") &&
 			      daemon_log_has(&d, "CUDA_ERROR_LAUNCH_FAILED: unspecified launch failure"),
@@ -352,9 +344,7 @@ START_TEST(test_daemon_device_failure)
 	kvp_table_free(&t);
 	kvp_table_free(&ct);
 	kvp_disconnect(c);
-	unlink(d.conf);
-	unlink(d.log);
-	rmdir(d.dir);
+	daemon_remove_files(&d);
 }
 END_TEST
 
