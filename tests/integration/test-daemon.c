@@ -146,28 +146,52 @@ START_TEST(test_fork_and_copy_on_write_across_processes)
 END_TEST
 
 /*
+ * The two tests below: a daemon whose pool copies on its helper thread (the caller sets the
+ * thread's test hooks first), and a sequence of 20 tokens forked after its commit, so that the
+ * child's next append copies the shared partial block (slot 20) before its reply.
+ */
+struct forked {
+	struct kvp_client *c;
+	struct kvp_table tab, kid;
+	uint64_t seq, child;
+};
+
+static void forked_on_thread(struct forked *f)
+{
+	uint32_t t[20], cached;
+
+	*f = (struct forked){ 0 };
+	daemon_start(&d, "[pool main]\ncopy_thread = yes\nlayers = 2\nkv_heads = 2\n"
+			 "head_dim = 4\nelement_bytes = 4\nblock_tokens = 16\n"
+			 "capacity_blocks = 64\n");
+	prompt(t, 20, 5);
+	f->c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(f->c, t, 20, 0, 0, &f->seq, &cached, &f->tab), 0);
+	ck_assert_int_eq(kvp_commit(f->c, f->seq, 20, &f->tab), 0);
+	ck_assert_int_eq(kvp_fork(f->c, f->seq, &f->child, &f->kid), 0);
+}
+
+static void forked_done(struct forked *f)
+{
+	kvp_disconnect(f->c);
+	kvp_table_free(&f->tab);
+	kvp_table_free(&f->kid);
+}
+
+/*
  * A stop while a reply waits for the backend's queue: the copy-on-write copy of an append
  * runs on the helper thread (slowed to 300 ms by the test hook), SIGTERM arrives meanwhile,
  * and the drain must still send the reply before the session goes.
  */
 START_TEST(test_drain_sends_a_reply_waiting_for_its_copy)
 {
-	uint32_t t[20], x = 99, cached;
-	struct kvp_table tab = { 0 }, kid = { 0 };
-	struct kvp_client *c;
-	uint64_t seq, child;
+	struct forked f;
+	uint32_t x = 99;
 	pid_t pid;
 
 	setenv("KVPAGED_TEST_COPY_DELAY_MS", "300", 1);
-	daemon_start(&d, "[pool main]\ncopy_thread = yes\nlayers = 2\nkv_heads = 2\n"
-			 "head_dim = 4\nelement_bytes = 4\nblock_tokens = 16\n"
-			 "capacity_blocks = 64\n");
+	forked_on_thread(&f);
 	unsetenv("KVPAGED_TEST_COPY_DELAY_MS");
-	prompt(t, 20, 5);
-	c = connect_ns(NULL, 0);
-	ck_assert_int_eq(kvp_open(c, t, 20, 0, 0, &seq, &cached, &tab), 0);
-	ck_assert_int_eq(kvp_commit(c, seq, 20, &tab), 0);
-	ck_assert_int_eq(kvp_fork(c, seq, &child, &kid), 0);
 	pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
@@ -176,14 +200,12 @@ START_TEST(test_drain_sends_a_reply_waiting_for_its_copy)
 		_exit(0);
 	}
 	/* Slot 20 is in the shared partial block: the daemon copies it, then replies. */
-	ck_assert_int_eq(kvp_append(c, child, &x, 1, &kid), 0);
-	ck_assert_uint_eq(kid.len, 2);
-	ck_assert_uint_ne(kid.blocks[1], tab.blocks[1]);
+	ck_assert_int_eq(kvp_append(f.c, f.child, &x, 1, &f.kid), 0);
+	ck_assert_uint_eq(f.kid.len, 2);
+	ck_assert_uint_ne(f.kid.blocks[1], f.tab.blocks[1]);
 	ck_assert_int_eq(wait_child(pid), 0);
-	kvp_disconnect(c);
+	forked_done(&f);
 	daemon_wait_stopped(&d); /* stopped by the SIGTERM above */
-	kvp_table_free(&tab);
-	kvp_table_free(&kid);
 }
 END_TEST
 
@@ -194,32 +216,21 @@ END_TEST
  */
 START_TEST(test_backend_failure_stops_the_daemon)
 {
-	uint32_t t[20], x = 99, cached;
-	struct kvp_table tab = { 0 }, kid = { 0 };
-	struct kvp_client *c;
-	uint64_t seq, child;
+	struct forked f;
+	uint32_t x = 99;
 
 	/* It fails 300 ms in: after the daemon last looked, when the reply was held. */
 	setenv("KVPAGED_TEST_COPY_FAIL_AT", "1", 1);
 	setenv("KVPAGED_TEST_COPY_DELAY_MS", "300", 1);
-	daemon_start(&d, "[pool main]\ncopy_thread = yes\nlayers = 2\nkv_heads = 2\n"
-			 "head_dim = 4\nelement_bytes = 4\nblock_tokens = 16\n"
-			 "capacity_blocks = 64\n");
+	forked_on_thread(&f);
 	unsetenv("KVPAGED_TEST_COPY_FAIL_AT");
 	unsetenv("KVPAGED_TEST_COPY_DELAY_MS");
-	prompt(t, 20, 5);
-	c = connect_ns(NULL, 0);
-	ck_assert_int_eq(kvp_open(c, t, 20, 0, 0, &seq, &cached, &tab), 0);
-	ck_assert_int_eq(kvp_commit(c, seq, 20, &tab), 0);
-	ck_assert_int_eq(kvp_fork(c, seq, &child, &kid), 0);
 	/* The pool's first operation: its reply waits for it, and it fails. */
-	ck_assert_int_lt(kvp_append(c, child, &x, 1, &kid), 0);
-	kvp_disconnect(c);
+	ck_assert_int_lt(kvp_append(f.c, f.child, &x, 1, &f.kid), 0);
+	forked_done(&f);
 	ck_assert_int_eq(daemon_wait_exit(&d), 1);
 	ck_assert(daemon_log_has(&d, "the pool's memory cannot be trusted"));
 	daemon_remove_files(&d);
-	kvp_table_free(&tab);
-	kvp_table_free(&kid);
 }
 END_TEST
 
