@@ -14,9 +14,8 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$top"
 
-scripts/build.sh "$out/build" --enable-werror --with-cuda
-make -C "$out/build" -s -j"$(nproc)" tests/gpu/test-gpu-backend tests/gpu/test-gpu-share \
-	tests/gpu/test-nodriver tests/gpu/kvpaged-gpu-bench kvpaged kvpagedctl
+# run.sh's own build of what it runs.
+KVPAGED_GPU_BUILD=$out/build KVPAGED_GPU_BUILD_ONLY=1 tests/gpu/run.sh
 
 # Every ELF object that runs, and what it needs beyond the C library (which the GPU machine has,
 # at least as new: nothing here needs more than the glibc this was built with).

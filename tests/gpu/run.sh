@@ -5,6 +5,7 @@
 #   tests/gpu/run.sh [CONFIGURE FLAGS...]      (e.g. --with-cuda=/usr/local/cuda-13.0)
 # $KVPAGED_GPU_PREBUILT=1: $KVPAGED_GPU_BUILD is already built (tests/gpu/bundle.sh); nothing is
 # built, so the machine needs no compiler or -dev packages (tests/gpu/device.sh sets this).
+# $KVPAGED_GPU_BUILD_ONLY=1: builds, runs nothing (tests/gpu/bundle.sh).
 # $KVPAGED_GPU_DEADLINE: seconds the whole run may take (330).  $KVPAGED_GPU_SKIP_BENCH=1: no
 # benchmark (for the driver emulation, where its numbers mean nothing).
 # Exit status: 0 all passed and every benchmark bar met; 1 something failed or missed a bar;
@@ -14,7 +15,7 @@ top=$(cd "$(dirname "$0")/../.." && pwd)
 build=${KVPAGED_GPU_BUILD:-$top/build-gpu}
 cd "$top"
 start=$SECONDS
-# The programs this script runs (tests/gpu/bundle.sh builds the same).
+# The programs this script runs.
 gpu_programs() { echo tests/gpu/test-gpu-backend tests/gpu/test-gpu-share tests/gpu/test-nodriver tests/gpu/kvpaged-gpu-bench kvpaged kvpagedctl; }
 
 if [ "${KVPAGED_GPU_PREBUILT:-0}" = 1 ]; then
@@ -38,6 +39,7 @@ else
 		exit 1
 	}
 	rm -f "$top/gpu-build.log"
+	[ "${KVPAGED_GPU_BUILD_ONLY:-0}" = 1 ] && exit 0
 fi
 
 export KVPAGED_CUDA_MODULE=$build/.libs/kvpaged-cuda.so

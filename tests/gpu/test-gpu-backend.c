@@ -13,7 +13,7 @@
  * checked along the way: tickets go up by one per operation whatever its kind, done() reports
  * the last one once it was waited for, done_fd becomes readable when a ticket completes, and
  * operations queued back to back without waiting see each other's results (stream order) --
- * long lists too, whose upload buffer the next long list must not overwrite too early.
+ * long lists too, whose upload buffers later long lists must not overwrite too early.
  */
 #include <check.h>
 #include <errno.h>
