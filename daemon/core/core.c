@@ -386,6 +386,30 @@ static int table_reserve(struct core_seq *s, uint32_t nblocks, uint32_t B)
 	return 0;
 }
 
+/*
+ * Gives back what table_reserve grew beyond cap entries, after a call that failed: a failed call
+ * changes nothing, its memory included (core_seq_bytes counts on that).  Shrinking in place
+ * does not fail with glibc; should it, the larger arrays are kept and stay correct.
+ */
+static void table_trim(struct core_seq *s, uint32_t cap, uint32_t B)
+{
+	void *p;
+
+	if (cap >= s->cap_blocks)
+		return;
+	if (s->score && (p = realloc(s->score, (size_t)cap * sizeof(*s->score))))
+		s->score = p;
+	if (s->hl && (p = realloc(s->hl, (size_t)cap * sizeof(*s->hl))))
+		s->hl = p;
+	if (s->tscore && (p = realloc(s->tscore, (size_t)cap * B * sizeof(*s->tscore))))
+		s->tscore = p;
+	p = realloc(s->table, (size_t)cap * sizeof(*s->table));
+	if (!p)
+		return;
+	s->table = p;
+	s->cap_blocks = cap;
+}
+
 /* Writes token ids into the slots [from, from + n) of a sequence whose blocks exist. */
 static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from,
 			 const uint32_t *tokens, uint32_t n)
@@ -1180,7 +1204,7 @@ uint32_t core_lookup(const struct core *c, const struct core_open *o)
 int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_t n)
 {
 	const uint32_t B = c->cfg.block_tokens;
-	uint32_t nblocks, need, last, first_changed;
+	uint32_t nblocks, need, last, first_changed, cap;
 	struct core_seq *s;
 	bool cow;
 	int r;
@@ -1200,12 +1224,15 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 	nblocks = blocks_for(c, s->ntokens + n);
 	need = nblocks - s->nblocks + cow;
 	/* Memory first (table growth cannot be undone after drops), then room in the pool. */
+	cap = s->cap_blocks;
 	r = table_reserve(s, nblocks, c->cfg.block_tokens);
 	if (r < 0)
 		return r;
 	r = make_room(c, need, 0, s->priority);
-	if (r < 0)
+	if (r < 0) {
+		table_trim(s, cap, B);
 		return r;
+	}
 	s->last_use = ++c->tick;
 
 	first_changed = s->nblocks;
@@ -1215,6 +1242,7 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 		r = c->cfg.copy_block(c->cfg.copy_ctx, copy, old);
 		if (r < 0) {
 			pool_unref(&c->pool, copy);
+			table_trim(s, cap, B);
 			return r;
 		}
 		memcpy(c->tokens + (size_t)copy * B, core_slot_tokens(c, old),
@@ -1659,6 +1687,29 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 		.freed_blocks = s->freed,
 	};
 	return 0;
+}
+
+uint64_t core_seq_bytes(const struct core *c, uint32_t retention, uint32_t granularity,
+			uint32_t ntokens, uint32_t state)
+{
+	const uint64_t B = c->cfg.block_tokens, nb = (ntokens + B - 1) / B;
+	/* A table grows by doubling from what it needs (4 entries at least): under twice that. */
+	const uint64_t entries = nb * 2 > 4 ? nb * 2 : 4;
+	uint64_t per_entry = sizeof(uint32_t), bytes = 0;
+
+	if (retention == CORE_RETAIN_H2O) {
+		/* The held list, and a score per entry or per position. */
+		per_entry += sizeof(uint32_t) +
+			     (granularity == CORE_H2O_TOKENS ? B : 1) * sizeof(float);
+		/* Packed slots: fewer than the tokens plus one block, each a position and score. */
+		if (granularity == CORE_H2O_TOKENS)
+			bytes += (nb + 1) * (sizeof(uint32_t) + B * (sizeof(uint32_t) + sizeof(float)));
+	}
+	if (state != CORE_SEQ_DROPPED)
+		bytes += entries * per_entry;
+	if (state == CORE_SEQ_PARKED || state == CORE_SEQ_DROPPED)
+		bytes += (uint64_t)ntokens * sizeof(uint32_t);
+	return bytes;
 }
 
 uint32_t core_drop_cache(struct core *c)

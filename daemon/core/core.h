@@ -402,6 +402,18 @@ int core_seq_close(struct core *c, uint64_t seq);
 int core_seq_info(const struct core *c, uint64_t seq, struct core_seq_info *ret);
 
 /*
+ * The most heap memory the core keeps for a sequence of ntokens tokens in state (enum
+ * core_seq_state) under retention and granularity: its table and scores with their room to
+ * grow, H2O's position map, and the token history of a parked or dropped sequence (pending
+ * loads, which the pool's capacity bounds, are not counted).  What the core allocates for it
+ * is never more (core_verify checks that), so a caller that charges this against a memory
+ * quota before every call that grows a sequence enforces the quota without seeing the core's
+ * allocations.
+ */
+uint64_t core_seq_bytes(const struct core *c, uint32_t retention, uint32_t granularity,
+			uint32_t ntokens, uint32_t state);
+
+/*
  * Probes the cache without taking references or counting statistics: the number of leading
  * tokens of a prompt that core_seq_open would find cached (flags as there).
  */

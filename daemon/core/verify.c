@@ -77,6 +77,25 @@ static int check_lists(struct verify *v)
 	return 0;
 }
 
+/* What the core allocated for a sequence (its pending loads aside: see core_seq_bytes). */
+static uint64_t seq_heap(const struct core *c, const struct core_seq *s)
+{
+	const uint64_t B = c->cfg.block_tokens, cap = s->table ? s->cap_blocks : 0;
+	uint64_t bytes = cap * sizeof(*s->table);
+
+	if (s->score)
+		bytes += cap * sizeof(*s->score);
+	if (s->tscore)
+		bytes += cap * B * sizeof(*s->tscore);
+	if (s->hl)
+		bytes += cap * sizeof(*s->hl);
+	bytes += s->packed_cap / B * sizeof(*s->packed) +
+		 (uint64_t)s->packed_cap * (sizeof(*s->ppos) + sizeof(*s->pscore));
+	if (s->history)
+		bytes += (uint64_t)s->ntokens * sizeof(*s->history);
+	return bytes;
+}
+
 static int check_sequences(struct verify *v, uint32_t *nseqs)
 {
 	const struct core *c = v->c;
@@ -103,6 +122,14 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 				return fail(v, "sequence slot %u: load %u fills block %u, not its "
 					    "entry %u", slot, k, s->loads[k].block,
 					    s->load_nhit + k);
+		if (seq_heap(c, s) > core_seq_bytes(c, s->retention, s->granularity, s->ntokens,
+						    s->state))
+			return fail(v, "sequence slot %u keeps %llu bytes, more than the %llu "
+				    "core_seq_bytes charges for it (state %u, %u tokens, %u blocks, cap %u)", slot,
+				    (unsigned long long)seq_heap(c, s),
+				    (unsigned long long)core_seq_bytes(c, s->retention, s->granularity,
+								       s->ntokens, s->state),
+				    s->state, s->ntokens, s->nblocks, s->cap_blocks);
 		if (s->state == CORE_SEQ_DROPPED) {
 			if (s->table || s->nblocks || s->ncommitted || !s->ntokens)
 				return fail(v, "dropped sequence slot %u still holds %u blocks", slot,
