@@ -2,13 +2,38 @@
 /*
  * The daemon's log: stderr lines with a "<N>" syslog priority prefix, which journald turns
  * into levels.  Only the daemon logs; daemon/core never does.
+ *
+ * Every line is made safe to read before it is written: a control character (a newline, an
+ * escape, a NUL's neighbours) becomes "\xNN", so text a peer sent can never start a line of
+ * its own, with a priority of its choosing.
+ *
+ * Rate limited per call site (like journald's RateLimitBurst, per message source): at most
+ * burst lines of one format string per interval; the rest are counted, and once the interval
+ * is over one line says how many were dropped.  Not thread-safe: the daemon's one thread logs.
  */
 #pragma once
 
+#include <stdint.h>
 #include <syslog.h>
 
 /* Messages above this priority are dropped (LOG_INFO by default; LOG_DEBUG with --verbose). */
 void log_set_max_level(int level);
+
+/*
+ * At most burst lines per interval_ms from one call site; burst 0 turns the limit off.
+ * Defaults: 200 lines per 30 s.
+ */
+void log_set_rate_limit(uint32_t interval_ms, uint32_t burst);
+
+/*
+ * Writes the "suppressed" lines of call sites whose interval is over (the daemon calls it
+ * now and then, so a burst that stopped is still reported).  Returns how many lines of that
+ * kind it wrote.
+ */
+unsigned log_flush_suppressed(void);
+
+/* Lines dropped by the rate limit since start, for the daemon's statistics. */
+uint64_t log_suppressed_total(void);
 
 /*
  * Logs at level; %m prints strerror(error).  Returns -abs(error), so error paths read
