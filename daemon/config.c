@@ -111,6 +111,10 @@ static const struct config_key schema[] = {
 	  .offset = offsetof(struct kvpd_config, admin_gid),
 	  .aux_offset = offsetof(struct kvpd_config, has_admin_gid) },
 	DAEMON_NUMBER(TYPE_U32, max_sessions, 256, 1, 65536),
+	DAEMON_NUMBER(TYPE_U32, max_sessions_per_uid, 64, 1, 65536),
+	DAEMON_NUMBER(TYPE_U32, max_admin_sessions, 16, 1, 1024),
+	DAEMON_NUMBER(TYPE_U32, log_rate_limit_interval_ms, 30000, 1, 3600000),
+	DAEMON_NUMBER(TYPE_U32, log_rate_limit_burst, 200, 0, 1000000),
 	DAEMON_NUMBER(TYPE_SIZE, max_frame_bytes, 8 * MiB, 4 * KiB, 256 * MiB),
 	DAEMON_NUMBER(TYPE_U32, ring_poll_us, 0, 0, 1000000),
 
@@ -122,6 +126,19 @@ static const struct config_key schema[] = {
 	LIMIT(TYPE_SIZE, max_ring_data_bytes, 16 * MiB, 4 * KiB, 1 * GiB, 0),
 	LIMIT(TYPE_SIZE, max_queued_bytes, 16 * MiB, 64 * KiB, 1 * GiB, 0),
 	LIMIT(TYPE_U32, max_wait_ms, 60000, 0, 3600000, 0),
+	LIMIT(TYPE_U32, hello_timeout_ms, 3000, 10, 600000, 0),
+	LIMIT(TYPE_U32, idle_timeout_ms, 600000, 0, 86400000, 0),
+	{ .name = "idle_timeout_with_sequences", .section = SECTION_LIMITS, .type = TYPE_BOOL,
+	  .offset = offsetof(struct kvpd_config, limits.idle_timeout_with_sequences) },
+	LIMIT(TYPE_SIZE, max_session_bytes, 256 * MiB, 1 * MiB, UINT64_C(1) << 40, 0),
+	LIMIT(TYPE_SIZE, max_bytes_per_uid, 1 * GiB, 1 * MiB, UINT64_C(1) << 40, 0),
+	LIMIT(TYPE_SIZE, max_bytes_per_namespace, 0, 0, UINT64_C(1) << 40, 0),
+	LIMIT(TYPE_SIZE, max_total_bytes, 4 * GiB, 1 * MiB, UINT64_C(1) << 44, 0),
+	LIMIT(TYPE_U32, max_sequences_per_uid, 1024, 1, 16777216, 0),
+	LIMIT(TYPE_U32, max_blocks_per_uid, 0, 0, UINT64_C(1) << 31, 0),
+	LIMIT(TYPE_U32, max_sequences_per_namespace, 0, 0, 16777216, 0),
+	LIMIT(TYPE_U32, max_blocks_per_namespace, 0, 0, UINT64_C(1) << 31, 0),
+	LIMIT(TYPE_U32, max_namespaces_per_uid, 64, 1, 65536, 0),
 
 	POOL_NUMBER(TYPE_U32, layers, 0, 1, 1024, KEY_REQUIRED),
 	POOL_NUMBER(TYPE_U32, kv_heads, 0, 1, 1024, KEY_REQUIRED),
@@ -1068,6 +1085,37 @@ static int check_pool(struct parse *p, size_t i)
 	return check_tiers(p, i, bytes / pc->capacity_blocks);
 }
 
+/*
+ * The memory caps nest: one session can hold its largest frame and its largest ring, a uid at
+ * least one session, the daemon at least one uid.  Otherwise the smaller cap silently decides.
+ */
+static int check_bytes(struct parse *p)
+{
+	const struct kvpd_limits *l = &p->cfg.limits;
+	const struct {
+		const char *key;
+		uint64_t value, floor;
+		const char *what;
+	} rules[] = {
+		{ "max_session_bytes", l->max_session_bytes,
+		  p->cfg.max_frame_bytes + l->max_ring_data_bytes,
+		  "max_frame_bytes + max_ring_data_bytes (one session's largest frame and ring)" },
+		{ "max_bytes_per_uid", l->max_bytes_per_uid, l->max_session_bytes,
+		  "max_session_bytes" },
+		{ "max_total_bytes", l->max_total_bytes, l->max_bytes_per_uid, "max_bytes_per_uid" },
+	};
+	char have[32], need[32];
+
+	for (size_t i = 0; i < sizeof(rules) / sizeof(rules[0]); i++)
+		if (rules[i].value < rules[i].floor)
+			return fail_at(p, -EINVAL,
+				       p->global.key_line[find_key(SECTION_LIMITS, rules[i].key)],
+				       "[limits] %s: %s is below %s, %s", rules[i].key,
+				       format_size(rules[i].value, have, sizeof(have)),
+				       format_size(rules[i].floor, need, sizeof(need)), rules[i].what);
+	return 0;
+}
+
 /* What only the whole file can tell. */
 static int check_all(struct parse *p)
 {
@@ -1097,6 +1145,9 @@ static int check_all(struct parse *p)
 							p->cfg.pools[i].name,
 							p->cfg.pools[i].swap_files[a],
 							p->cfg.pools[j].name);
+	r = check_bytes(p);
+	if (r < 0)
+		return r;
 	if (!strcmp(p->cfg.socket_path, p->cfg.admin_socket_path)) {
 		const int sock = find_key(SECTION_DAEMON, "socket");
 		const int admin = find_key(SECTION_DAEMON, "admin_socket");
@@ -1399,6 +1450,10 @@ static const struct {
 	const char *name;
 } live_keys[] = {
 	{ SECTION_DAEMON, "max_sessions" },
+	{ SECTION_DAEMON, "max_sessions_per_uid" },
+	{ SECTION_DAEMON, "max_admin_sessions" },
+	{ SECTION_DAEMON, "log_rate_limit_interval_ms" }, /* the server sets them after a reload */
+	{ SECTION_DAEMON, "log_rate_limit_burst" },
 	{ SECTION_DAEMON, "ring_poll_us" },
 	{ SECTION_DAEMON, "max_frame_bytes" },
 	{ SECTION_LIMITS, "max_sequences" },
@@ -1409,6 +1464,18 @@ static const struct {
 	{ SECTION_LIMITS, "max_ring_data_bytes" },
 	{ SECTION_LIMITS, "max_queued_bytes" },
 	{ SECTION_LIMITS, "max_wait_ms" },
+	{ SECTION_LIMITS, "hello_timeout_ms" },
+	{ SECTION_LIMITS, "idle_timeout_ms" },
+	{ SECTION_LIMITS, "idle_timeout_with_sequences" },
+	{ SECTION_LIMITS, "max_session_bytes" },
+	{ SECTION_LIMITS, "max_bytes_per_uid" },
+	{ SECTION_LIMITS, "max_bytes_per_namespace" },
+	{ SECTION_LIMITS, "max_total_bytes" },
+	{ SECTION_LIMITS, "max_sequences_per_uid" },
+	{ SECTION_LIMITS, "max_blocks_per_uid" },
+	{ SECTION_LIMITS, "max_sequences_per_namespace" },
+	{ SECTION_LIMITS, "max_blocks_per_namespace" },
+	{ SECTION_LIMITS, "max_namespaces_per_uid" },
 	{ SECTION_POOL, "allow_users" },  /* checked at each Hello */
 	{ SECTION_POOL, "allow_groups" },
 	{ SECTION_POOL, "file_tier_blocking_reads" }, /* read at each open and resume */

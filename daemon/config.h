@@ -70,7 +70,10 @@ struct kvpd_pool_config {
 
 #define KVPD_MEASURE UINT64_MAX
 
-/* [limits]: what one client session may make the daemon hold. */
+/*
+ * [limits]: what clients may make the daemon hold, per session, per uid, per namespace and in
+ * all (docs/daemon.md, Limits), and how long a connection may say nothing.
+ */
 struct kvpd_limits {
 	uint32_t max_sequences;
 	uint32_t max_blocks; /* 0: the pool's capacity */
@@ -80,6 +83,19 @@ struct kvpd_limits {
 	uint64_t max_ring_data_bytes;
 	uint64_t max_queued_bytes;
 	uint32_t max_wait_ms; /* the longest a request may wait for memory */
+	uint32_t hello_timeout_ms; /* a connection that has not said Hello (or asked) is closed */
+	uint32_t idle_timeout_ms;  /* a session holding nothing this long is closed; 0: never */
+	bool idle_timeout_with_sequences; /* ... and one holding sequences too */
+	/* Bytes: receive buffers, queued replies, rings, sequences' tables, histories, scores. */
+	uint64_t max_session_bytes;
+	uint64_t max_bytes_per_uid;
+	uint64_t max_bytes_per_namespace; /* 0: no cap of its own */
+	uint64_t max_total_bytes;         /* every client session together */
+	uint32_t max_sequences_per_uid;
+	uint32_t max_blocks_per_uid;        /* 0: no cap beyond each pool's capacity */
+	uint32_t max_sequences_per_namespace; /* 0: no cap of its own */
+	uint32_t max_blocks_per_namespace;    /* 0: no cap of its own */
+	uint32_t max_namespaces_per_uid; /* statistics entries a uid's namespaces keep, per pool */
 };
 
 struct kvpd_config {
@@ -87,7 +103,11 @@ struct kvpd_config {
 	char *admin_socket_path;
 	bool has_admin_gid; /* false: only root may use the admin socket */
 	uint32_t admin_gid;
-	uint32_t max_sessions;
+	uint32_t max_sessions;       /* client sessions */
+	uint32_t max_sessions_per_uid; /* client sessions of one uid */
+	uint32_t max_admin_sessions; /* admin sessions, apart from the clients' */
+	uint32_t log_rate_limit_interval_ms;
+	uint32_t log_rate_limit_burst; /* lines per call site per interval; 0: no limit */
 	uint32_t ring_poll_us; /* busy-poll active rings this long before sleeping; 0: never */
 	uint64_t max_frame_bytes;
 	struct kvpd_limits limits;

@@ -13,19 +13,19 @@
 #include "daemon/log.h"
 #include "daemon/server/server.h"
 
-static bool admin_allowed(struct session *s)
+bool admin_peer_allowed(const struct server *srv, int fd, const struct ucred *cred)
 {
-	const struct kvpd_config *cfg = s->srv->cfg;
+	const struct kvpd_config *cfg = srv->cfg;
 	gid_t groups[256];
 	socklen_t len = sizeof(groups);
 
-	if (s->cred.uid == 0 || s->cred.uid == geteuid())
+	if (cred->uid == 0 || cred->uid == geteuid())
 		return true;
 	if (!cfg->has_admin_gid)
 		return false;
-	if (s->cred.gid == cfg->admin_gid)
+	if (cred->gid == cfg->admin_gid)
 		return true;
-	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) == 0)
 		for (size_t i = 0; i < len / sizeof(gid_t); i++)
 			if (groups[i] == cfg->admin_gid)
 				return true;
@@ -74,15 +74,24 @@ __attribute__((format(printf, 2, 3))) static void text_printf(struct text *t, co
 	}
 }
 
-/* Prometheus label values: backslash, quote and newline escaped. */
+/*
+ * Prometheus label values: backslash, quote and newline escaped as the text format says; any
+ * other control character (none should get this far: names are checked at Hello) becomes '?'.
+ */
 static const char *label(const char *s, char *out, size_t n)
 {
 	size_t j = 0;
 
 	for (; *s && j + 3 < n; s++) {
-		if (*s == '\\' || *s == '"')
+		if (*s == '\\' || *s == '"') {
 			out[j++] = '\\';
-		out[j++] = *s;
+			out[j++] = *s;
+		} else if (*s == '\n') {
+			out[j++] = '\\';
+			out[j++] = 'n';
+		} else {
+			out[j++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
+		}
 	}
 	out[j] = '\0';
 	return out;
@@ -94,9 +103,26 @@ static void metrics_text(struct server *srv, struct text *t)
 
 	text_printf(t, "# HELP kvpaged_sessions Client and admin sessions connected.\n"
 		       "# TYPE kvpaged_sessions gauge\nkvpaged_sessions %u\n", srv->nsessions);
+	text_printf(t, "# HELP kvpaged_admin_sessions Admin sessions connected (of kvpaged_sessions).\n"
+		       "# TYPE kvpaged_admin_sessions gauge\nkvpaged_admin_sessions %u\n",
+		    srv->nadmin);
 	text_printf(t, "# HELP kvpaged_requests_total Requests received on both sockets.\n"
 		       "# TYPE kvpaged_requests_total counter\nkvpaged_requests_total %llu\n",
 		    (unsigned long long)srv->requests);
+	text_printf(t, "# HELP kvpaged_client_bytes Memory clients make the daemon hold: buffers, "
+		       "rings, sequences' tables and histories.\n"
+		       "# TYPE kvpaged_client_bytes gauge\nkvpaged_client_bytes %llu\n",
+		    (unsigned long long)srv->use.bytes);
+	text_printf(t, "# HELP kvpaged_refusals_total Connections refused, or sessions closed, by "
+		       "a limit.\n# TYPE kvpaged_refusals_total counter\n");
+	for (int r = 0; r < SERVER_NREFUSALS; r++)
+		text_printf(t, "kvpaged_refusals_total{reason=\"%s\"} %llu\n",
+			    label(server_refusal_name(r), pl, sizeof(pl)),
+			    (unsigned long long)srv->refused[r]);
+	text_printf(t, "# HELP kvpaged_log_lines_dropped_total Log lines dropped by the rate "
+		       "limit.\n# TYPE kvpaged_log_lines_dropped_total counter\n"
+		       "kvpaged_log_lines_dropped_total %llu\n",
+		    (unsigned long long)log_suppressed_total());
 	text_printf(t, "# HELP kvpaged_pool_blocks Blocks of each pool by state.\n"
 		       "# TYPE kvpaged_pool_blocks gauge\n");
 	for (size_t i = 0; i < srv->npools; i++) {
@@ -224,22 +250,42 @@ static void metrics_text(struct server *srv, struct text *t)
 				    (unsigned long long)v);
 		}
 	}
-	text_printf(t, "# HELP kvpaged_namespace_query_blocks_total Prompt blocks looked up, per namespace.\n"
-		       "# TYPE kvpaged_namespace_query_blocks_total counter\n");
+	text_printf(t, "# HELP kvpaged_namespaces_folded_total Namespace entries no session used, "
+		       "folded into \"(other)\".\n# TYPE kvpaged_namespaces_folded_total counter\n");
 	for (size_t i = 0; i < srv->npools; i++)
-		for (uint32_t j = 0; j < srv->pools[i].nns; j++)
-			text_printf(t, "kvpaged_namespace_query_blocks_total{pool=\"%s\",namespace=\"%s\"} %llu\n",
-				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
-				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
-				    (unsigned long long)srv->pools[i].ns[j].query_blocks);
-	text_printf(t, "# HELP kvpaged_namespace_hit_blocks_total Prompt blocks found cached, per namespace.\n"
-		       "# TYPE kvpaged_namespace_hit_blocks_total counter\n");
-	for (size_t i = 0; i < srv->npools; i++)
-		for (uint32_t j = 0; j < srv->pools[i].nns; j++)
-			text_printf(t, "kvpaged_namespace_hit_blocks_total{pool=\"%s\",namespace=\"%s\"} %llu\n",
-				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
-				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
-				    (unsigned long long)srv->pools[i].ns[j].hit_blocks);
+		text_printf(t, "kvpaged_namespaces_folded_total{pool=\"%s\"} %llu\n",
+			    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+			    (unsigned long long)srv->pools[i].ns_folded);
+	static const struct {
+		const char *name, *help;
+		size_t off;
+	} ns_counters[] = {
+		{ "query_blocks", "Prompt blocks looked up, per namespace.",
+		  offsetof(struct ns_stats, query_blocks) },
+		{ "hit_blocks", "Prompt blocks found cached, per namespace.",
+		  offsetof(struct ns_stats, hit_blocks) },
+	};
+	for (size_t k = 0; k < sizeof(ns_counters) / sizeof(ns_counters[0]); k++) {
+		text_printf(t, "# HELP kvpaged_namespace_%s_total %s\n"
+			       "# TYPE kvpaged_namespace_%s_total counter\n",
+			    ns_counters[k].name, ns_counters[k].help, ns_counters[k].name);
+		for (size_t i = 0; i < srv->npools; i++) {
+			const struct dpool *p = &srv->pools[i];
+
+			for (uint32_t j = 0; j <= p->nns; j++) {
+				const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
+				uint64_t v;
+
+				if (j == p->nns && !p->ns_folded)
+					continue;
+				memcpy(&v, (const char *)e + ns_counters[k].off, sizeof(v));
+				text_printf(t, "kvpaged_namespace_%s_total{pool=\"%s\",namespace=\"%s\"} "
+					       "%llu\n",
+					    ns_counters[k].name, label(p->cfg->name, pl, sizeof(pl)),
+					    label(e->name, nl, sizeof(nl)), (unsigned long long)v);
+			}
+		}
+	}
 }
 
 static const char *const tier_names[CORE_NTIERS] = { "pool", "host", "file" };
@@ -356,16 +402,9 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 	Kvpaged__V1__AdminRequest *req;
 	const char *pool;
 
-	if (!s->welcomed) {
-		if (!admin_allowed(s)) {
-			session_reply_error(s, h->seq, EACCES,
-					    "uid %u is neither root nor in the admin group",
-					    (unsigned)s->cred.uid);
-			session_close(s, "admin peer refused");
-			return;
-		}
-		s->welcomed = true;
-	}
+	/* Who may ask was settled at accept (admin_peer_allowed); the first request ends the
+	 * handshake's deadline. */
+	s->welcomed = true;
 	req = kvpaged__v1__admin_request__unpack(NULL, h->len, payload);
 	if (!req) {
 		session_reply_error(s, h->seq, EPROTO, "malformed AdminRequest");
@@ -394,6 +433,21 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 		st.pools = (uint32_t)srv->npools;
 		st.requests = srv->requests;
 		st.pid = (uint32_t)getpid();
+		st.admin_sessions = srv->nadmin;
+		st.client_bytes = srv->use.bytes;
+		st.log_lines_dropped = log_suppressed_total();
+		st.fd_limit = srv->fd_limit;
+		st.fds = srv->fd_base + srv->session_fds;
+		Kvpaged__V1__Refusal refusals[SERVER_NREFUSALS], *rp[SERVER_NREFUSALS];
+
+		for (int r = 0; r < SERVER_NREFUSALS; r++) {
+			kvpaged__v1__refusal__init(&refusals[r]);
+			refusals[r].reason = (char *)server_refusal_name(r);
+			refusals[r].count = srv->refused[r];
+			rp[r] = &refusals[r];
+		}
+		st.n_refusals = SERVER_NREFUSALS;
+		st.refusals = rp;
 		REPLY(ADMIN_STATUS_REPLY, st);
 		break;
 	}
@@ -464,6 +518,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 			si->blocks = (uint32_t)o->blocks;
 			si->requests = o->requests;
 			si->rings = o->ring != NULL;
+			si->bytes = o->bytes;
+			si->idle_ms = (server_now_ns() - o->active_ns) / 1000000u;
 			ptrs[rep.n_sessions++] = si;
 		}
 		rep.sessions = ptrs;
@@ -539,7 +595,7 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 		size_t np = srv->npools, nns = 0;
 
 		for (size_t i = 0; i < np; i++)
-			nns += srv->pools[i].nns;
+			nns += srv->pools[i].nns + 1; /* and "(other)" */
 		Kvpaged__V1__PoolStats *ps = calloc(np + 1, sizeof(*ps)), **pp = calloc(np + 1, sizeof(*pp));
 		Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
 		if (!ps || !pp || !ns || !nsp) {
@@ -574,18 +630,26 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				x->queued_ops = p->queued_ops;
 				x->held_replies = p->held_replies;
 				x->loop_waits = p->cpu_waits;
+				x->namespaces_folded = p->ns_folded;
 				tier_stats_fill(p, x);
 				pp[rep.n_pools++] = x;
-				for (uint32_t j = 0; j < p->nns; j++) {
+				for (uint32_t j = 0; j <= p->nns; j++) {
+					const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
 					Kvpaged__V1__NamespaceStats *y = &ns[rep.n_namespaces];
 
+					if (j == p->nns && !p->ns_folded)
+						continue; /* nothing was folded: no "(other)" */
 					kvpaged__v1__namespace_stats__init(y);
 					y->pool = (char *)p->cfg->name;
-					y->namespace_ = p->ns[j].name;
-					y->lookups = p->ns[j].lookups;
-					y->query_blocks = p->ns[j].query_blocks;
-					y->hit_blocks = p->ns[j].hit_blocks;
-					y->hit_tokens = p->ns[j].hit_tokens;
+					y->namespace_ = (char *)e->name;
+					y->lookups = e->lookups;
+					y->query_blocks = e->query_blocks;
+					y->hit_blocks = e->hit_blocks;
+					y->hit_tokens = e->hit_tokens;
+					y->sessions = e->use.sessions;
+					y->sequences = e->use.sequences;
+					y->blocks = e->use.blocks;
+					y->bytes = e->use.bytes;
 					nsp[rep.n_namespaces++] = y;
 				}
 			}
@@ -617,8 +681,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 	}
 	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_VERIFY: {
 		Kvpaged__V1__VerifyReply rep = KVPAGED__V1__VERIFY_REPLY__INIT;
-		char (*why)[400] = calloc(srv->npools, sizeof(*why));
-		char **problems = calloc(srv->npools, sizeof(*problems));
+		char (*why)[400] = calloc(srv->npools + 1, sizeof(*why));
+		char **problems = calloc(srv->npools + 1, sizeof(*problems));
 
 		if (!why || !problems) {
 			free(why);
@@ -634,6 +698,16 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 			if (dpool_verify(&srv->pools[i], detail, sizeof(detail)) < 0) {
 				snprintf(why[rep.n_problems], sizeof(why[0]), "pool %s: %s",
 					 srv->pools[i].cfg->name, detail);
+				log_error("verify: %s", why[rep.n_problems]);
+				problems[rep.n_problems] = why[rep.n_problems];
+				rep.n_problems++;
+			}
+		}
+		if (!*pool) {
+			char detail[256];
+
+			if (account_verify(srv, detail, sizeof(detail)) < 0) {
+				snprintf(why[rep.n_problems], sizeof(why[0]), "accounting: %s", detail);
 				log_error("verify: %s", why[rep.n_problems]);
 				problems[rep.n_problems] = why[rep.n_problems];
 				rep.n_problems++;

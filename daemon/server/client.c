@@ -19,6 +19,7 @@
 
 #define NAMESPACE_MAX 64
 #define CLIENT_NAME_MAX 63
+#define POOL_NAME_MAX 63 /* as the configuration allows */
 /* A ring's data area holds at least one page of token ids and tables. */
 #define RING_MIN_DATA_BYTES 4096u
 
@@ -94,6 +95,8 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	Kvpaged__V1__Welcome w = KVPAGED__V1__WELCOME__INIT;
 	Kvpaged__V1__Hello *hello;
 	struct dpool *pool = NULL;
+	const char *why = NULL;
+	struct ns_stats *ns;
 	int fds[4];
 	unsigned nfds = 0;
 	int r;
@@ -109,6 +112,17 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 				    "protocol version %u not supported (this daemon speaks %u)",
 				    hello->protocol_version, KVP_PROTOCOL_VERSION);
 		session_close(s, "protocol version mismatch");
+		goto out;
+	}
+	/* Strings from the peer are checked before anything repeats them, in a reply or a log. */
+	if (!printable(hello->pool, POOL_NAME_MAX) ||
+	    !printable(hello->namespace_, NAMESPACE_MAX) ||
+	    !printable(hello->client_name, CLIENT_NAME_MAX)) {
+		session_reply_error(s, h->seq, EINVAL,
+				    "pool (<= %d), namespace (<= %d) and client name (<= %d) must be "
+				    "printable ASCII",
+				    POOL_NAME_MAX, NAMESPACE_MAX, CLIENT_NAME_MAX);
+		session_close(s, "bad pool, namespace or name");
 		goto out;
 	}
 	for (size_t i = 0; i < s->srv->npools; i++)
@@ -129,14 +143,6 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 		session_close(s, "refused by the pool's ACL");
 		goto out;
 	}
-	if (!printable(hello->namespace_, NAMESPACE_MAX) ||
-	    !printable(hello->client_name, CLIENT_NAME_MAX)) {
-		session_reply_error(s, h->seq, EINVAL,
-				    "namespace (<= %d) and client name (<= %d) must be printable ASCII",
-				    NAMESPACE_MAX, CLIENT_NAME_MAX);
-		session_close(s, "bad namespace or name");
-		goto out;
-	}
 	if (hello->ring_entries > cfg->limits.max_ring_entries ||
 	    hello->ring_data_bytes > cfg->limits.max_ring_data_bytes ||
 	    (hello->ring_entries & (hello->ring_entries - 1)) ||
@@ -152,9 +158,22 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	if (*hello->client_name)
 		snprintf(s->name, sizeof(s->name), "%s", hello->client_name);
 	assign_namespace(s, pool->cfg, hello->namespace_);
-	s->stats = dpool_ns_stats(pool, s->salt, s->ns_name);
+	ns = dpool_ns_stats(pool, s->salt, s->ns_name, s->cred.uid);
+	if (!ns) {
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		session_close(s, "out of memory");
+		goto out;
+	}
+	account_join_ns(s, ns);
 
 	fds[nfds++] = pool->mem.fd;
+	if (hello->ring_entries &&
+	    account_check(s, ring_bytes(hello->ring_entries, hello->ring_data_bytes), 0, 0, &why) <
+		    0) {
+		session_reply_error(s, h->seq, EDQUOT, "no memory for rings of that size: %s", why);
+		session_close(s, "no memory for rings");
+		goto out;
+	}
 	if (hello->ring_entries) {
 		r = ring_setup(s, hello->ring_entries, hello->ring_data_bytes);
 		if (r < 0) {

@@ -12,13 +12,6 @@
 #include "daemon/log.h"
 #include "daemon/server/server.h"
 
-static uint32_t session_max_blocks(const struct session *s)
-{
-	uint32_t m = s->srv->cfg->limits.max_blocks;
-
-	return m ? m : s->pool->cfg->capacity_blocks;
-}
-
 static uint32_t blocks_for(const struct session *s, uint64_t tokens)
 {
 	uint32_t B = s->pool->cfg->block_tokens;
@@ -42,6 +35,36 @@ static int reserve_seq(struct session *s)
 	return 0;
 }
 
+/* The bytes a sequence of this kind is charged at ntokens tokens in state (core_seq_bytes). */
+static uint64_t seq_bytes(const struct session *s, uint32_t retention, uint32_t granularity,
+			  uint32_t ntokens, uint32_t state)
+{
+	return core_seq_bytes(s->pool->core, retention, granularity, ntokens, state);
+}
+
+/* What it takes to charge info's sequence for ntokens in state, beyond its charge now. */
+static uint64_t more_bytes(const struct session *s, uint64_t seq, const struct core_seq_info *info,
+			   uint32_t ntokens, uint32_t state)
+{
+	uint64_t now = s->pool->owners[(uint32_t)seq].bytes;
+	uint64_t then = seq_bytes(s, info->retention, info->granularity, ntokens, state);
+
+	return then > now ? then - now : 0;
+}
+
+void ops_recharge(struct session *s, uint64_t seq)
+{
+	struct seq_owner *ow = &s->pool->owners[(uint32_t)seq];
+	struct core_seq_info info;
+	uint64_t bytes;
+
+	if (core_seq_info(s->pool->core, seq, &info) < 0)
+		return;
+	bytes = seq_bytes(s, info.retention, info.granularity, info.ntokens, info.state);
+	account_bytes(s, (int64_t)bytes - (int64_t)ow->bytes);
+	ow->bytes = bytes;
+}
+
 static void own(struct session *s, uint64_t seq)
 {
 	struct dpool *p = s->pool;
@@ -50,6 +73,8 @@ static void own(struct session *s, uint64_t seq)
 	s->seqs[s->nseqs] = seq;
 	p->owners[slot] = (struct seq_owner){ .s = s, .idx = s->nseqs };
 	s->nseqs++;
+	account_sequences(s, 1);
+	ops_recharge(s, seq);
 }
 
 static void disown(struct session *s, uint64_t seq)
@@ -57,6 +82,8 @@ static void disown(struct session *s, uint64_t seq)
 	struct dpool *p = s->pool;
 	uint32_t slot = (uint32_t)seq, idx = p->owners[slot].idx;
 
+	account_bytes(s, -(int64_t)p->owners[slot].bytes);
+	account_sequences(s, -1);
 	s->seqs[idx] = s->seqs[--s->nseqs];
 	p->owners[(uint32_t)s->seqs[idx]].idx = idx;
 	p->owners[slot] = (struct seq_owner){ 0 };
@@ -164,8 +191,9 @@ int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
 	if (core_seq_info(s->pool->core, seq, &info) < 0)
 		return -EIO; /* cannot happen: the sequence is the session's */
 	/* The quota took load_charged blocks; a retention policy may have released some since. */
-	s->blocks = s->blocks - s->load_charged + info.held_blocks;
+	account_blocks(s, (int64_t)info.held_blocks - (int64_t)s->load_charged);
 	s->load_charged = 0;
+	ops_recharge(s, seq);
 	res->seq = seq;
 	if (resume)
 		res->recompute = info.ntokens - info.ncommitted;
@@ -201,14 +229,10 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	r = check_tokens(s, n, why);
 	if (r < 0)
 		return r;
-	if (s->nseqs >= s->srv->cfg->limits.max_sequences) {
-		*why = "session has max_sequences sequences open";
-		return -EMFILE;
-	}
-	if (s->blocks + nblocks > session_max_blocks(s)) {
-		*why = "session would exceed its max_blocks quota";
-		return -EDQUOT;
-	}
+	r = account_check(s, seq_bytes(s, o.retention, o.granularity, n, CORE_SEQ_ACTIVE), nblocks,
+			  1, why);
+	if (r < 0)
+		return r;
 	/* Reserve the owner entry first so that nothing can fail after the core call. */
 	r = reserve_seq(s);
 	if (r < 0)
@@ -224,7 +248,7 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	own(s, res->seq);
 	/* The quota counts blocks held: a window or sinks may have released some already. */
 	core_seq_info(s->pool->core, res->seq, &info);
-	s->blocks += info.held_blocks;
+	account_blocks(s, info.held_blocks);
 	if (info.state == CORE_SEQ_LOADING) {
 		s->load_charged = info.held_blocks;
 		r = defer_loads(s, res->seq);
@@ -251,15 +275,18 @@ int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t
 	r = check_tokens(s, n, why);
 	if (r < 0)
 		return r;
+	if ((uint64_t)info.ntokens + n > s->pool->cfg->max_seq_tokens)
+		return -E2BIG; /* as the core would say, before a quota speaks of it */
 	grow = blocks_for(s, (uint64_t)info.ntokens + n) - info.nblocks;
-	if (s->blocks + grow > session_max_blocks(s)) {
-		*why = "session would exceed its max_blocks quota";
-		return -EDQUOT;
-	}
+	r = account_check(s, more_bytes(s, seq, &info, info.ntokens + n, CORE_SEQ_ACTIVE), grow, 0,
+			  why);
+	if (r < 0)
+		return r;
 	r = core_seq_append(s->pool->core, seq, tokens, n);
 	if (r < 0)
 		return r;
-	s->blocks += grow;
+	account_blocks(s, grow);
+	ops_recharge(s, seq);
 	res->seq = seq;
 	res->first_changed = (uint32_t)r;
 	fill_table(s, seq, (uint32_t)r, res);
@@ -284,7 +311,7 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 
 		/* The retention policy may have released blocks (and h2o packed some). */
 		core_seq_info(s->pool->core, seq, &after);
-		s->blocks -= info.held_blocks - after.held_blocks;
+		account_blocks(s, (int64_t)after.held_blocks - (int64_t)info.held_blocks);
 		res->released = after.freed_blocks - info.freed_blocks;
 		if (after.held_blocks < info.held_blocks)
 			s->pool->epoch++;
@@ -309,14 +336,11 @@ int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char
 	r = check_owner(s, seq, &info);
 	if (r < 0)
 		return r;
-	if (s->nseqs >= s->srv->cfg->limits.max_sequences) {
-		*why = "session has max_sequences sequences open";
-		return -EMFILE;
-	}
-	if (s->blocks + info.held_blocks > session_max_blocks(s)) {
-		*why = "session would exceed its max_blocks quota";
-		return -EDQUOT;
-	}
+	r = account_check(s, seq_bytes(s, info.retention, info.granularity, info.ntokens,
+				       CORE_SEQ_ACTIVE),
+			  info.held_blocks, 1, why);
+	if (r < 0)
+		return r;
 	r = reserve_seq(s);
 	if (r < 0)
 		return r;
@@ -324,7 +348,7 @@ int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char
 	if (r < 0)
 		return r;
 	own(s, res->seq);
-	s->blocks += info.held_blocks;
+	account_blocks(s, info.held_blocks);
 	fill_table(s, res->seq, 0, res);
 	return 0;
 }
@@ -341,7 +365,7 @@ int ops_close(struct session *s, uint64_t seq, const char **why)
 	if (r < 0)
 		return r;
 	disown(s, seq);
-	s->blocks -= info.held_blocks; /* 0 for a dropped sequence */
+	account_blocks(s, -(int64_t)info.held_blocks); /* 0 for a dropped sequence */
 	s->pool->epoch++;
 	return 0;
 }
@@ -354,14 +378,23 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 	r = check_owner(s, seq, &info);
 	if (r < 0)
 		return r;
+	/* A parked sequence keeps its token history as well as its blocks. */
+	if (info.state == CORE_SEQ_ACTIVE && info.retention == CORE_RETAIN_FULL) {
+		r = account_check(s, more_bytes(s, seq, &info, info.ntokens, CORE_SEQ_PARKED), 0, 0,
+				  why);
+		if (r < 0)
+			return r;
+	}
 	r = core_seq_park(s->pool->core, seq);
 	if (r == -EBUSY)
 		*why = info.state == CORE_SEQ_LOADING ? "the sequence is loading"
 						      : "the sequence is already parked";
 	if (r == -EINVAL)
 		*why = "a sequence with a retention policy cannot be parked";
-	if (r == 0)
+	if (r == 0) {
+		ops_recharge(s, seq);
 		s->pool->epoch++; /* its blocks may be preempted now */
+	}
 	return r;
 }
 
@@ -378,19 +411,19 @@ int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *r
 		*why = "the sequence is not parked";
 		return -EINVAL;
 	}
-	/* A dropped sequence takes its blocks again: they count against the quota. */
-	if (info.state == CORE_SEQ_DROPPED &&
-	    s->blocks + blocks_for(s, info.ntokens) > session_max_blocks(s)) {
-		*why = "session would exceed its max_blocks quota";
-		return -EDQUOT;
-	}
+	/* A dropped sequence takes its blocks (and a table) again: they count against quotas. */
+	r = account_check(s, more_bytes(s, seq, &info, info.ntokens, CORE_SEQ_ACTIVE),
+			  info.state == CORE_SEQ_DROPPED ? blocks_for(s, info.ntokens) : 0, 0, why);
+	if (r < 0)
+		return r;
 	r = core_seq_resume_flags(s->pool->core, seq,
 				  defer && may_defer(s->pool) ? CORE_OPEN_DEFER_LOADS : 0,
 				  &res->recompute);
 	if (r < 0)
 		return r;
 	if (info.state == CORE_SEQ_DROPPED)
-		s->blocks += blocks_for(s, info.ntokens);
+		account_blocks(s, blocks_for(s, info.ntokens));
+	ops_recharge(s, seq);
 	core_seq_info(s->pool->core, seq, &info);
 	if (info.state == CORE_SEQ_LOADING) {
 		/* Only a dropped sequence loads: it was charged its whole table above. */
@@ -468,6 +501,6 @@ void ops_close_all(struct session *s)
 			s->pool->orphans++;
 		disown(s, seq);
 	}
-	s->blocks = 0;
+	account_blocks(s, -(int64_t)s->blocks);
 	s->pool->epoch++;
 }

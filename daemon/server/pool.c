@@ -25,8 +25,10 @@ static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 	struct dpool *p = ctx;
 	struct session *s = p->owners[(uint32_t)seq].s;
 
-	if (s)
-		s->blocks -= nblocks;
+	if (s) {
+		account_blocks(s, -(int64_t)nblocks);
+		ops_recharge(s, seq); /* its table went, its token history stays */
+	}
 	log_debug("pool %s: parked sequence %llu dropped, %u blocks released", p->cfg->name,
 		  (unsigned long long)seq, nblocks);
 }
@@ -1351,9 +1353,9 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		log_info("pool %s: %d cached blocks found in the swap files", cfg->name, r);
 	}
 	p->owners = calloc(cfg->max_sequences, sizeof(*p->owners));
-	p->ns = calloc(POOL_MAX_NS_STATS, sizeof(*p->ns));
-	if (!p->owners || !p->ns)
+	if (!p->owners)
 		return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
+	snprintf(p->ns_other.name, sizeof(p->ns_other.name), "(other)");
 	return 0;
 }
 
@@ -1415,24 +1417,89 @@ void dpool_done(struct dpool *p)
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
 	free(p->owners);
+	for (uint32_t i = 0; i < p->nns; i++)
+		free(p->ns[i]);
 	free(p->ns);
 }
 
-struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name)
+/* Adds a folded entry's statistics to "(other)" and frees it. */
+static void ns_fold(struct dpool *p, uint32_t i)
 {
-	/* Linear: namespaces are few and looked up once per session. */
-	for (uint32_t i = 0; i < p->nns; i++)
-		if (p->ns[i].salt == salt && strcmp(p->ns[i].name, name) == 0)
-			return &p->ns[i];
-	if (p->nns == POOL_MAX_NS_STATS - 1) {
-		struct ns_stats *other = &p->ns[POOL_MAX_NS_STATS - 1];
+	struct ns_stats *e = p->ns[i];
 
-		snprintf(other->name, sizeof(other->name), "(other)");
-		return other;
+	p->ns_other.lookups += e->lookups;
+	p->ns_other.query_blocks += e->query_blocks;
+	p->ns_other.hit_blocks += e->hit_blocks;
+	p->ns_other.hit_tokens += e->hit_tokens;
+	p->ns_folded++;
+	free(e);
+	p->ns[i] = p->ns[--p->nns];
+}
+
+/* The unused entry (of uid, or anyone's with uid UINT32_MAX) left unused the longest. */
+static int ns_oldest_unused(const struct dpool *p, uint32_t uid, uint32_t *ret_count)
+{
+	uint32_t count = 0;
+	int oldest = -1;
+
+	for (uint32_t i = 0; i < p->nns; i++) {
+		const struct ns_stats *e = p->ns[i];
+
+		if (uid != UINT32_MAX && e->uid != uid)
+			continue;
+		count++;
+		if (!e->live && (oldest < 0 || e->last_used < p->ns[oldest]->last_used))
+			oldest = (int)i;
 	}
-	p->ns[p->nns].salt = salt;
-	snprintf(p->ns[p->nns].name, sizeof(p->ns[p->nns].name), "%s", name);
-	return &p->ns[p->nns++];
+	if (ret_count)
+		*ret_count = count;
+	return oldest;
+}
+
+struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name, uint32_t uid)
+{
+	const uint32_t per_uid = p->srv->cfg->limits.max_namespaces_per_uid;
+	uint32_t mine = 0, unused = 0;
+	struct ns_stats *e;
+	int oldest;
+
+	/* Linear: entries are a few hundred at most, and looked up once per session. */
+	for (uint32_t i = 0; i < p->nns; i++)
+		if (p->ns[i]->salt == salt && strcmp(p->ns[i]->name, name) == 0) {
+			p->ns[i]->last_used = server_now_ns();
+			return p->ns[i];
+		}
+	/*
+	 * A new one.  A uid that makes namespace after namespace (a junk string per connection)
+	 * only pushes its own old ones out, never another tenant's: entries in use stay, those
+	 * unused beyond its allowance go to "(other)" first.  Then the pool's allowance of
+	 * unused entries in all.
+	 */
+	oldest = ns_oldest_unused(p, uid, &mine);
+	if (mine >= per_uid && oldest >= 0)
+		ns_fold(p, (uint32_t)oldest);
+	for (uint32_t i = 0; i < p->nns; i++)
+		unused += !p->ns[i]->live;
+	if (unused >= POOL_NS_RETAINED && (oldest = ns_oldest_unused(p, UINT32_MAX, NULL)) >= 0)
+		ns_fold(p, (uint32_t)oldest);
+	if (p->nns == p->ns_cap) {
+		uint32_t cap = p->ns_cap ? 2 * p->ns_cap : 16;
+		struct ns_stats **grown = realloc(p->ns, cap * sizeof(*grown));
+
+		if (!grown)
+			return NULL;
+		p->ns = grown;
+		p->ns_cap = cap;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	e->salt = salt;
+	e->uid = uid;
+	e->last_used = server_now_ns();
+	snprintf(e->name, sizeof(e->name), "%s", name);
+	p->ns[p->nns++] = e;
+	return e;
 }
 
 int dpool_verify(struct dpool *p, char *why, size_t why_len)

@@ -33,27 +33,53 @@ static inline void store_release(uint32_t *p, uint32_t v)
 	__atomic_store_n(p, v, __ATOMIC_RELEASE);
 }
 
+/* Where each part of the ring memory lies (proto/PROTOCOL.md). */
+struct ring_layout {
+	uint64_t sq_off, cq_off, sqes_off, cqes_off, data_off, bytes;
+};
+
+static void layout_of(uint32_t entries, uint32_t data_bytes, struct ring_layout *l)
+{
+	uint64_t off = ALIGN_UP(sizeof(struct kvp_ring_header), KVP_RING_CACHELINE);
+
+	l->sq_off = off;
+	off += sizeof(struct kvp_ring_indices);
+	l->cq_off = off;
+	off += sizeof(struct kvp_ring_indices);
+	l->sqes_off = off;
+	off += (uint64_t)entries * sizeof(struct kvp_sqe);
+	l->cqes_off = off;
+	off += (uint64_t)entries * sizeof(struct kvp_cqe);
+	l->data_off = ALIGN_UP(off, KVP_RING_CACHELINE);
+	l->bytes = ALIGN_UP(l->data_off + data_bytes, 4096);
+}
+
+uint64_t ring_bytes(uint32_t entries, uint32_t data_bytes)
+{
+	struct ring_layout l;
+
+	layout_of(entries, data_bytes, &l);
+	return sizeof(struct session_ring) + l.bytes;
+}
+
 int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
 {
 	struct session_ring *r = calloc(1, sizeof(*r));
-	uint64_t off, sq_off, cq_off, sqes_off, cqes_off, data_off;
+	uint64_t sq_off, cq_off, sqes_off, cqes_off, data_off;
+	struct ring_layout l;
 	char name[64];
 	int e;
 
 	if (!r)
 		return -ENOMEM;
 	r->mem_fd = r->sq_event_fd = r->cq_event_fd = -1;
-	off = ALIGN_UP(sizeof(struct kvp_ring_header), KVP_RING_CACHELINE);
-	sq_off = off;
-	off += sizeof(struct kvp_ring_indices);
-	cq_off = off;
-	off += sizeof(struct kvp_ring_indices);
-	sqes_off = off;
-	off += (uint64_t)entries * sizeof(struct kvp_sqe);
-	cqes_off = off;
-	off += (uint64_t)entries * sizeof(struct kvp_cqe);
-	data_off = ALIGN_UP(off, KVP_RING_CACHELINE);
-	r->bytes = ALIGN_UP(data_off + data_bytes, 4096);
+	layout_of(entries, data_bytes, &l);
+	sq_off = l.sq_off;
+	cq_off = l.cq_off;
+	sqes_off = l.sqes_off;
+	cqes_off = l.cqes_off;
+	data_off = l.data_off;
+	r->bytes = l.bytes;
 
 	snprintf(name, sizeof(name), "kvpaged-ring-%llu", (unsigned long long)s->id);
 	r->mem_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -100,6 +126,9 @@ int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
 	store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
 	r->doorbell_op = (struct op){ .kind = OP_DOORBELL, .s = s };
 	s->ring = r;
+	s->nfds += 3;
+	s->srv->session_fds += 3;
+	account_bytes(s, (int64_t)ring_bytes(entries, data_bytes));
 	ring_arm_doorbell(s);
 	return 0;
 fail:
@@ -139,24 +168,36 @@ void ring_destroy(struct session *s)
 {
 	struct session_ring *r = s->ring;
 
+	if (!r || !r->doorbell_armed || r->doorbell_canceled)
+		return;
+	/* The pending poll holds the session; cancel it so the session can go. */
+	struct io_uring_sqe *sqe = server_sqe(s->srv);
+
+	io_uring_prep_cancel(sqe, &r->doorbell_op, 0);
+	io_uring_sqe_set_data(sqe, NULL);
+	r->doorbell_canceled = true;
+}
+
+/*
+ * The ring's memory and fds go with the session's last reference, never before: a handler
+ * that closed the session while working on its ring (a device failure, no memory for a
+ * reply) still touches the ring on its way out, and the doorbell's poll holds a reference.
+ */
+void ring_free(struct session *s)
+{
+	struct session_ring *r = s->ring;
+
 	if (!r)
 		return;
-	if (r->doorbell_armed) {
-		/* The pending read keeps the eventfd alive; cancel it so the session can go. */
-		struct io_uring_sqe *sqe = server_sqe(s->srv);
-
-		io_uring_prep_cancel(sqe, &r->doorbell_op, 0);
-		io_uring_sqe_set_data(sqe, NULL);
-	}
-	/* Freed when the doorbell's completion arrives (ring_on_doorbell) or right now. */
-	if (!r->doorbell_armed) {
-		munmap(r->mem, r->bytes);
-		close(r->mem_fd);
-		close(r->sq_event_fd);
-		close(r->cq_event_fd);
-		free(r);
-		s->ring = NULL;
-	}
+	munmap(r->mem, r->bytes);
+	close(r->mem_fd);
+	close(r->sq_event_fd);
+	close(r->cq_event_fd);
+	account_bytes(s, -(int64_t)(sizeof(*r) + r->bytes));
+	s->nfds -= 3;
+	s->srv->session_fds -= 3;
+	free(r);
+	s->ring = NULL;
 }
 
 /* Checks that [off, off + len) lies in the data area. */
@@ -381,6 +422,8 @@ bool ring_process(struct session *s, const char **why)
 		r->cq_tail++;
 		posted++;
 	}
+	if (posted)
+		session_touch(s);
 	store_release(&r->sq->head, r->sq_head);
 	/*
 	 * Completions that hand out blocks the pool's queue still works on wait for it, and the
@@ -459,8 +502,6 @@ void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 	if (s->closing || cqe->res < 0) {
 		if (!s->closing)
 			session_close(s, "doorbell poll failed");
-		if (!more)
-			ring_destroy(s);
 		goto out;
 	}
 	/* Awake: submitters need not ring while we drain. */

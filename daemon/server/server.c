@@ -4,6 +4,8 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -20,6 +22,22 @@
 #define STATUS_INTERVAL_NS (2 * NSEC_PER_SEC)
 /* After the drain deadline every session is shut down; their last operations get this long. */
 #define DRAIN_GRACE_NS (2 * NSEC_PER_SEC)
+/* Hello and idle deadlines are checked together, rounded up to this: a few sweeps a second. */
+#define SWEEP_GRAIN_NS (100 * 1000000ull)
+/* Refusals are summed up in one line at most this often (each is a debug line). */
+#define REFUSAL_REPORT_NS (30 * NSEC_PER_SEC)
+/* Accepting that fails for want of fds or memory pauses this long at first, then longer. */
+#define ACCEPT_BACKOFF_FIRST_MS 10u
+#define ACCEPT_BACKOFF_MAX_MS 1000u
+/*
+ * File descriptors: a client session with rings holds four (socket, ring memory, two
+ * eventfds), an admin session one; a few are kept for what comes and goes (a connection being
+ * refused, the bandwidth probe, journald's stream).
+ */
+#define FDS_PER_CLIENT 4u
+#define FDS_SPARE 16u
+
+static void report_refusals(struct server *srv, uint64_t now);
 
 uint64_t server_now_ns(void)
 {
@@ -73,12 +91,17 @@ static int listen_unix(const char *path, mode_t mode)
 	return fd;
 }
 
-static void arm_accept(struct server *srv, int fd, struct op *op)
+static void arm_accept(struct server *srv, struct listener *l)
 {
-	struct io_uring_sqe *sqe = server_sqe(srv);
+	struct io_uring_sqe *sqe;
 
-	io_uring_prep_multishot_accept(sqe, fd, NULL, NULL, SOCK_CLOEXEC);
-	io_uring_sqe_set_data(sqe, op);
+	if (l->armed || l->paused || srv->stopping)
+		return;
+	sqe = server_sqe(srv);
+	io_uring_prep_multishot_accept(sqe, l == &srv->admin_listener ? srv->admin_fd : srv->client_fd,
+				       NULL, NULL, SOCK_CLOEXEC);
+	io_uring_sqe_set_data(sqe, &l->op);
+	l->armed = true;
 }
 
 static void arm_signal(struct server *srv)
@@ -133,6 +156,59 @@ static int open_socket(int *fd, bool activated, const char *path, mode_t mode, c
 	return 0;
 }
 
+/*
+ * The soft limit on open files goes up to the hard one: 256 sessions with rings need more than
+ * the 1024 a shell or an old unit gives, and nothing here uses select(2).
+ */
+static void raise_fd_limit(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur >= rl.rlim_max)
+		return;
+	rl.rlim_cur = rl.rlim_max;
+	if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+		log_warning_errno(errno, "cannot raise the open file limit to %llu: %m",
+				  (unsigned long long)rl.rlim_max);
+}
+
+/* The fds open now (pools, tiers, rings, sockets): what the daemon holds beyond its sessions. */
+static uint64_t count_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	uint64_t n = 0;
+	struct dirent *e;
+
+	if (!d)
+		return 64; /* no /proc: a generous guess */
+	while ((e = readdir(d)))
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n > 0 ? n - 1 : 0; /* the directory's own */
+}
+
+/* What max_sessions and max_admin_sessions need in fds, against RLIMIT_NOFILE. */
+static void check_fd_budget(struct server *srv)
+{
+	const struct kvpd_config *c = srv->cfg;
+	uint64_t need = srv->fd_base + FDS_SPARE + (uint64_t)c->max_sessions * FDS_PER_CLIENT +
+			c->max_admin_sessions;
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
+		rl.rlim_cur = UINT32_MAX;
+	srv->fd_limit = rl.rlim_cur;
+	if (need <= srv->fd_limit)
+		return;
+	log_warning("max_sessions = %u and max_admin_sessions = %u need %llu file descriptors "
+		    "(%u per client session with rings, %llu for the daemon), but the limit is "
+		    "%llu: clients past the fds left are refused; raise LimitNOFILE= (the hard "
+		    "limit) or lower max_sessions",
+		    c->max_sessions, c->max_admin_sessions, (unsigned long long)need,
+		    FDS_PER_CLIENT, (unsigned long long)(srv->fd_base + FDS_SPARE),
+		    (unsigned long long)srv->fd_limit);
+}
+
 int server_init(struct server *srv, struct kvpd_config *cfg, const struct server_options *opts)
 {
 	int passed_client = -EBADF, passed_admin = -EBADF;
@@ -146,16 +222,21 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 		.client_fd = -1,
 		.admin_fd = -1,
 		.signal_fd = -1,
-		.accept_client_op = { .kind = OP_ACCEPT_CLIENT },
-		.accept_admin_op = { .kind = OP_ACCEPT_ADMIN },
+		.client_listener = { .op = { .kind = OP_ACCEPT_CLIENT },
+				     .retry_op = { .kind = OP_ACCEPT_RETRY } },
+		.admin_listener = { .op = { .kind = OP_ACCEPT_ADMIN },
+				    .retry_op = { .kind = OP_ACCEPT_RETRY } },
 		.signal_op = { .kind = OP_SIGNAL },
 		.tick_op = { .kind = OP_TIMER },
 		.drain_op = { .kind = OP_TIMER },
+		.sweep_op = { .kind = OP_SWEEP },
 		.next_session_id = 1,
 		.started_ns = server_now_ns(),
 	};
 	if (opts)
 		srv->opts = *opts;
+	log_set_rate_limit(cfg->log_rate_limit_interval_ms, cfg->log_rate_limit_burst);
+	raise_fd_limit();
 
 	/* First, so that the passed fds are marked close-on-exec and LISTEN_* unset at once. */
 	r = systemd_take_sockets(&passed_client, &passed_admin);
@@ -227,9 +308,11 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 		return log_error_errno(errno, "cannot give %s to group %u: %m",
 				       cfg->admin_socket_path, cfg->admin_gid);
 
-	arm_accept(srv, srv->client_fd, &srv->accept_client_op);
-	arm_accept(srv, srv->admin_fd, &srv->accept_admin_op);
+	arm_accept(srv, &srv->client_listener);
+	arm_accept(srv, &srv->admin_listener);
 	arm_signal(srv);
+	srv->fd_base = count_fds();
+	check_fd_budget(srv);
 	for (size_t i = 0; i < srv->npools; i++)
 		log_info("pool %s: %u blocks of %u tokens, %llu bytes each (%s memory)",
 			 srv->pools[i].cfg->name, srv->pools[i].cfg->capacity_blocks,
@@ -313,6 +396,8 @@ static void on_tick(struct server *srv)
 	if (now >= srv->next_status_ns) {
 		update_status(srv);
 		srv->next_status_ns = now + STATUS_INTERVAL_NS;
+		report_refusals(srv, now);
+		log_flush_suppressed();
 	}
 	arm_tick(srv, now);
 }
@@ -398,8 +483,10 @@ static void begin_stop(struct server *srv)
 	systemd_notify_stopping(text);
 	log_info("stopping: draining %u sessions (at most %u ms)", srv->nsessions,
 		 srv->opts.drain_timeout_ms);
-	cancel_op(srv, &srv->accept_client_op);
-	cancel_op(srv, &srv->accept_admin_op);
+	if (srv->client_listener.armed)
+		cancel_op(srv, &srv->client_listener.op);
+	if (srv->admin_listener.armed)
+		cancel_op(srv, &srv->admin_listener.op);
 	for (struct session *s = srv->sessions, *next; s; s = next) {
 		const char *why = NULL;
 
@@ -460,6 +547,11 @@ static void reload(struct server *srv)
 	} else {
 		applied = config_apply_live(srv->cfg, &next, on_reload_difference, &refused);
 		config_free(&next);
+		/* What the daemon keeps from the configuration rather than reading it afresh. */
+		log_set_rate_limit(srv->cfg->log_rate_limit_interval_ms,
+				   srv->cfg->log_rate_limit_burst);
+		check_fd_budget(srv);
+		server_schedule_sweep(srv, server_now_ns()); /* the timeouts may have changed */
 		log_info("reload: %d changes applied, %u need a restart", applied, refused);
 		if (refused)
 			snprintf(srv->reload_note, sizeof(srv->reload_note),
@@ -471,35 +563,310 @@ static void reload(struct server *srv)
 	systemd_notify_ready(srv->status);
 }
 
-static void on_accept(struct server *srv, struct io_uring_cqe *cqe, bool admin)
-{
-	int listen_fd = admin ? srv->admin_fd : srv->client_fd;
-	struct op *op = admin ? &srv->accept_admin_op : &srv->accept_client_op;
+static const char *const refusal_names[SERVER_NREFUSALS] = {
+	[REFUSED_SESSIONS] = "max_sessions",
+	[REFUSED_UID_SESSIONS] = "max_sessions_per_uid",
+	[REFUSED_ADMIN] = "max_admin_sessions",
+	[REFUSED_ADMIN_PEER] = "admin peer not allowed",
+	[REFUSED_FDS] = "out of file descriptors",
+	[REFUSED_MEMORY] = "memory caps",
+	[CLOSED_HELLO_TIMEOUT] = "hello_timeout_ms",
+	[CLOSED_IDLE_TIMEOUT] = "idle_timeout_ms",
+	[ACCEPT_ERRORS] = "accept errors",
+};
 
-	if (!(cqe->flags & IORING_CQE_F_MORE) && !srv->stopping)
-		arm_accept(srv, listen_fd, op);
-	if (cqe->res < 0) {
-		if (cqe->res != -ECANCELED)
-			log_warning_errno(cqe->res, "accept: %m");
+const char *server_refusal_name(enum server_refusal r)
+{
+	return refusal_names[r];
+}
+
+/*
+ * Tells a refused peer why, without ever blocking the loop, and hangs up.  What it sent
+ * already is read first, so that closing does not turn into a reset that could reach the peer
+ * before the error does.
+ */
+static void refuse(struct server *srv, int fd, const struct ucred *cred, bool admin,
+		   enum server_refusal why, int code, const char *message)
+{
+	Kvpaged__V1__Error err = KVPAGED__V1__ERROR__INIT;
+	char sink[4096];
+
+	srv->refused[why]++;
+	log_debug("refusing a%s connection from pid %d uid %u: %s", admin ? "n admin" : "",
+		  (int)cred->pid, (unsigned)cred->uid, message);
+	err.code = code;
+	err.message = (char *)message;
+	(void)kvp_frame_send_nonblocking(fd, KVPAGED__V1__MESSAGE_TYPE__ERROR, 0, &err.base);
+	for (int i = 0; i < 16 && recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0; i++)
+		;
+	close(fd);
+}
+
+/*
+ * Admission, before a session exists: the peer's uid is known at once (SO_PEERCRED), so the
+ * per-uid caps need no handshake, and the admin socket has slots of its own that no client
+ * can take.  Returns the refusal, or SERVER_NREFUSALS to admit.
+ */
+static enum server_refusal admission(struct server *srv, int fd, bool admin,
+				     const struct ucred *cred, const struct uid_account *a,
+				     int *code, char *msg, size_t len)
+{
+	const struct kvpd_config *c = srv->cfg;
+	const uint64_t fds = srv->fd_base + FDS_SPARE + srv->session_fds;
+
+	*code = EUSERS;
+	if (admin) {
+		if (!admin_peer_allowed(srv, fd, cred)) {
+			*code = EACCES;
+			snprintf(msg, len, "uid %u is neither root nor in the admin group",
+				 (unsigned)cred->uid);
+			return REFUSED_ADMIN_PEER;
+		}
+		if (srv->nadmin >= c->max_admin_sessions) {
+			snprintf(msg, len, "too many admin sessions (max_admin_sessions = %u)",
+				 c->max_admin_sessions);
+			return REFUSED_ADMIN;
+		}
+		if (fds + 1 > srv->fd_limit) {
+			*code = EMFILE;
+			snprintf(msg, len, "the daemon is out of file descriptors");
+			return REFUSED_FDS;
+		}
+		return SERVER_NREFUSALS;
+	}
+	if (srv->use.sessions >= c->max_sessions) {
+		snprintf(msg, len, "too many sessions (max_sessions = %u)", c->max_sessions);
+		return REFUSED_SESSIONS;
+	}
+	if (a->use.sessions >= c->max_sessions_per_uid) {
+		snprintf(msg, len, "uid %u has too many sessions (max_sessions_per_uid = %u)",
+			 (unsigned)cred->uid, c->max_sessions_per_uid);
+		return REFUSED_UID_SESSIONS;
+	}
+	/* The admin slots' fds stay free, so the operator can always get in. */
+	if (fds + FDS_PER_CLIENT + (c->max_admin_sessions - srv->nadmin) > srv->fd_limit) {
+		*code = EMFILE;
+		snprintf(msg, len, "the daemon is out of file descriptors");
+		return REFUSED_FDS;
+	}
+	if (a->use.bytes >= c->limits.max_bytes_per_uid ||
+	    srv->use.bytes >= c->limits.max_total_bytes) {
+		*code = EDQUOT;
+		snprintf(msg, len, "%s holds its most memory (%s)",
+			 a->use.bytes >= c->limits.max_bytes_per_uid ? "the uid" : "the daemon",
+			 a->use.bytes >= c->limits.max_bytes_per_uid ? "max_bytes_per_uid"
+								     : "max_total_bytes");
+		return REFUSED_MEMORY;
+	}
+	return SERVER_NREFUSALS;
+}
+
+static void admit(struct server *srv, int fd, bool admin)
+{
+	struct ucred cred = { .pid = 0 };
+	socklen_t len = sizeof(cred);
+	enum server_refusal why;
+	struct uid_account *a;
+	char msg[160];
+	int code;
+
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+		log_warning_errno(errno, "SO_PEERCRED: %m");
+		close(fd);
 		return;
 	}
+	a = account_uid_get(srv, cred.uid);
+	if (!a) {
+		refuse(srv, fd, &cred, admin, REFUSED_MEMORY, ENOMEM, "the daemon is out of memory");
+		return;
+	}
+	why = admission(srv, fd, admin, &cred, a, &code, msg, sizeof(msg));
+	if (why != SERVER_NREFUSALS) {
+		refuse(srv, fd, &cred, admin, why, code, msg);
+		account_uid_put(srv, a);
+		return;
+	}
+	if (!session_new(srv, fd, admin, &cred, a)) {
+		close(fd);
+		account_uid_put(srv, a);
+	}
+}
+
+/* An accept failed: pause this socket's accepting when the cause takes time to go away. */
+static void accept_failed(struct server *srv, struct listener *l, int error)
+{
+	const char *what = l == &srv->admin_listener ? "admin" : "client";
+
+	srv->refused[ACCEPT_ERRORS]++;
+	if (error != -EMFILE && error != -ENFILE && error != -ENOBUFS && error != -ENOMEM) {
+		log_warning_errno(error, "%s socket: accept: %m", what);
+		arm_accept(srv, l);
+		return;
+	}
+	/*
+	 * The connection waits in the backlog and the very next accept would fail the same way:
+	 * re-arming at once spins the loop and floods the log.  Wait instead, longer each time,
+	 * while sessions close and give their fds back.
+	 */
+	l->backoff_ms = l->backoff_ms ? l->backoff_ms * 2 : ACCEPT_BACKOFF_FIRST_MS;
+	if (l->backoff_ms > ACCEPT_BACKOFF_MAX_MS)
+		l->backoff_ms = ACCEPT_BACKOFF_MAX_MS;
+	if (!l->failures++) {
+		l->paused_ns = server_now_ns();
+		log_warning_errno(error, "%s socket: accept: %m; accepting is paused and retried "
+				  "every %u ms at most until it works again", what,
+				  ACCEPT_BACKOFF_MAX_MS);
+	}
+	l->paused = true;
+	if (l->armed)
+		cancel_op(srv, &l->op);
+	arm_timer(srv, &l->retry_op, &l->retry_ts, (uint64_t)l->backoff_ms * 1000000u);
+}
+
+static void on_accept(struct server *srv, struct io_uring_cqe *cqe, bool admin)
+{
+	struct listener *l = admin ? &srv->admin_listener : &srv->client_listener;
+
+	if (!(cqe->flags & IORING_CQE_F_MORE))
+		l->armed = false;
+	if (cqe->res < 0) {
+		if (cqe->res != -ECANCELED)
+			accept_failed(srv, l, cqe->res);
+		return;
+	}
+	if (l->failures) {
+		log_notice("%s socket: accepting again after %.1f s (%llu accepts failed)",
+			   admin ? "admin" : "client", (server_now_ns() - l->paused_ns) / 1e9,
+			   (unsigned long long)l->failures);
+		l->failures = 0;
+		l->backoff_ms = 0;
+	}
+	arm_accept(srv, l);
 	if (srv->stopping) {
 		close(cqe->res);
 		return;
 	}
-	if (srv->nsessions >= srv->cfg->max_sessions) {
-		/* Best effort: tell the peer why, without ever blocking the loop. */
-		Kvpaged__V1__Error err = KVPAGED__V1__ERROR__INIT;
-		err.code = EUSERS;
-		err.message = "too many sessions (max_sessions)";
-		log_warning("refusing a connection: %u sessions open (max_sessions)", srv->nsessions);
-		(void)kvp_frame_send_nonblocking(cqe->res, KVPAGED__V1__MESSAGE_TYPE__ERROR, 0,
-						 &err.base);
-		close(cqe->res);
+	admit(srv, cqe->res, admin);
+}
+
+/* A pause of a listener is over: try accepting again. */
+static void on_accept_retry(struct server *srv, struct listener *l)
+{
+	l->paused = false;
+	arm_accept(srv, l);
+}
+
+/* One line now and then about connections refused (each one is only a debug line). */
+static void report_refusals(struct server *srv, uint64_t now)
+{
+	char line[512];
+	size_t used = 0;
+
+	if (now < srv->next_refusal_report_ns)
 		return;
+	srv->next_refusal_report_ns = now + REFUSAL_REPORT_NS;
+	for (int r = 0; r < SERVER_NREFUSALS; r++) {
+		uint64_t n = srv->refused[r] - srv->refused_reported[r];
+		int w;
+
+		if (!n || r == ACCEPT_ERRORS)
+			continue;
+		w = snprintf(line + used, sizeof(line) - used, "%s%llu (%s)", used ? ", " : "",
+			     (unsigned long long)n, refusal_names[r]);
+		if (w > 0 && (size_t)w < sizeof(line) - used)
+			used += (size_t)w;
 	}
-	if (!session_new(srv, cqe->res, admin))
-		close(cqe->res);
+	memcpy(srv->refused_reported, srv->refused, sizeof(srv->refused));
+	if (used)
+		log_notice("in the last %u s, connections refused or closed by limits: %s",
+			   (unsigned)(REFUSAL_REPORT_NS / NSEC_PER_SEC), line);
+}
+
+/* ---- hello and idle timeouts --------------------------------------------------------------- */
+
+/* When s is to be closed for saying nothing, 0 if never. */
+static uint64_t session_deadline(const struct session *s)
+{
+	const struct kvpd_limits *l = &s->srv->cfg->limits;
+
+	if (s->closing)
+		return 0;
+	if (!s->welcomed)
+		return s->accepted_ns + (uint64_t)l->hello_timeout_ms * 1000000u;
+	/*
+	 * Idle: no request for idle_timeout_ms, and nothing in progress for it (a reply waiting
+	 * for its copies or its peer, a request waiting for memory or loads).  A session holding
+	 * sequences is closed only when the configuration says so: closing frees them.
+	 */
+	if (!l->idle_timeout_ms || s->waiting || s->loading || s->held || s->outq ||
+	    (s->nseqs && !l->idle_timeout_with_sequences))
+		return 0;
+	return s->active_ns + (uint64_t)l->idle_timeout_ms * 1000000u;
+}
+
+void server_schedule_sweep(struct server *srv, uint64_t when)
+{
+	struct io_uring_sqe *sqe;
+	uint64_t now;
+
+	when = (when + SWEEP_GRAIN_NS - 1) / SWEEP_GRAIN_NS * SWEEP_GRAIN_NS;
+	if (srv->sweep_at_ns && srv->sweep_at_ns <= when)
+		return;
+	if (srv->ring.ring_fd <= 0)
+		return; /* no loop (the fuzzer): nothing is ever swept */
+	now = server_now_ns();
+	srv->sweep_ts.tv_sec = when > now ? (long long)((when - now) / NSEC_PER_SEC) : 0;
+	srv->sweep_ts.tv_nsec = when > now ? (long long)((when - now) % NSEC_PER_SEC) : 0;
+	sqe = server_sqe(srv);
+	if (srv->sweep_at_ns) {
+		/* Sooner than it is armed for: move it (-ENOENT if it fired already: harmless). */
+		io_uring_prep_timeout_update(sqe, &srv->sweep_ts, (uint64_t)(uintptr_t)&srv->sweep_op,
+					     0);
+		io_uring_sqe_set_data(sqe, NULL);
+	} else {
+		io_uring_prep_timeout(sqe, &srv->sweep_ts, 0, 0);
+		io_uring_sqe_set_data(sqe, &srv->sweep_op);
+	}
+	srv->sweep_at_ns = when;
+}
+
+/* Closes the sessions whose deadline passed, and arms the sweep for the next one. */
+static void on_sweep(struct server *srv)
+{
+	const struct kvpd_limits *l = &srv->cfg->limits;
+	uint64_t now = server_now_ns(), next = 0;
+
+	srv->sweep_at_ns = 0;
+	for (struct session *s = srv->sessions, *nexts; s; s = nexts) {
+		uint64_t deadline = session_deadline(s);
+
+		nexts = s->next;
+		if (!deadline)
+			continue;
+		if (deadline > now) {
+			if (!next || deadline < next)
+				next = deadline;
+			continue;
+		}
+		s->refs++; /* closing drops a reference; the list link must stay valid */
+		if (!s->welcomed) {
+			srv->refused[CLOSED_HELLO_TIMEOUT]++;
+			session_reply_error(s, 0, ETIMEDOUT,
+					    s->admin ? "no request within %u ms (hello_timeout_ms)"
+						     : "no Hello within %u ms (hello_timeout_ms)",
+					    l->hello_timeout_ms);
+			session_close(s, "handshake timed out");
+		} else {
+			srv->refused[CLOSED_IDLE_TIMEOUT]++;
+			session_reply_error(s, 0, ETIMEDOUT, "idle for %u ms (idle_timeout_ms)",
+					    l->idle_timeout_ms);
+			session_close(s, "idle timeout");
+		}
+		nexts = s->next;
+		session_unref(s);
+	}
+	if (next)
+		server_schedule_sweep(srv, next);
 }
 
 static void on_signal(struct server *srv, struct io_uring_cqe *cqe)
@@ -589,6 +956,15 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 		}
 		dpool_backend_poll(op->pool);
 		break;
+	case OP_SWEEP:
+		if (cqe->res != -ECANCELED)
+			on_sweep(srv);
+		break;
+	case OP_ACCEPT_RETRY:
+		if (cqe->res != -ECANCELED)
+			on_accept_retry(srv, op == &srv->admin_listener.retry_op ? &srv->admin_listener
+										 : &srv->client_listener);
+		break;
 	case OP_TIMER:
 		if (cqe->res == -ECANCELED)
 			break;
@@ -674,6 +1050,8 @@ int server_run(struct server *srv)
 		io_uring_cq_advance(&srv->ring, n);
 		if (srv->stopping && !srv->drain_forced)
 			drain_sessions(srv);
+		if (srv->npaused)
+			server_resume_paused(srv);
 		/*
 		 * Swap-file I/O finishes on the tier's own ring, whose eventfd the loop polls
 		 * (OP_TIER); a pool whose poll failed is reaped here, between requests.

@@ -34,6 +34,8 @@ enum op_kind {
 	OP_TIMER, /* the server's timeouts: watchdog and status, drain deadline */
 	OP_TIER,  /* a pool's file tier posted completions (its eventfd) */
 	OP_BACKEND, /* a pool's backend completed queued copies or moves (its done_fd) */
+	OP_SWEEP,   /* the timer that closes silent and idle sessions */
+	OP_ACCEPT_RETRY, /* a listener's pause after failed accepts is over */
 };
 
 struct op {
@@ -51,19 +53,51 @@ struct pending_store {
 	struct tier_key key; /* tokens point into the pool's store_tokens */
 };
 
-/* Hit statistics of one namespace of a pool (the admin's per-tenant view). */
+/*
+ * What clients make the daemon hold, at each level a limit applies to: a session, a uid, a
+ * namespace of a pool, the whole daemon (account.c).
+ */
+struct usage {
+	uint64_t bytes;     /* receive buffers, queued replies, rings, sequences' tables,
+			       histories and scores (core_seq_bytes) */
+	uint64_t blocks;    /* block-table entries held */
+	uint32_t sequences; /* open sequences */
+	uint32_t sessions;  /* client sessions */
+};
+
+/* One uid's sessions over every pool, and what they hold: the per-uid limits. */
+struct uid_account {
+	struct uid_account *next; /* in its hash bucket */
+	uint32_t uid;
+	uint32_t refs;            /* sessions, client and admin, pointing at it */
+	uint32_t admin_sessions;
+	struct usage use;
+};
+#define SERVER_UID_BUCKETS 256
+
+/*
+ * One namespace of a pool: what its sessions hold (the per-namespace limits) and its hit
+ * statistics (the admin's per-tenant view).  An entry no session uses any more is kept for
+ * its statistics until its uid has max_namespaces_per_uid of them, or the pool
+ * POOL_NS_RETAINED; then the one unused the longest is folded into the pool's "(other)".
+ */
 struct ns_stats {
 	uint64_t salt;
 	char name[80];
+	uint32_t uid;          /* the uid that made it: whose max_namespaces_per_uid it counts in */
+	uint32_t live;         /* sessions in it now: such an entry is never folded */
+	uint64_t last_used;    /* server_now_ns() when its last session left or joined */
+	struct usage use;
 	uint64_t lookups, query_blocks, hit_blocks, hit_tokens;
 };
 
-/* A namespace table never grows past this; later namespaces share the last, "(other)", entry. */
-#define POOL_MAX_NS_STATS 1024
+/* Unused namespace entries a pool keeps in all (entries in use are never folded). */
+#define POOL_NS_RETAINED 1024
 
 struct seq_owner {
 	struct session *s; /* NULL: slot free */
 	uint32_t idx;      /* position in s->seqs */
+	uint64_t bytes;    /* what it is charged (core_seq_bytes of its size and state) */
 };
 
 /* Demotions gathered into one move at most. */
@@ -116,8 +150,10 @@ struct dpool {
 	uint64_t bytes_per_token, block_bytes;
 	uint64_t layer_stride, kv_stride, slot_stride, head_stride;
 	struct seq_owner *owners; /* by the core's sequence slot (low 32 bits of an id) */
-	struct ns_stats *ns;
-	uint32_t nns;
+	struct ns_stats **ns;     /* its namespaces (pool.c: dpool_ns_join) */
+	uint32_t nns, ns_cap;
+	struct ns_stats ns_other; /* what folded entries counted */
+	uint64_t ns_folded;       /* entries folded into it */
 	uint32_t sessions;
 	/* Tiers below the pool (NULL when not configured). */
 	struct host_tier *host;
@@ -168,6 +204,7 @@ struct session_ring {
 	uint64_t held_fence;   /* entries past cq_published wait for this ticket */
 	struct op doorbell_op;
 	bool doorbell_armed;
+	bool doorbell_canceled; /* the session closed: a cancel of the poll is on its way */
 	bool polled; /* the daemon polls this ring (ring_poll_us) instead of sleeping on it */
 };
 
@@ -182,6 +219,12 @@ struct session {
 	bool drained; /* stopping: shut for reading, so its peer can send nothing new */
 	unsigned refs; /* in-flight operations + 1 while open */
 	struct ucred cred;
+	struct uid_account *acct; /* its uid's */
+	uint64_t bytes;           /* what it holds (struct usage's bytes), charged up the levels */
+	uint64_t accepted_ns;     /* the handshake must end by accepted_ns + hello_timeout_ms */
+	uint64_t active_ns;       /* its last request: the idle timeout counts from here */
+	bool paused; /* not read: its uid or the daemon holds more bytes than allowed (account.c) */
+	unsigned nfds; /* fds the daemon holds for it: its socket, and its rings' three */
 	char name[64];
 	char ns_name[80];
 	uint64_t salt;
@@ -252,13 +295,39 @@ struct server_options {
 	uint32_t drain_timeout_ms; /* SIGTERM: how long sessions may take to finish */
 };
 
+/* Why connections were refused at accept, or sessions closed by the daemon (counted). */
+enum server_refusal {
+	REFUSED_SESSIONS,     /* max_sessions client sessions open */
+	REFUSED_UID_SESSIONS, /* the peer's uid has max_sessions_per_uid */
+	REFUSED_ADMIN,        /* max_admin_sessions open */
+	REFUSED_ADMIN_PEER,   /* not root, the daemon's user nor in admin_group */
+	REFUSED_FDS,          /* too few file descriptors left (RLIMIT_NOFILE) */
+	REFUSED_MEMORY,       /* the uid's or the daemon's byte cap is reached */
+	CLOSED_HELLO_TIMEOUT, /* said nothing, or no Hello, within hello_timeout_ms */
+	CLOSED_IDLE_TIMEOUT,  /* idle for idle_timeout_ms */
+	ACCEPT_ERRORS,        /* accept failed (EMFILE, ENFILE, ENOMEM...): accepting paused */
+	SERVER_NREFUSALS,
+};
+
+/* A listening socket's accept, paused for a while when accepting fails (EMFILE). */
+struct listener {
+	struct op op;       /* the multishot accept */
+	struct op retry_op; /* the timer that ends a pause */
+	struct __kernel_timespec retry_ts;
+	bool armed, paused;
+	uint32_t backoff_ms; /* the next pause; doubles while accepting keeps failing */
+	uint64_t paused_ns;  /* when the current pause began */
+	uint64_t failures;   /* failed accepts in the current episode */
+};
+
 struct server {
 	struct kvpd_config *cfg;
 	struct server_options opts;
 	struct io_uring ring;
 	int client_fd, admin_fd, signal_fd;
 	bool client_activated, admin_activated; /* passed by systemd: its files, not ours */
-	struct op accept_client_op, accept_admin_op, signal_op;
+	struct listener client_listener, admin_listener;
+	struct op signal_op;
 	/* Timers (io_uring timeouts): the periodic tick (watchdog, status) and the drain deadline. */
 	struct op tick_op, drain_op;
 	struct __kernel_timespec tick_ts, drain_ts;
@@ -272,7 +341,20 @@ struct server {
 	struct dpool *pools;
 	size_t npools;
 	struct session *sessions;
-	uint32_t nsessions;
+	uint32_t nsessions; /* client and admin */
+	uint32_t nadmin;
+	uint32_t npaused;   /* sessions with paused set */
+	struct usage use;   /* every client session's */
+	struct uid_account *uids[SERVER_UID_BUCKETS];
+	uint64_t refused[SERVER_NREFUSALS];
+	uint64_t refused_reported[SERVER_NREFUSALS]; /* as of the last summary line */
+	uint64_t next_refusal_report_ns;
+	/* File descriptors: RLIMIT_NOFILE, what the daemon holds beyond its sessions, theirs. */
+	uint64_t fd_limit, fd_base, session_fds;
+	/* The timer that closes silent and idle sessions: armed for sweep_at_ns (0: not armed). */
+	struct op sweep_op;
+	struct __kernel_timespec sweep_ts;
+	uint64_t sweep_at_ns;
 	uint64_t next_session_id;
 	uint64_t requests;
 	uint64_t started_ns;
@@ -294,6 +376,8 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
  */
 int server_run(struct server *srv);
 void server_done(struct server *srv);
+/* The sweep (hello and idle timeouts) runs by when at the latest. */
+void server_schedule_sweep(struct server *srv, uint64_t when);
 struct io_uring_sqe *server_sqe(struct server *srv);
 uint64_t server_now_ns(void);
 
@@ -331,7 +415,12 @@ bool dpool_passed(struct dpool *p, uint64_t t);
  */
 uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
 void dpool_done(struct dpool *p);
-struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name);
+/*
+ * The entry of namespace (salt, name) for a session of uid joining it (made, or taken back,
+ * on the way); NULL only when out of memory.  Unused entries beyond the uid's
+ * max_namespaces_per_uid, or the pool's POOL_NS_RETAINED, are folded into "(other)".
+ */
+struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name, uint32_t uid);
 int dpool_verify(struct dpool *p, char *why, size_t why_len);
 void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
 
@@ -356,17 +445,52 @@ void session_release(struct session *s);
 void dpool_retry_waiters(struct dpool *p, uint64_t now);
 /* The earliest deadline of any waiting request, 0 when none waits. */
 uint64_t server_next_deadline(const struct server *srv);
-struct session *session_new(struct server *srv, int fd, bool admin);
+/* A new session on fd for a peer with credentials cred, holding a reference to acct. */
+struct session *session_new(struct server *srv, int fd, bool admin, const struct ucred *cred,
+			    struct uid_account *acct);
+/* What stops s from being read now, in words, or NULL: its replies, its uid's memory... */
+const char *session_backpressure(const struct session *s);
+/* Reads s again if shared memory pressure held it (srv->npaused); the loop calls it. */
+void server_resume_paused(struct server *srv);
 void session_close(struct session *s, const char *why);
 void session_unref(struct session *s);
 void session_on_recv(struct session *s, struct io_uring_cqe *cqe);
 void session_on_send(struct session *s, struct io_uring_cqe *cqe);
 void session_arm_recv(struct session *s);
+/* s made a request: its idle timeout starts again. */
+void session_touch(struct session *s);
 /* Queues a reply frame (msg NULL: empty payload).  Returns 0 or -ENOMEM (session closed). */
 int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
 		  const int *fds, unsigned nfds);
 int session_reply_error(struct session *s, uint32_t seq, int error, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
+
+/* account.c: what clients hold, against the limits of each level */
+/* The account of uid, made on first use; NULL when out of memory.  Each get takes a reference. */
+struct uid_account *account_uid_get(struct server *srv, uint32_t uid);
+/* The account of uid if it has one (no reference taken). */
+struct uid_account *account_uid_find(struct server *srv, uint32_t uid);
+void account_uid_put(struct server *srv, struct uid_account *a);
+/* Charges (or, negative, releases) what s holds, at every level above it too. */
+void account_bytes(struct session *s, int64_t delta);
+void account_blocks(struct session *s, int64_t delta);
+void account_sequences(struct session *s, int32_t delta);
+/* s's usage starts (stops) counting in namespace ns too: at Hello, at the session's end. */
+void account_join_ns(struct session *s, struct ns_stats *ns);
+void account_leave_ns(struct session *s);
+/*
+ * Whether s may take that many more bytes, blocks and sequences at every level: 0, or -EMFILE
+ * (sequences) or -EDQUOT with the limit in words in *why.  Admin sessions always may.
+ */
+int account_check(const struct session *s, uint64_t bytes, uint64_t blocks, uint32_t sequences,
+		  const char **why);
+/* Whether a level above s holds more bytes than its cap (queued replies did it): s waits. */
+bool account_over(const struct session *s);
+/*
+ * Recomputes every level's usage from what the sessions hold and compares (kvpagedctl verify):
+ * 0, or -EUCLEAN with the first difference in why.
+ */
+int account_verify(const struct server *srv, char *why, size_t len);
 
 /* ops.c: sequence operations shared by the socket and the rings */
 struct seq_result {
@@ -405,15 +529,26 @@ int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t e
 	       uint32_t flags, uint32_t *cached, const char **why);
 int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why);
 void ops_close_all(struct session *s);
+/* Charges s for seq as its size and state now call for (core_seq_bytes). */
+void ops_recharge(struct session *s, uint64_t seq);
 
 /* client.c / admin.c: message dispatch */
 /* Returns false when the request waits for memory: the frame stays and is dispatched again. */
 bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
 void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+/* Whether the peer on fd may use the admin socket: root, the daemon's user, admin_group. */
+bool admin_peer_allowed(const struct server *srv, int fd, const struct ucred *cred);
+/* What a refusal or a close by the daemon is counted as, in words (a limit's name). */
+const char *server_refusal_name(enum server_refusal r);
 
 /* ring.c: shared-memory rings */
 int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes);
+/* The bytes ring_setup charges for rings of that size. */
+uint64_t ring_bytes(uint32_t entries, uint32_t data_bytes);
+/* The session closes: stops the doorbell (the ring itself stays until ring_free). */
 void ring_destroy(struct session *s);
+/* Unmaps and closes the ring, with the session's last reference. */
+void ring_free(struct session *s);
 void ring_arm_doorbell(struct session *s);
 void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe);
 /* Executes every pending submission; false (with why) when the session must be closed. */

@@ -18,18 +18,13 @@
 
 #define RBUF_INITIAL 65536
 
-struct session *session_new(struct server *srv, int fd, bool admin)
+struct session *session_new(struct server *srv, int fd, bool admin, const struct ucred *cred,
+			    struct uid_account *acct)
 {
 	struct session *s = calloc(1, sizeof(*s));
-	socklen_t len = sizeof(s->cred);
 
 	if (!s) {
 		log_error("out of memory for a new session");
-		return NULL;
-	}
-	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &s->cred, &len) < 0) {
-		log_warning_errno(errno, "SO_PEERCRED: %m");
-		free(s);
 		return NULL;
 	}
 	s->rbuf = malloc(RBUF_INITIAL);
@@ -41,8 +36,12 @@ struct session *session_new(struct server *srv, int fd, bool admin)
 	s->srv = srv;
 	s->fd = fd;
 	s->admin = admin;
+	s->cred = *cred;
+	s->acct = acct;
 	s->id = srv->next_session_id++;
 	s->refs = 1;
+	s->nfds = 1;
+	s->accepted_ns = s->active_ns = server_now_ns();
 	s->recv_op = (struct op){ .kind = OP_RECV, .s = s };
 	s->send_op = (struct op){ .kind = OP_SEND, .s = s };
 	snprintf(s->name, sizeof(s->name), "pid %d", (int)s->cred.pid);
@@ -51,16 +50,34 @@ struct session *session_new(struct server *srv, int fd, bool admin)
 		srv->sessions->prev = s;
 	srv->sessions = s;
 	srv->nsessions++;
+	srv->session_fds += s->nfds;
+	if (admin) {
+		srv->nadmin++;
+		acct->admin_sessions++;
+	} else {
+		srv->use.sessions++;
+		acct->use.sessions++;
+	}
+	account_bytes(s, (int64_t)(sizeof(*s) + s->rcap));
 	log_debug("session %llu: %s connection from pid %d uid %d", (unsigned long long)s->id,
 		  admin ? "admin" : "client", (int)s->cred.pid, (int)s->cred.uid);
+	server_schedule_sweep(srv, s->accepted_ns +
+					   (uint64_t)srv->cfg->limits.hello_timeout_ms * 1000000u);
 	session_arm_recv(s);
 	return s;
+}
+
+/* What a queued reply costs the session: its bytes and its bookkeeping. */
+static int64_t outbuf_bytes(const struct outbuf *o)
+{
+	return (int64_t)(sizeof(*o) + o->len);
 }
 
 static void free_outq(struct session *s)
 {
 	for (struct outbuf *o = s->outq, *next; o; o = next) {
 		next = o->next;
+		account_bytes(s, -outbuf_bytes(o));
 		free(o->data);
 		free(o);
 	}
@@ -82,10 +99,25 @@ void session_unref(struct session *s)
 	if (s->next)
 		s->next->prev = s->prev;
 	srv->nsessions--;
+	if (s->paused)
+		srv->npaused--;
+	ring_free(s);
 	close(s->fd);
+	srv->session_fds -= s->nfds;
 	free_outq(s);
 	free(s->rbuf);
 	free(s->seqs);
+	/* Its sequences went at the close: what is left are its buffers, now freed too. */
+	account_leave_ns(s);
+	account_bytes(s, -(int64_t)s->bytes);
+	if (s->admin) {
+		srv->nadmin--;
+		s->acct->admin_sessions--;
+	} else {
+		srv->use.sessions--;
+		s->acct->use.sessions--;
+	}
+	account_uid_put(srv, s->acct);
 	free(s);
 }
 
@@ -129,6 +161,111 @@ void session_close(struct session *s, const char *why)
 	session_unref(s);
 }
 
+const char *session_backpressure(const struct session *s)
+{
+	const struct kvpd_limits *l = &s->srv->cfg->limits;
+
+	/* A peer that does not read its replies is not read either. */
+	if (s->queued_bytes > l->max_queued_bytes)
+		return "max_queued_bytes";
+	if (s->queued_frames >= l->max_inflight)
+		return "max_inflight";
+	/* Nor one whose uid's (or everyone's) replies and buffers are over their caps. */
+	if (account_over(s))
+		return "memory";
+	return NULL;
+}
+
+/*
+ * Stops reading s while backpressure says so.  Its own replies going out read it again
+ * (session_on_send); a memory cap of its uid or of the daemon is waited out by the loop
+ * (server_resume_paused), since other sessions' replies may be what frees it.
+ */
+static bool held_back(struct session *s)
+{
+	const char *why = session_backpressure(s);
+
+	if (!why)
+		return false;
+	if (!strcmp(why, "memory") && !s->paused) {
+		s->paused = true;
+		s->srv->npaused++;
+	}
+	return true;
+}
+
+void server_resume_paused(struct server *srv)
+{
+	for (struct session *s = srv->sessions, *next; s && srv->npaused; s = next) {
+		next = s->next;
+		if (!s->paused || account_over(s))
+			continue;
+		s->paused = false;
+		srv->npaused--;
+		s->refs++; /* dispatching may close it */
+		if (!s->recv_armed)
+			session_dispatch(s);
+		next = s->next;
+		session_unref(s);
+	}
+}
+
+/* Grows the receive buffer for a frame that does not fit: charged, refused past the caps. */
+static bool grow_rbuf(struct session *s)
+{
+	size_t cap = s->rcap * 2, max = s->srv->cfg->max_frame_bytes + KVP_FRAME_HEADER_BYTES;
+	const char *why = NULL;
+	uint8_t *b;
+
+	if (cap > max)
+		cap = max;
+	if (cap <= s->rcap) {
+		session_close(s, "receive buffer full");
+		return false;
+	}
+	if (account_check(s, cap - s->rcap, 0, 0, &why) < 0) {
+		session_reply_error(s, 0, EDQUOT, "no memory for a frame of this size: %s", why);
+		session_close(s, why);
+		return false;
+	}
+	b = realloc(s->rbuf, cap);
+	if (!b) {
+		session_close(s, "out of memory");
+		return false;
+	}
+	account_bytes(s, (int64_t)(cap - s->rcap));
+	s->rbuf = b;
+	s->rcap = cap;
+	return true;
+}
+
+/*
+ * After a large frame, the buffer goes back to its first size, so memory a session took once
+ * is not kept for good.  Never with a receive in flight: it points into the buffer.
+ */
+static void shrink_rbuf(struct session *s)
+{
+	uint8_t *b;
+
+	if (s->recv_armed || s->rcap <= RBUF_INITIAL || s->rlen > RBUF_INITIAL / 2)
+		return;
+	b = realloc(s->rbuf, RBUF_INITIAL);
+	if (!b)
+		return; /* the larger one still works */
+	account_bytes(s, -(int64_t)(s->rcap - RBUF_INITIAL));
+	s->rbuf = b;
+	s->rcap = RBUF_INITIAL;
+}
+
+void session_touch(struct session *s)
+{
+	const uint32_t idle_ms = s->srv->cfg->limits.idle_timeout_ms;
+
+	s->active_ns = server_now_ns();
+	if (idle_ms)
+		server_schedule_sweep(s->srv, s->active_ns + (uint64_t)idle_ms * 1000000u);
+}
+
 void session_arm_recv(struct session *s)
 {
 	struct io_uring_sqe *sqe;
@@ -139,28 +276,10 @@ void session_arm_recv(struct session *s)
 	 */
 	if (s->closing || s->recv_armed || s->waiting || s->loading)
 		return;
-	/* Backpressure: a peer that does not read its replies is not read either. */
-	if (s->queued_bytes > s->srv->cfg->limits.max_queued_bytes ||
-	    s->queued_frames >= s->srv->cfg->limits.max_inflight)
+	if (held_back(s))
 		return;
-	if (s->rlen == s->rcap) {
-		size_t cap = s->rcap * 2, max = s->srv->cfg->max_frame_bytes + KVP_FRAME_HEADER_BYTES;
-		uint8_t *b;
-
-		if (cap > max)
-			cap = max;
-		if (cap <= s->rcap) {
-			session_close(s, "receive buffer full");
-			return;
-		}
-		b = realloc(s->rbuf, cap);
-		if (!b) {
-			session_close(s, "out of memory");
-			return;
-		}
-		s->rbuf = b;
-		s->rcap = cap;
-	}
+	if (s->rlen == s->rcap && !grow_rbuf(s))
+		return;
 	s->riov = (struct iovec){ .iov_base = s->rbuf + s->rlen, .iov_len = s->rcap - s->rlen };
 	s->rmsg = (struct msghdr){ .msg_iov = &s->riov, .msg_iovlen = 1,
 				   .msg_control = s->rcontrol.buf,
@@ -215,8 +334,13 @@ void session_dispatch(struct session *s)
 {
 	size_t off = 0;
 
+	/*
+	 * Backpressure applies between frames, not only between receives: one receive may bring
+	 * thousands of small requests, and their replies must not pile up past the limits.  The
+	 * rest stays in the buffer until replies drain.
+	 */
 	while (!s->closing && !s->waiting && !s->loading &&
-	       s->rlen - off >= KVP_FRAME_HEADER_BYTES) {
+	       s->rlen - off >= KVP_FRAME_HEADER_BYTES && !held_back(s)) {
 		struct kvp_frame_header h;
 		int r = kvp_frame_header_decode(s->rbuf + off, (uint32_t)s->srv->cfg->max_frame_bytes,
 						&h);
@@ -236,6 +360,7 @@ void session_dispatch(struct session *s)
 			/* Counted once, however often a waiting request is retried. */
 			s->requests++;
 			s->srv->requests++;
+			session_touch(s);
 		}
 		if (s->admin) {
 			admin_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
@@ -248,6 +373,7 @@ void session_dispatch(struct session *s)
 	if (off > 0 && !s->closing) {
 		memmove(s->rbuf, s->rbuf + off, s->rlen - off);
 		s->rlen -= off;
+		shrink_rbuf(s);
 	}
 	session_arm_recv(s);
 }
@@ -421,13 +547,16 @@ void session_on_send(struct session *s, struct io_uring_cqe *cqe)
 			s->outq_tail = NULL;
 		s->queued_bytes -= o->len;
 		s->queued_frames--;
+		account_bytes(s, -outbuf_bytes(o));
 		free(o->data);
 		free(o);
 	}
 	arm_send(s);
 	if (s->closing && !s->outq)
 		shutdown(s->fd, SHUT_RDWR); /* everything said: done */
-	session_arm_recv(s);        /* backpressure may have paused reading */
+	/* Backpressure may have left whole frames unread in the buffer: dispatch them. */
+	if (!s->closing && !s->recv_armed)
+		session_dispatch(s);
 out:
 	session_unref(s);
 }
@@ -494,6 +623,7 @@ int session_reply(struct session *s, uint16_t type, uint32_t seq, const Protobuf
 	s->outq_tail = o;
 	s->queued_bytes += o->len;
 	s->queued_frames++;
+	account_bytes(s, outbuf_bytes(o));
 	arm_send(s);
 	return 0;
 }

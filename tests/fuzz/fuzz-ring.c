@@ -40,7 +40,8 @@ static void setup(void)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-	struct session s = { .srv = &srv, .pool = &pool, .refs = 1, .name = "fuzz" };
+	struct uid_account acct = { .refs = 1 };
+	struct session s = { .srv = &srv, .pool = &pool, .refs = 1, .name = "fuzz", .acct = &acct };
 	struct ns_stats stats = { 0 };
 	const char *why = NULL;
 	char detail[256];
@@ -77,6 +78,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	ops_close_all(&s);
 	if (dpool_verify(&pool, detail, sizeof(detail)) < 0) {
 		fprintf(stderr, "invariant broken: %s\n", detail);
+		abort();
+	}
+	/* Whatever the ring did, closing gave every charge back, at every level. */
+	if (s.bytes || s.blocks || acct.use.bytes || acct.use.blocks || acct.use.sequences ||
+	    stats.use.bytes || stats.use.blocks || stats.use.sequences || srv.use.bytes) {
+		fprintf(stderr, "charges left after closing: session %llu bytes %llu blocks, uid "
+			"%llu bytes %llu blocks %u sequences\n", (unsigned long long)s.bytes,
+			(unsigned long long)s.blocks, (unsigned long long)acct.use.bytes,
+			(unsigned long long)acct.use.blocks, acct.use.sequences);
 		abort();
 	}
 	free(s.seqs);

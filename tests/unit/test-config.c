@@ -118,6 +118,23 @@ static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_c
 	ck_assert_uint_eq(a->limits.max_ring_data_bytes, b->limits.max_ring_data_bytes);
 	ck_assert_uint_eq(a->limits.max_queued_bytes, b->limits.max_queued_bytes);
 	ck_assert_uint_eq(a->limits.max_wait_ms, b->limits.max_wait_ms);
+	ck_assert_uint_eq(a->max_sessions_per_uid, b->max_sessions_per_uid);
+	ck_assert_uint_eq(a->max_admin_sessions, b->max_admin_sessions);
+	ck_assert_uint_eq(a->log_rate_limit_interval_ms, b->log_rate_limit_interval_ms);
+	ck_assert_uint_eq(a->log_rate_limit_burst, b->log_rate_limit_burst);
+	ck_assert_uint_eq(a->limits.hello_timeout_ms, b->limits.hello_timeout_ms);
+	ck_assert_uint_eq(a->limits.idle_timeout_ms, b->limits.idle_timeout_ms);
+	ck_assert_int_eq(a->limits.idle_timeout_with_sequences, b->limits.idle_timeout_with_sequences);
+	ck_assert_uint_eq(a->limits.max_session_bytes, b->limits.max_session_bytes);
+	ck_assert_uint_eq(a->limits.max_bytes_per_uid, b->limits.max_bytes_per_uid);
+	ck_assert_uint_eq(a->limits.max_bytes_per_namespace, b->limits.max_bytes_per_namespace);
+	ck_assert_uint_eq(a->limits.max_total_bytes, b->limits.max_total_bytes);
+	ck_assert_uint_eq(a->limits.max_sequences_per_uid, b->limits.max_sequences_per_uid);
+	ck_assert_uint_eq(a->limits.max_blocks_per_uid, b->limits.max_blocks_per_uid);
+	ck_assert_uint_eq(a->limits.max_sequences_per_namespace,
+			  b->limits.max_sequences_per_namespace);
+	ck_assert_uint_eq(a->limits.max_blocks_per_namespace, b->limits.max_blocks_per_namespace);
+	ck_assert_uint_eq(a->limits.max_namespaces_per_uid, b->limits.max_namespaces_per_uid);
 	ck_assert_uint_eq(a->npools, b->npools);
 	for (size_t i = 0; i < a->npools; i++)
 		assert_pool_equal(&a->pools[i], &b->pools[i]);
@@ -154,6 +171,22 @@ START_TEST(test_defaults)
 	ck_assert_uint_eq(c.limits.max_ring_data_bytes, 16 * 1024 * 1024);
 	ck_assert_uint_eq(c.limits.max_queued_bytes, 16 * 1024 * 1024);
 	ck_assert_uint_eq(c.limits.max_wait_ms, 60000);
+	ck_assert_uint_eq(c.max_sessions_per_uid, 64);
+	ck_assert_uint_eq(c.max_admin_sessions, 16);
+	ck_assert_uint_eq(c.log_rate_limit_interval_ms, 30000);
+	ck_assert_uint_eq(c.log_rate_limit_burst, 200);
+	ck_assert_uint_eq(c.limits.hello_timeout_ms, 3000);
+	ck_assert_uint_eq(c.limits.idle_timeout_ms, 600000);
+	ck_assert(!c.limits.idle_timeout_with_sequences);
+	ck_assert_uint_eq(c.limits.max_session_bytes, 256u << 20);
+	ck_assert_uint_eq(c.limits.max_bytes_per_uid, 1u << 30);
+	ck_assert_uint_eq(c.limits.max_bytes_per_namespace, 0);
+	ck_assert_uint_eq(c.limits.max_total_bytes, 4ull << 30);
+	ck_assert_uint_eq(c.limits.max_sequences_per_uid, 1024);
+	ck_assert_uint_eq(c.limits.max_blocks_per_uid, 0);
+	ck_assert_uint_eq(c.limits.max_sequences_per_namespace, 0);
+	ck_assert_uint_eq(c.limits.max_blocks_per_namespace, 0);
+	ck_assert_uint_eq(c.limits.max_namespaces_per_uid, 64);
 	ck_assert_uint_eq(c.npools, 1);
 	p = &c.pools[0];
 	ck_assert_str_eq(p->name, "main");
@@ -192,6 +225,10 @@ static const char full_config[] =
 	"admin_socket = /tmp/kvpd-test/admin.sock ; inline comment\n"
 	"admin_group = root\n"
 	"max_sessions = 17\n"
+	"max_sessions_per_uid = 5\n"
+	"max_admin_sessions = 3\n"
+	"log_rate_limit_interval_ms = 1000\n"
+	"log_rate_limit_burst = 0\n"
 	"ring_poll_us = 50\n"
 	"max_frame_bytes = 100MB\n"
 	"\n"
@@ -203,6 +240,18 @@ static const char full_config[] =
 	"max_ring_entries = 65536\n"
 	"max_ring_data_bytes = 1G\n"
 	"max_queued_bytes = 65537\n"
+	"hello_timeout_ms = 250\n"
+	"idle_timeout_ms = 0\n"
+	"idle_timeout_with_sequences = yes\n"
+	"max_session_bytes = 2GiB\n"
+	"max_bytes_per_uid = 3GiB\n"
+	"max_bytes_per_namespace = 2GiB\n"
+	"max_total_bytes = 1TiB\n"
+	"max_sequences_per_uid = 99\n"
+	"max_blocks_per_uid = 5000\n"
+	"max_sequences_per_namespace = 7\n"
+	"max_blocks_per_namespace = 600\n"
+	"max_namespaces_per_uid = 2\n"
 	"\n"
 	"[pool llama-3.1_70b]\n"
 	"layers = 80\n"
@@ -253,6 +302,22 @@ START_TEST(test_full_config_round_trips)
 	ck_assert_uint_eq(a.limits.max_ring_entries, 65536);
 	ck_assert_uint_eq(a.limits.max_ring_data_bytes, 1u << 30);
 	ck_assert_uint_eq(a.limits.max_queued_bytes, 65537);
+	ck_assert_uint_eq(a.max_sessions_per_uid, 5);
+	ck_assert_uint_eq(a.max_admin_sessions, 3);
+	ck_assert_uint_eq(a.log_rate_limit_interval_ms, 1000);
+	ck_assert_uint_eq(a.log_rate_limit_burst, 0);
+	ck_assert_uint_eq(a.limits.hello_timeout_ms, 250);
+	ck_assert_uint_eq(a.limits.idle_timeout_ms, 0);
+	ck_assert(a.limits.idle_timeout_with_sequences);
+	ck_assert_uint_eq(a.limits.max_session_bytes, 2ull << 30);
+	ck_assert_uint_eq(a.limits.max_bytes_per_uid, 3ull << 30);
+	ck_assert_uint_eq(a.limits.max_bytes_per_namespace, 2ull << 30);
+	ck_assert_uint_eq(a.limits.max_total_bytes, 1ull << 40);
+	ck_assert_uint_eq(a.limits.max_sequences_per_uid, 99);
+	ck_assert_uint_eq(a.limits.max_blocks_per_uid, 5000);
+	ck_assert_uint_eq(a.limits.max_sequences_per_namespace, 7);
+	ck_assert_uint_eq(a.limits.max_blocks_per_namespace, 600);
+	ck_assert_uint_eq(a.limits.max_namespaces_per_uid, 2);
 	ck_assert_uint_eq(a.npools, 2);
 
 	p = config_find_pool(&a, "llama-3.1_70b");
@@ -727,7 +792,9 @@ START_TEST(test_range_edges_accepted)
 
 	load_ok("[daemon]\nmax_sessions = 65536\nmax_frame_bytes = 256MiB\n"
 		"[limits]\nmax_sequences = 1\nmax_blocks = 0\nmax_ring_entries = 1\n"
-		"max_ring_data_bytes = 4K\nmax_queued_bytes = 1GiB\n" POOL_MAIN
+		"max_ring_data_bytes = 4K\nmax_queued_bytes = 1GiB\nmax_session_bytes = 1TiB\n"
+		"max_bytes_per_uid = 1TiB\nmax_total_bytes = 16TiB\nhello_timeout_ms = 10\n"
+		"idle_timeout_ms = 86400000\n" POOL_MAIN
 		"vocab_size = 4294967295\nmax_seq_tokens = 1\n",
 		&c);
 	ck_assert_uint_eq(c.max_sessions, 65536);
@@ -738,6 +805,23 @@ START_TEST(test_range_edges_accepted)
 	ck_assert_uint_eq(c.pools[0].vocab_size, UINT32_MAX);
 	ck_assert_uint_eq(c.pools[0].max_seq_tokens, 1);
 	config_free(&c);
+}
+END_TEST
+
+/* The memory caps nest, each naming the one it is below. */
+START_TEST(test_memory_caps_nest)
+{
+	expect_error("[limits]\nmax_session_bytes = 16MiB\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] max_session_bytes: 16MiB is below 24MiB, "
+		     "max_frame_bytes + max_ring_data_bytes (one session's largest frame and ring)");
+	expect_error("[limits]\nmax_bytes_per_uid = 128MiB\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] max_bytes_per_uid: 128MiB is below 256MiB, "
+		     "max_session_bytes");
+	expect_error("[limits]\nmax_total_bytes = 512MiB\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] max_total_bytes: 512MiB is below 1GiB, "
+		     "max_bytes_per_uid");
+	expect_error("[limits]\nhello_timeout_ms = 5\n" POOL_MAIN,
+		     "kvpaged.conf:2: [limits] hello_timeout_ms: 5 is out of range 10..600000");
 }
 END_TEST
 
@@ -1153,6 +1237,7 @@ int main(void)
 	tcase_add_test(tc, test_no_pools);
 	tcase_add_test(tc, test_out_of_range);
 	tcase_add_test(tc, test_range_edges_accepted);
+	tcase_add_test(tc, test_memory_caps_nest);
 	tcase_add_test(tc, test_bad_numbers);
 	tcase_add_test(tc, test_bad_sizes);
 	tcase_add_test(tc, test_ring_entries_power_of_two);

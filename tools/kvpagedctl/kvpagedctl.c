@@ -69,7 +69,8 @@ static ProtobufCMessage *request(int fd, uint16_t type, const char *pool,
 
 	req.pool = (char *)(pool ? pool : "");
 	r = kvp_frame_send(fd, type, 1, &req.base, NULL, 0);
-	if (r == 0)
+	/* A daemon that refused us (EACCES, its admin slots full) said why before hanging up. */
+	if (r == 0 || r == -EPIPE || r == -ECONNRESET)
 		r = kvp_frame_recv(fd, 256u << 20, &h, &payload, NULL, 0, &nfds);
 	if (r < 0) {
 		fprintf(stderr, "kvpagedctl: %s\n",
@@ -133,7 +134,16 @@ static int cmd_status(int fd, const char *pool)
 		jadd_u(o, "pid", st->pid);
 		jadd_u(o, "uptime_ms", st->uptime_ms);
 		jadd_u(o, "sessions", st->sessions);
+		jadd_u(o, "admin_sessions", st->admin_sessions);
 		jadd_u(o, "requests", st->requests);
+		jadd_u(o, "client_bytes", st->client_bytes);
+		jadd_u(o, "fds", st->fds);
+		jadd_u(o, "fd_limit", st->fd_limit);
+		jadd_u(o, "log_lines_dropped", st->log_lines_dropped);
+		json_object *ro = json_object_new_object();
+		for (size_t i = 0; i < st->n_refusals; i++)
+			jadd_u(ro, st->refusals[i]->reason, st->refusals[i]->count);
+		json_object_object_add(o, "refusals", ro);
 		for (size_t i = 0; i < ps->n_pools; i++) {
 			json_object *p = json_object_new_object();
 			Kvpaged__V1__PoolUsage *u = ps->pools[i];
@@ -150,8 +160,29 @@ static int cmd_status(int fd, const char *pool)
 		json_object_object_add(o, "pools", arr);
 		print_json(o);
 	} else {
-		printf("kvpaged %s, pid %u, up %.1f s, %u sessions, %" PRIu64 " requests\n",
-		       st->version, st->pid, st->uptime_ms / 1000.0, st->sessions, st->requests);
+		char refused[512] = "";
+		size_t used = 0;
+
+		printf("kvpaged %s, pid %u, up %.1f s, %u sessions (%u admin), %" PRIu64
+		       " requests\n", st->version, st->pid, st->uptime_ms / 1000.0, st->sessions,
+		       st->admin_sessions, st->requests);
+		printf("clients hold %.1f MiB of daemon memory; %" PRIu64 " of %" PRIu64
+		       " file descriptors in use\n", st->client_bytes / 1048576.0, st->fds,
+		       st->fd_limit);
+		for (size_t i = 0; i < st->n_refusals && used < sizeof(refused); i++) {
+			int w;
+
+			if (!st->refusals[i]->count)
+				continue;
+			w = snprintf(refused + used, sizeof(refused) - used, "%s%" PRIu64 " (%s)",
+				     used ? ", " : "", st->refusals[i]->count, st->refusals[i]->reason);
+			used += w > 0 ? (size_t)w : 0;
+		}
+		if (used)
+			printf("refused or closed by limits: %s\n", refused);
+		if (st->log_lines_dropped)
+			printf("log lines dropped by the rate limit: %" PRIu64 "\n",
+			       st->log_lines_dropped);
 		printf("%-16s %10s %10s %10s %10s %8s %9s\n", "POOL", "CAPACITY", "IN_USE", "CACHED",
 		       "FREE", "SEQS", "SESSIONS");
 		for (size_t i = 0; i < ps->n_pools; i++) {
@@ -248,18 +279,22 @@ static int cmd_sessions(int fd, const char *pool)
 			jadd_u(o, "blocks", s->blocks);
 			jadd_u(o, "requests", s->requests);
 			json_object_object_add(o, "rings", json_object_new_boolean(s->rings));
+			jadd_u(o, "bytes", s->bytes);
+			jadd_u(o, "idle_ms", s->idle_ms);
 			json_object_array_add(arr, o);
 		}
 		print_json(arr);
 	} else {
-		printf("%6s %-20s %-12s %-20s %8s %6s %6s %8s %10s %5s\n", "ID", "NAME", "POOL",
-		       "NAMESPACE", "PID", "UID", "SEQS", "BLOCKS", "REQUESTS", "RINGS");
+		printf("%6s %-20s %-12s %-20s %8s %6s %6s %8s %10s %5s %9s %8s\n", "ID", "NAME",
+		       "POOL", "NAMESPACE", "PID", "UID", "SEQS", "BLOCKS", "REQUESTS", "RINGS",
+		       "MEMORY", "IDLE");
 		for (size_t i = 0; i < ss->n_sessions; i++) {
 			Kvpaged__V1__SessionInfo *s = ss->sessions[i];
 
-			printf("%6" PRIu64 " %-20s %-12s %-20s %8u %6u %6u %8u %10" PRIu64 " %5s\n", s->id,
-			       s->client_name, s->pool, s->namespace_, s->pid, s->uid, s->sequences,
-			       s->blocks, s->requests, s->rings ? "yes" : "no");
+			printf("%6" PRIu64 " %-20s %-12s %-20s %8u %6u %6u %8u %10" PRIu64
+			       " %5s %7.1fMi %7.1fs\n", s->id, s->client_name, s->pool, s->namespace_,
+			       s->pid, s->uid, s->sequences, s->blocks, s->requests,
+			       s->rings ? "yes" : "no", s->bytes / 1048576.0, s->idle_ms / 1000.0);
 		}
 	}
 	kvpaged__v1__sessions__free_unpacked(ss, NULL);
@@ -360,6 +395,7 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "queued_ops", p->queued_ops);
 			jadd_u(x, "held_replies", p->held_replies);
 			jadd_u(x, "loop_waits", p->loop_waits);
+			jadd_u(x, "namespaces_folded", p->namespaces_folded);
 			json_object *ta = json_object_new_array(), *ra = json_object_new_array();
 			for (size_t k = 0; k < p->n_tiers; k++) {
 				Kvpaged__V1__TierStats *t = p->tiers[k];
@@ -414,6 +450,10 @@ static int cmd_stats(int fd, const char *pool)
 			jadd_u(x, "hit_tokens", n->hit_tokens);
 			json_object_object_add(x, "hit_rate",
 					       json_object_new_double(ratio(n->hit_blocks, n->query_blocks)));
+			jadd_u(x, "sessions", n->sessions);
+			jadd_u(x, "sequences", n->sequences);
+			jadd_u(x, "blocks", n->blocks);
+			jadd_u(x, "bytes", n->bytes);
 			json_object_array_add(na, x);
 		}
 		json_object_object_add(o, "pools", pa);
@@ -460,6 +500,10 @@ static int cmd_stats(int fd, const char *pool)
 				       t->demotions, t->promotions, t->evictions,
 				       t->load_errors + t->store_errors, t->lost, t->skipped);
 			}
+			if (p->namespaces_folded)
+				printf("\n%s: %" PRIu64 " namespaces no session used any more are "
+				       "counted together as (other) (max_namespaces_per_uid)\n", p->pool,
+				       p->namespaces_folded);
 			if (p->held_replies || p->loop_waits)
 				printf("\n%s: %" PRIu64 " copies and moves queued on the backend; %" PRIu64
 				       " replies waited for them, the loop %" PRIu64 " times\n", p->pool,
