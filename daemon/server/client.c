@@ -164,6 +164,14 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 		session_close(s, "out of memory");
 		goto out;
 	}
+	/* Joined past its cap, the session would be held back for good (account_over). */
+	if (cfg->limits.max_bytes_per_namespace &&
+	    ns->use.bytes + s->bytes > cfg->limits.max_bytes_per_namespace) {
+		session_reply_error(s, h->seq, EDQUOT, "namespace %s holds its most memory "
+				    "(max_bytes_per_namespace)", s->ns_name);
+		session_close(s, "namespace memory cap");
+		goto out;
+	}
 	account_join_ns(s, ns);
 
 	fds[nfds++] = pool->mem.fd;

@@ -91,6 +91,11 @@ static int listen_unix(const char *path, mode_t mode)
 	return fd;
 }
 
+/*
+ * One accept at a time, armed again after each: the kernel takes RLIMIT_NOFILE when an accept
+ * is armed, and a multishot accept would keep the limit of its start for good, whatever an
+ * operator changes with prlimit(1) meanwhile.  Connections are rare next to requests.
+ */
 static void arm_accept(struct server *srv, struct listener *l)
 {
 	struct io_uring_sqe *sqe;
@@ -98,8 +103,8 @@ static void arm_accept(struct server *srv, struct listener *l)
 	if (l->armed || l->paused || srv->stopping)
 		return;
 	sqe = server_sqe(srv);
-	io_uring_prep_multishot_accept(sqe, l == &srv->admin_listener ? srv->admin_fd : srv->client_fd,
-				       NULL, NULL, SOCK_CLOEXEC);
+	io_uring_prep_accept(sqe, l == &srv->admin_listener ? srv->admin_fd : srv->client_fd, NULL,
+			     NULL, SOCK_CLOEXEC);
 	io_uring_sqe_set_data(sqe, &l->op);
 	l->armed = true;
 }
@@ -613,6 +618,11 @@ static enum server_refusal admission(struct server *srv, int fd, bool admin,
 {
 	const struct kvpd_config *c = srv->cfg;
 	const uint64_t fds = srv->fd_base + FDS_SPARE + srv->session_fds;
+	struct rlimit rl;
+
+	/* Read afresh: an operator may change it at run time (prlimit). */
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+		srv->fd_limit = rl.rlim_cur == RLIM_INFINITY ? UINT32_MAX : rl.rlim_cur;
 
 	*code = EUSERS;
 	if (admin) {
@@ -649,13 +659,17 @@ static enum server_refusal admission(struct server *srv, int fd, bool admin,
 		snprintf(msg, len, "the daemon is out of file descriptors");
 		return REFUSED_FDS;
 	}
-	if (a->use.bytes >= c->limits.max_bytes_per_uid ||
-	    srv->use.bytes >= c->limits.max_total_bytes) {
+	/*
+	 * A session's first buffers must fit: admitted past a cap it would be held back at once
+	 * (account_over) with nothing of its own to free, and never read.
+	 */
+	if (a->use.bytes + SESSION_FIRST_BYTES > c->limits.max_bytes_per_uid ||
+	    srv->use.bytes + SESSION_FIRST_BYTES > c->limits.max_total_bytes) {
+		bool uid = a->use.bytes + SESSION_FIRST_BYTES > c->limits.max_bytes_per_uid;
+
 		*code = EDQUOT;
-		snprintf(msg, len, "%s holds its most memory (%s)",
-			 a->use.bytes >= c->limits.max_bytes_per_uid ? "the uid" : "the daemon",
-			 a->use.bytes >= c->limits.max_bytes_per_uid ? "max_bytes_per_uid"
-								     : "max_total_bytes");
+		snprintf(msg, len, "%s holds its most memory (%s)", uid ? "the uid" : "the daemon",
+			 uid ? "max_bytes_per_uid" : "max_total_bytes");
 		return REFUSED_MEMORY;
 	}
 	return SERVER_NREFUSALS;

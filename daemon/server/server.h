@@ -236,6 +236,7 @@ struct session {
 	bool recv_armed;
 	uint8_t *rbuf;
 	size_t rlen, rcap;
+	size_t skip; /* bytes of a frame refused for its size still to drop as they come */
 	struct msghdr rmsg;
 	struct iovec riov;
 	union {
@@ -285,6 +286,10 @@ struct session {
 	uint64_t load_seq;
 	uint32_t load_charged; /* blocks the quota took for it at the open or resume */
 };
+
+/* A session's receive buffer at first, and what a new session is charged. */
+#define SESSION_RBUF_BYTES 65536
+#define SESSION_FIRST_BYTES ((int64_t)(sizeof(struct session) + SESSION_RBUF_BYTES))
 
 /* How long a stop waits for sessions to finish by default (kvpaged --drain-timeout). */
 #define SERVER_DRAIN_TIMEOUT_MS 10000u

@@ -16,7 +16,6 @@
 #include "daemon/log.h"
 #include "daemon/server/server.h"
 
-#define RBUF_INITIAL 65536
 
 struct session *session_new(struct server *srv, int fd, bool admin, const struct ucred *cred,
 			    struct uid_account *acct)
@@ -27,12 +26,12 @@ struct session *session_new(struct server *srv, int fd, bool admin, const struct
 		log_error("out of memory for a new session");
 		return NULL;
 	}
-	s->rbuf = malloc(RBUF_INITIAL);
+	s->rbuf = malloc(SESSION_RBUF_BYTES);
 	if (!s->rbuf) {
 		free(s);
 		return NULL;
 	}
-	s->rcap = RBUF_INITIAL;
+	s->rcap = SESSION_RBUF_BYTES;
 	s->srv = srv;
 	s->fd = fd;
 	s->admin = admin;
@@ -58,7 +57,7 @@ struct session *session_new(struct server *srv, int fd, bool admin, const struct
 		srv->use.sessions++;
 		acct->use.sessions++;
 	}
-	account_bytes(s, (int64_t)(sizeof(*s) + s->rcap));
+	account_bytes(s, SESSION_FIRST_BYTES);
 	log_debug("session %llu: %s connection from pid %d uid %d", (unsigned long long)s->id,
 		  admin ? "admin" : "client", (int)s->cred.pid, (int)s->cred.uid);
 	server_schedule_sweep(srv, s->accepted_ns +
@@ -210,33 +209,33 @@ void server_resume_paused(struct server *srv)
 	}
 }
 
-/* Grows the receive buffer for a frame that does not fit: charged, refused past the caps. */
-static bool grow_rbuf(struct session *s)
+/*
+ * Makes room for a whole frame of want bytes at the head of the buffer: charged, and refused
+ * past the memory caps.  Refused, the frame is answered with the reason and its bytes are
+ * read and dropped as they come (skip): the session goes on, nothing else is lost.
+ */
+static void grow_rbuf(struct session *s, size_t want, uint32_t seq)
 {
-	size_t cap = s->rcap * 2, max = s->srv->cfg->max_frame_bytes + KVP_FRAME_HEADER_BYTES;
 	const char *why = NULL;
 	uint8_t *b;
 
-	if (cap > max)
-		cap = max;
-	if (cap <= s->rcap) {
-		session_close(s, "receive buffer full");
-		return false;
+	want = (want + 4095) & ~(size_t)4095;
+	if (account_check(s, want - s->rcap, 0, 0, &why) < 0) {
+		session_reply_error(s, seq, EDQUOT, "no memory to receive a frame of this size: %s",
+				    why);
+		s->skip = want - s->rlen;
+		s->rlen = 0;
+		return;
 	}
-	if (account_check(s, cap - s->rcap, 0, 0, &why) < 0) {
-		session_reply_error(s, 0, EDQUOT, "no memory for a frame of this size: %s", why);
-		session_close(s, why);
-		return false;
-	}
-	b = realloc(s->rbuf, cap);
+	b = realloc(s->rbuf, want);
 	if (!b) {
+		session_reply_error(s, seq, ENOMEM, "out of memory for a frame of this size");
 		session_close(s, "out of memory");
-		return false;
+		return;
 	}
-	account_bytes(s, (int64_t)(cap - s->rcap));
+	account_bytes(s, (int64_t)(want - s->rcap));
 	s->rbuf = b;
-	s->rcap = cap;
-	return true;
+	s->rcap = want;
 }
 
 /*
@@ -247,14 +246,14 @@ static void shrink_rbuf(struct session *s)
 {
 	uint8_t *b;
 
-	if (s->recv_armed || s->rcap <= RBUF_INITIAL || s->rlen > RBUF_INITIAL / 2)
+	if (s->recv_armed || s->rcap <= SESSION_RBUF_BYTES || s->rlen > SESSION_RBUF_BYTES / 2)
 		return;
-	b = realloc(s->rbuf, RBUF_INITIAL);
+	b = realloc(s->rbuf, SESSION_RBUF_BYTES);
 	if (!b)
 		return; /* the larger one still works */
-	account_bytes(s, -(int64_t)(s->rcap - RBUF_INITIAL));
+	account_bytes(s, -(int64_t)(s->rcap - SESSION_RBUF_BYTES));
 	s->rbuf = b;
-	s->rcap = RBUF_INITIAL;
+	s->rcap = SESSION_RBUF_BYTES;
 }
 
 void session_touch(struct session *s)
@@ -278,8 +277,11 @@ void session_arm_recv(struct session *s)
 		return;
 	if (held_back(s))
 		return;
-	if (s->rlen == s->rcap && !grow_rbuf(s))
+	if (s->rlen == s->rcap) {
+		/* Cannot happen: session_dispatch makes room for the frame it waits for. */
+		session_close(s, "receive buffer full");
 		return;
+	}
 	s->riov = (struct iovec){ .iov_base = s->rbuf + s->rlen, .iov_len = s->rcap - s->rlen };
 	s->rmsg = (struct msghdr){ .msg_iov = &s->riov, .msg_iovlen = 1,
 				   .msg_control = s->rcontrol.buf,
@@ -332,7 +334,8 @@ bool session_wait(struct session *s, uint32_t wait_ms)
 
 void session_dispatch(struct session *s)
 {
-	size_t off = 0;
+	size_t off = 0, want = 0;
+	uint32_t want_seq = 0;
 
 	/*
 	 * Backpressure applies between frames, not only between receives: one receive may bring
@@ -354,8 +357,11 @@ void session_dispatch(struct session *s)
 			session_close(s, "bad frame header");
 			break;
 		}
-		if (s->rlen - off < KVP_FRAME_HEADER_BYTES + (size_t)h.len)
+		if (s->rlen - off < KVP_FRAME_HEADER_BYTES + (size_t)h.len) {
+			want = KVP_FRAME_HEADER_BYTES + (size_t)h.len;
+			want_seq = h.seq;
 			break;
+		}
 		if (!s->wait_deadline_ns && !s->load_done) {
 			/* Counted once, however often a waiting request is retried. */
 			s->requests++;
@@ -373,8 +379,11 @@ void session_dispatch(struct session *s)
 	if (off > 0 && !s->closing) {
 		memmove(s->rbuf, s->rbuf + off, s->rlen - off);
 		s->rlen -= off;
-		shrink_rbuf(s);
 	}
+	if (!s->closing && want > s->rcap)
+		grow_rbuf(s, want, want_seq);
+	else if (!s->closing && off > 0)
+		shrink_rbuf(s);
 	session_arm_recv(s);
 }
 
@@ -393,6 +402,14 @@ void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
 		goto out;
 	}
 	s->rlen += (size_t)cqe->res;
+	if (s->skip) {
+		/* The rest of a frame refused for its size: dropped as it comes. */
+		size_t n = s->skip < s->rlen ? s->skip : s->rlen;
+
+		memmove(s->rbuf, s->rbuf + n, s->rlen - n);
+		s->rlen -= n;
+		s->skip -= n;
+	}
 	session_dispatch(s);
 out:
 	session_unref(s);

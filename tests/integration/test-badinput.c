@@ -4,79 +4,13 @@
  * and loses its session; the daemon, and a well-behaved session opened before, go on.
  */
 #include <sys/mman.h>
-#include <sys/time.h>
 
-#include "proto/frame.h"
-#include "proto/kvpaged.pb-c.h"
 #include "proto/ring.h"
-#include "tests/integration/harness.h"
+#include "tests/integration/peer.h"
 
 static struct daemon d;
 static struct kvp_client *good;
 static uint64_t good_seq;
-
-static int raw_connect(void)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	struct timeval tv = { .tv_sec = 5 };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-
-	ck_assert_uint_lt(strlen(d.sock), sizeof(sa.sun_path));
-	memcpy(sa.sun_path, d.sock, strlen(d.sock) + 1);
-	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	return fd;
-}
-
-static void send_bytes(int fd, const void *buf, size_t len)
-{
-	ck_assert_int_eq(send(fd, buf, len, MSG_NOSIGNAL), (ssize_t)len);
-}
-
-static void send_header(int fd, uint32_t len, uint16_t type, uint8_t nfds)
-{
-	struct kvp_frame_header h = { .len = len, .seq = 1, .type = type, .nfds = nfds };
-	uint8_t buf[KVP_FRAME_HEADER_BYTES];
-
-	kvp_frame_header_encode(&h, buf);
-	send_bytes(fd, buf, sizeof(buf));
-}
-
-static void hello(int fd, uint32_t ring_entries, int *fds, unsigned *nfds)
-{
-	Kvpaged__V1__Hello h = KVPAGED__V1__HELLO__INIT;
-	struct kvp_frame_header rh;
-	uint8_t *payload;
-
-	h.protocol_version = KVP_PROTOCOL_VERSION;
-	h.ring_entries = ring_entries;
-	h.ring_data_bytes = ring_entries ? 4096 : 0;
-	ck_assert_int_eq(kvp_frame_send(fd, KVPAGED__V1__MESSAGE_TYPE__HELLO, 1, &h.base, NULL, 0), 0);
-	ck_assert_int_eq(kvp_frame_recv(fd, 1 << 20, &rh, &payload, fds, 4, nfds), 0);
-	ck_assert_uint_eq(rh.type, KVPAGED__V1__MESSAGE_TYPE__WELCOME);
-	free(payload);
-}
-
-/* The session must answer with an error of this code, then hang up. */
-static void expect_error_and_close(int fd, int code, const char *needle)
-{
-	struct kvp_frame_header h;
-	Kvpaged__V1__Error *e;
-	uint8_t *payload, b;
-	unsigned nfds;
-
-	ck_assert_int_eq(kvp_frame_recv(fd, 1 << 20, &h, &payload, NULL, 0, &nfds), 0);
-	ck_assert_uint_eq(h.type, KVPAGED__V1__MESSAGE_TYPE__ERROR);
-	e = kvpaged__v1__error__unpack(NULL, h.len, payload);
-	ck_assert_ptr_nonnull(e);
-	ck_assert_msg(e->code == code, "error %d (%s), expected %d", e->code, e->message, code);
-	if (needle)
-		ck_assert_msg(strstr(e->message, needle), "message '%s' lacks '%s'", e->message, needle);
-	kvpaged__v1__error__free_unpacked(e, NULL);
-	free(payload);
-	ck_assert_int_eq(recv(fd, &b, 1, 0), 0); /* closed */
-	close(fd);
-}
 
 /* After every attack: the daemon is consistent and the good session still works. */
 static void still_fine(void)
@@ -105,7 +39,7 @@ static void teardown(void)
 
 START_TEST(test_garbage_before_handshake)
 {
-	int fd = raw_connect();
+	int fd = raw_connect(d.sock);
 
 	send_bytes(fd, "GET / HTTP/1.1\r\nHost: x\r\n\r\n", 27);
 	expect_error_and_close(fd, EPROTO, "bad frame header");
@@ -116,7 +50,7 @@ END_TEST
 START_TEST(test_first_message_not_hello)
 {
 	Kvpaged__V1__Close m = KVPAGED__V1__CLOSE__INIT;
-	int fd = raw_connect();
+	int fd = raw_connect(d.sock);
 
 	m.seq = good_seq; /* someone else's sequence, without a handshake */
 	ck_assert_int_eq(kvp_frame_send(fd, KVPAGED__V1__MESSAGE_TYPE__CLOSE, 1, &m.base, NULL, 0), 0);
@@ -128,7 +62,7 @@ END_TEST
 START_TEST(test_wrong_version)
 {
 	Kvpaged__V1__Hello h = KVPAGED__V1__HELLO__INIT;
-	int fd = raw_connect();
+	int fd = raw_connect(d.sock);
 
 	h.protocol_version = 99;
 	ck_assert_int_eq(kvp_frame_send(fd, KVPAGED__V1__MESSAGE_TYPE__HELLO, 1, &h.base, NULL, 0), 0);
@@ -139,7 +73,7 @@ END_TEST
 
 START_TEST(test_oversized_frame)
 {
-	int fd = raw_connect();
+	int fd = raw_connect(d.sock);
 
 	send_header(fd, 1u << 30, KVPAGED__V1__MESSAGE_TYPE__HELLO, 0);
 	expect_error_and_close(fd, EMSGSIZE, "max_frame_bytes");
@@ -149,7 +83,7 @@ END_TEST
 
 START_TEST(test_unknown_type)
 {
-	int fd = raw_connect();
+	int fd = raw_connect(d.sock);
 	unsigned nfds;
 	int fds[4];
 
@@ -165,7 +99,7 @@ START_TEST(test_truncated_protobuf)
 {
 	/* Open{tokens: packed, claims 50 bytes, 3 follow} */
 	static const uint8_t bad[] = { 0x0a, 0x32, 0x01, 0x02, 0x03 };
-	int fd = raw_connect(), fds[4];
+	int fd = raw_connect(d.sock), fds[4];
 	unsigned nfds;
 
 	hello(fd, 0, fds, &nfds);
@@ -179,7 +113,7 @@ END_TEST
 
 START_TEST(test_frame_announcing_fds)
 {
-	int fd = raw_connect();
+	int fd = raw_connect(d.sock);
 
 	send_header(fd, 0, KVPAGED__V1__MESSAGE_TYPE__HELLO, 1);
 	expect_error_and_close(fd, EPROTO, "file descriptors");
@@ -190,7 +124,7 @@ END_TEST
 START_TEST(test_unexpected_fds)
 {
 	Kvpaged__V1__Hello h = KVPAGED__V1__HELLO__INIT;
-	int fd = raw_connect(), passed = open("/dev/null", O_RDONLY | O_CLOEXEC);
+	int fd = raw_connect(d.sock), passed = open("/dev/null", O_RDONLY | O_CLOEXEC);
 
 	h.protocol_version = KVP_PROTOCOL_VERSION;
 	/* A well-formed Hello, but an fd rides along (and the header says none). */
@@ -235,7 +169,7 @@ static void raw_ring_open(struct raw_ring *r)
 	unsigned nfds;
 	struct stat st;
 
-	r->fd = raw_connect();
+	r->fd = raw_connect(d.sock);
 	hello(r->fd, 8, r->fds, &nfds);
 	ck_assert_uint_eq(nfds, 4);
 	ck_assert_int_eq(fstat(r->fds[1], &st), 0);
