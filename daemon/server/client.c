@@ -138,8 +138,9 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	if (!acl_allows(s, pool->cfg)) {
 		session_reply_error(s, h->seq, EACCES, "uid %u gid %u may not use pool %s",
 				    (unsigned)s->cred.uid, (unsigned)s->cred.gid, pool->cfg->name);
-		log_notice("refused pid %d uid %u: not in pool %s's ACL", (int)s->cred.pid,
-			   (unsigned)s->cred.uid, pool->cfg->name);
+		s->srv->refused[REFUSED_ACL]++;
+		log_debug("refused pid %d uid %u: not in pool %s's ACL", (int)s->cred.pid,
+			  (unsigned)s->cred.uid, pool->cfg->name);
 		session_close(s, "refused by the pool's ACL");
 		goto out;
 	}
@@ -208,7 +209,7 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	w.namespace_ = s->ns_name;
 	s->welcomed = true;
 	pool->sessions++;
-	log_info("session %llu: %s (pid %d uid %u) joined pool %s as %s%s",
+	log_debug("session %llu: %s (pid %d uid %u) joined pool %s as %s%s",
 		 (unsigned long long)s->id, s->name, (int)s->cred.pid, (unsigned)s->cred.uid,
 		 pool->cfg->name, s->ns_name, s->ring ? " with rings" : "");
 	session_reply(s, KVPAGED__V1__MESSAGE_TYPE__WELCOME, h->seq, &w.base, fds, nfds);
@@ -248,6 +249,7 @@ static bool waits(struct session *s, int *r, uint32_t wait_ms, const char **why)
 #define UNPACK(type, var)                                                                     \
 	var = kvpaged__v1__##type##__unpack(NULL, h->len, payload);                           \
 	if (!var) {                                                                           \
+		s->srv->refused[CLOSED_PROTOCOL]++;                                            \
 		session_reply_error(s, h->seq, EPROTO, "malformed " #type " message");        \
 		session_close(s, "malformed message");                                        \
 		return;                                                                       \
@@ -542,6 +544,7 @@ bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const 
 		on_scores(s, h, payload);
 		break;
 	default:
+		s->srv->refused[CLOSED_PROTOCOL]++;
 		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);
 		session_close(s, "unknown message type");
 	}

@@ -472,7 +472,8 @@ static bool serve(struct session *s)
 	if (ring_process(s, &why))
 		return true;
 	session_reply_error(s, 0, EPROTO, "ring: %s", why);
-	log_notice("session %llu (%s): ring: %s", (unsigned long long)s->id, s->name, why);
+	s->srv->refused[CLOSED_PROTOCOL]++;
+	log_debug("session %llu (%s): ring: %s", (unsigned long long)s->id, s->name, why);
 	session_close(s, "ring protocol violation");
 	return false;
 }

@@ -577,6 +577,8 @@ static const char *const refusal_names[SERVER_NREFUSALS] = {
 	[REFUSED_MEMORY] = "memory caps",
 	[CLOSED_HELLO_TIMEOUT] = "hello_timeout_ms",
 	[CLOSED_IDLE_TIMEOUT] = "idle_timeout_ms",
+	[REFUSED_ACL] = "pool ACL",
+	[CLOSED_PROTOCOL] = "protocol violations",
 	[ACCEPT_ERRORS] = "accept errors",
 };
 

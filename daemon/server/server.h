@@ -310,6 +310,8 @@ enum server_refusal {
 	REFUSED_MEMORY,       /* the uid's or the daemon's byte cap is reached */
 	CLOSED_HELLO_TIMEOUT, /* said nothing, or no Hello, within hello_timeout_ms */
 	CLOSED_IDLE_TIMEOUT,  /* idle for idle_timeout_ms */
+	REFUSED_ACL,          /* Hello for a pool whose ACL leaves the peer out */
+	CLOSED_PROTOCOL,      /* broke the protocol (bad frames, bad ring entries) */
 	ACCEPT_ERRORS,        /* accept failed (EMFILE, ENFILE, ENOMEM...): accepting paused */
 	SERVER_NREFUSALS,
 };

@@ -354,6 +354,7 @@ void session_dispatch(struct session *s)
 					    r == -EMSGSIZE ? "frame larger than max_frame_bytes"
 					    : r < 0	   ? "bad frame header"
 							   : "frame header announces file descriptors");
+			s->srv->refused[CLOSED_PROTOCOL]++;
 			session_close(s, "bad frame header");
 			break;
 		}
@@ -397,6 +398,7 @@ void session_on_recv(struct session *s, struct io_uring_cqe *cqe)
 		goto out;
 	}
 	if (drop_fds(&s->rmsg) > 0 || (s->rmsg.msg_flags & MSG_CTRUNC)) {
+		s->srv->refused[CLOSED_PROTOCOL]++;
 		session_reply_error(s, 0, EPROTO, "file descriptors are not accepted from clients");
 		session_close(s, "peer sent file descriptors");
 		goto out;
