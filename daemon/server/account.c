@@ -95,7 +95,6 @@ void account_sequences(struct session *s, int32_t delta)
 void account_join_ns(struct session *s, struct ns_stats *ns)
 {
 	s->stats = ns;
-	ns->live++;
 	ns->use.bytes += s->bytes;
 	ns->use.blocks += s->blocks;
 	ns->use.sequences += s->nseqs;
@@ -108,7 +107,6 @@ void account_leave_ns(struct session *s)
 
 	if (!ns)
 		return;
-	ns->live--;
 	ns->use.bytes -= s->bytes;
 	ns->use.blocks -= s->blocks;
 	ns->use.sequences -= s->nseqs;
@@ -304,7 +302,7 @@ int account_verify(const struct server *srv, char *why, size_t len)
 			for (const struct session *s = srv->sessions; s; s = s->next)
 				if (s->stats == p->ns[j])
 					usage_add(&u, s);
-			if (!usage_equal(&u, &p->ns[j]->use) || u.sessions != p->ns[j]->live) {
+			if (!usage_equal(&u, &p->ns[j]->use)) {
 				snprintf(why, len, "pool %s namespace %s: counted %llu bytes, %llu "
 					 "blocks, %u sequences, %u sessions; its sessions hold "
 					 "%llu, %llu, %u, %u", p->cfg->name, p->ns[j]->name,

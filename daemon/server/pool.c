@@ -1448,7 +1448,7 @@ static int ns_oldest_unused(const struct dpool *p, uint32_t uid, uint32_t *ret_c
 		if (uid != UINT32_MAX && e->uid != uid)
 			continue;
 		count++;
-		if (!e->live && (oldest < 0 || e->last_used < p->ns[oldest]->last_used))
+		if (!e->use.sessions && (oldest < 0 || e->last_used < p->ns[oldest]->last_used))
 			oldest = (int)i;
 	}
 	if (ret_count)
@@ -1479,7 +1479,7 @@ struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name
 	if (mine >= per_uid && oldest >= 0)
 		ns_fold(p, (uint32_t)oldest);
 	for (uint32_t i = 0; i < p->nns; i++)
-		unused += !p->ns[i]->live;
+		unused += !p->ns[i]->use.sessions;
 	if (unused >= POOL_NS_RETAINED && (oldest = ns_oldest_unused(p, UINT32_MAX, NULL)) >= 0)
 		ns_fold(p, (uint32_t)oldest);
 	if (p->nns == p->ns_cap) {

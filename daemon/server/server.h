@@ -85,9 +85,8 @@ struct ns_stats {
 	uint64_t salt;
 	char name[80];
 	uint32_t uid;          /* the uid that made it: whose max_namespaces_per_uid it counts in */
-	uint32_t live;         /* sessions in it now: such an entry is never folded */
 	uint64_t last_used;    /* server_now_ns() when its last session left or joined */
-	struct usage use;
+	struct usage use;      /* its sessions': an entry with sessions is never folded */
 	uint64_t lookups, query_blocks, hit_blocks, hit_tokens;
 };
 
@@ -455,8 +454,6 @@ uint64_t server_next_deadline(const struct server *srv);
 /* A new session on fd for a peer with credentials cred, holding a reference to acct. */
 struct session *session_new(struct server *srv, int fd, bool admin, const struct ucred *cred,
 			    struct uid_account *acct);
-/* What stops s from being read now, in words, or NULL: its replies, its uid's memory... */
-const char *session_backpressure(const struct session *s);
 /* Reads s again if shared memory pressure held it (srv->npaused); the loop calls it. */
 void server_resume_paused(struct server *srv);
 void session_close(struct session *s, const char *why);

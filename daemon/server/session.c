@@ -160,7 +160,8 @@ void session_close(struct session *s, const char *why)
 	session_unref(s);
 }
 
-const char *session_backpressure(const struct session *s)
+/* What stops s from being read now, in words, or NULL: its replies, its uid's memory... */
+static const char *session_backpressure(const struct session *s)
 {
 	const struct kvpd_limits *l = &s->srv->cfg->limits;
 

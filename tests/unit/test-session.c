@@ -89,7 +89,7 @@ START_TEST(test_ring_outlives_a_close_inside_ring_process)
 	ck_assert_uint_eq(srv.session_fds, 0);
 	ck_assert_ptr_null(account_uid_find(&srv, cred.uid));
 	ck_assert_uint_eq(p->ns[0]->use.bytes, 0);
-	ck_assert_uint_eq(p->ns[0]->live, 0);
+	ck_assert_uint_eq(p->ns[0]->use.sessions, 0);
 	close(sv[1]);
 	dpool_done(p);
 	free(srv.pools);
