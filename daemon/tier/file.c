@@ -179,21 +179,118 @@ static uint64_t header_checksum(const struct file_tier *t, const uint8_t *hdr)
 
 /* ---- opening and closing ------------------------------------------------------------------ */
 
-static int open_file(struct file_tier *t, const char *path, uint64_t size, int *ret_fd)
+/*
+ * Checks, on the opened descriptor, that a file the tier keeps state in is the daemon's own:
+ * a regular file of its effective uid that neither group nor others may write, with `links`
+ * names (1; 0 for an unnamed scratch file).  A swap path in a directory another user can
+ * write must not let that user make the daemon truncate or overwrite some other file through
+ * a hard link, nor feed it slots through a file the user owns or may write.
+ */
+static int check_private_file(int fd, const char *path, nlink_t links)
 {
-	int fd, r;
 	struct stat st;
 
-	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
-	if (fd < 0 && errno == EINVAL) {
-		/* Some file systems refuse O_DIRECT; buffered I/O is slower but still correct. */
-		fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-		if (fd >= 0)
-			log_warning("tier: %s: no O_DIRECT on this file system, using buffered I/O",
-				    path);
+	if (fstat(fd, &st) < 0)
+		return log_error_errno(errno, "tier: cannot stat %s: %m", path);
+	if (!S_ISREG(st.st_mode)) {
+		log_error("tier: %s is not a regular file; refusing it", path);
+		return -EINVAL;
+	}
+	if (st.st_uid != geteuid()) {
+		log_error("tier: %s belongs to uid %u, not to this daemon (uid %u); refusing it",
+			  path, (unsigned)st.st_uid, (unsigned)geteuid());
+		return -EPERM;
+	}
+	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		log_error("tier: %s may be written by its group or others (mode %04o); refusing it "
+			  "(chmod go-w)", path, (unsigned)(st.st_mode & 07777));
+		return -EPERM;
+	}
+	if (st.st_nlink != links) {
+		log_error("tier: %s has %ju names (hard links), not %ju; refusing it", path,
+			  (uintmax_t)st.st_nlink, (uintmax_t)links);
+		return -EMLINK;
+	}
+	return 0;
+}
+
+/*
+ * Opens a file the tier keeps state in, read-write: never through a symbolic link
+ * (O_NOFOLLOW), created (mode 0600) only where nothing is (O_EXCL), and checked as
+ * check_private_file() says before the caller touches it.  O_NONBLOCK keeps a FIFO or a device
+ * someone put there from holding the open; the caller clears it (set_io_flags).  *ret_created
+ * (may be NULL) says whether this call made the file.  0 or -errno (logged).
+ */
+static int open_private_file(const char *path, int *ret_fd, bool *ret_created)
+{
+	const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+	bool created = false;
+	int fd = -EBADF, r;
+
+	/* A name that appears or goes between the two opens is looked at again. */
+	for (int tries = 0; fd < 0 && tries < 3; tries++) {
+		fd = open(path, flags);
+		if (fd >= 0 || errno != ENOENT)
+			break;
+		fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+		created = fd >= 0;
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
+	if (fd < 0 && errno == ELOOP) {
+		log_error("tier: %s is a symbolic link; refusing it (swap files are never followed)",
+			  path);
+		return -ELOOP;
 	}
 	if (fd < 0)
 		return log_error_errno(errno, "tier: cannot open %s: %m", path);
+	r = check_private_file(fd, path, 1);
+	if (r < 0) {
+		close(fd);
+		return r;
+	}
+	*ret_fd = fd;
+	if (ret_created)
+		*ret_created = created;
+	return 0;
+}
+
+/*
+ * Turns O_DIRECT on (and the opening's O_NONBLOCK off).  A file system that refuses O_DIRECT
+ * (EINVAL) keeps the file buffered: slower, still correct.  *ret_direct says which; 0 or -errno.
+ */
+static int set_io_flags(int fd, const char *path, bool *ret_direct)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0)
+		return log_error_errno(errno, "tier: cannot read the flags of %s: %m", path);
+	fl &= ~O_NONBLOCK;
+	if (fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) {
+		*ret_direct = true;
+		return 0;
+	}
+	if (errno != EINVAL)
+		return log_error_errno(errno, "tier: cannot set O_DIRECT on %s: %m", path);
+	if (fcntl(fd, F_SETFL, fl) < 0)
+		return log_error_errno(errno, "tier: cannot set the flags of %s: %m", path);
+	log_warning("tier: %s: no O_DIRECT on this file system, using buffered I/O", path);
+	*ret_direct = false;
+	return 0;
+}
+
+static int open_file(struct file_tier *t, const char *path, uint64_t size, int *ret_fd)
+{
+	int fd = -EBADF, r;
+	struct stat st;
+	bool direct;
+
+	r = open_private_file(path, &fd, NULL);
+	if (r < 0)
+		return r;
+	r = set_io_flags(fd, path, &direct);
+	if (r < 0)
+		goto fail;
 
 	/*
 	 * Two daemons sharing a swap file would overwrite each other's slots.  A daemon that was
@@ -212,11 +309,6 @@ static int open_file(struct file_tier *t, const char *path, uint64_t size, int *
 	}
 	if (fstat(fd, &st) < 0) {
 		r = -errno;
-		goto fail;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		r = -EINVAL;
-		log_error("tier: %s is not a regular file", path);
 		goto fail;
 	}
 	/* Without persist, old slots must not come back: truncate before sizing. */

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The tiers below the pool on the real daemon: swap of a parked sequence through the host tier
- * into a swap file and back, byte for byte; a corrupted swap file; a full file system; and
- * persistence across a SIGKILL, with a corrupted slot header.
+ * into a swap file and back, byte for byte; a corrupted swap file; a full file system;
+ * persistence across a SIGKILL, with a corrupted slot header; and swap files planted as links
+ * refused.
  */
 #include <sched.h>
 #include <sys/mman.h>
@@ -331,6 +332,42 @@ START_TEST(test_persistence_across_sigkill)
 	kvp_disconnect(c);
 	kvp_table_free(&tab);
 	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
+ * A swap file planted as a symbolic link (to a file root must not truncate) or as a hard link:
+ * the pool does not start, the daemon says why, and the file it led to is untouched.
+ */
+START_TEST(test_unsafe_swap_file_is_refused)
+{
+	static const char content[] = "a file the daemon must never truncate\n";
+	char victim[128], log[8192], got[sizeof(content)];
+	const char *how[] = { "symlink", "hard link" };
+	int fd;
+
+	make_swap_dir();
+	snprintf(victim, sizeof(victim), "%s/victim", swap_dir);
+	fd = open(victim, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, content, sizeof(content)), (ssize_t)sizeof(content));
+	close(fd);
+	for (int i = 0; i < 2; i++) {
+		setup_pools(8, 0, 64, i == 1);
+		ck_assert_int_eq(i == 0 ? symlink(victim, swap_path) : link(victim, swap_path), 0);
+		ck_assert_int_ne(daemon_refuses(pools, log, sizeof(log)), 0);
+		ck_assert_msg(strstr(log, i == 0 ? "is a symbolic link; refusing it"
+						 : "has 2 names (hard links), not 1; refusing it"),
+			      "%s: %s", how[i], log);
+		fd = open(victim, O_RDONLY | O_CLOEXEC);
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(read(fd, got, sizeof(got)), (ssize_t)sizeof(content));
+		ck_assert_msg(!memcmp(got, content, sizeof(content)), "%s: the victim changed", how[i]);
+		close(fd);
+		ck_assert_int_eq(unlink(swap_path), 0);
+	}
+	unlink(victim);
 	remove_swap_dir();
 }
 END_TEST
@@ -905,6 +942,7 @@ int main(void)
 	tcase_add_test(tc, test_swap_through_host_and_file);
 	tcase_add_test(tc, test_corrupt_swap_file_is_recomputed);
 	tcase_add_test(tc, test_persistence_across_sigkill);
+	tcase_add_test(tc, test_unsafe_swap_file_is_refused);
 	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
 	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	tcase_add_test(tc, test_session_closed_while_loading);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The storage tiers on real memory and real files: round trips, loads of writes still in
- * flight, corruption found by the checksums, persistence across reopen, and a file system that
- * refuses writes (RLIMIT_FSIZE) reported through the lost callback.
+ * flight, corruption found by the checksums, persistence across reopen, swap files that are not
+ * safely the daemon's own refused, and a file system that refuses writes (RLIMIT_FSIZE)
+ * reported through the lost callback.
  */
 #include <check.h>
 #include <errno.h>
@@ -731,6 +732,133 @@ START_TEST(test_file_locked)
 }
 END_TEST
 
+/* A file of n bytes of 0xa5 at path, mode 0600: someone's data the tier must never touch. */
+static void make_victim(const char *path, size_t n)
+{
+	char buf[4096];
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	ck_assert_int_ge(fd, 0);
+	memset(buf, 0xa5, sizeof(buf));
+	for (size_t off = 0; off < n; off += sizeof(buf))
+		ck_assert_int_eq(write(fd, buf, n - off < sizeof(buf) ? n - off : sizeof(buf)),
+				 (ssize_t)(n - off < sizeof(buf) ? n - off : sizeof(buf)));
+	close(fd);
+}
+
+static bool victim_intact(const char *path, size_t n)
+{
+	uint8_t buf[4096];
+	struct stat st;
+	size_t got = 0;
+	ssize_t k;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st) < 0 || (size_t)st.st_size != n)
+		goto bad;
+	while ((k = read(fd, buf, sizeof(buf))) > 0) {
+		for (ssize_t i = 0; i < k; i++)
+			if (buf[i] != 0xa5)
+				goto bad;
+		got += (size_t)k;
+	}
+	close(fd);
+	return got == n;
+bad:
+	if (fd >= 0)
+		close(fd);
+	return false;
+}
+
+/* Opening must fail with err, with or without persist, and leave the victim as it was. */
+static void assert_refused(struct file_tier_config *cfg, int err, const char *victim, size_t n)
+{
+	struct file_tier *t = NULL;
+
+	for (int persist = 0; persist < 2; persist++) {
+		cfg->persist = persist;
+		ck_assert_int_eq(file_tier_open(cfg, &t), err);
+		ck_assert_ptr_null(t);
+		ck_assert_msg(victim_intact(victim, n), "%s changed (persist %d)", victim, persist);
+	}
+}
+
+/*
+ * A swap path in a directory someone else can write: a symbolic link or a hard link planted
+ * there, or a file another user owns or may write, is refused before anything is truncated or
+ * sized, whatever file it leads to; the daemon's own file opens as before.
+ */
+START_TEST(test_file_refuses_unsafe_files)
+{
+	enum { VICTIM_BYTES = 10000 };
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	char victim[128], dangling[128];
+	struct stat st;
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	snprintf(victim, sizeof(victim), "%s/victim", d.path);
+	snprintf(dangling, sizeof(dangling), "%s/nothing-yet", d.path);
+	make_victim(victim, VICTIM_BYTES);
+	cfg = config(&d, 1, 8, 4, false, NULL);
+
+	/* A symbolic link to the victim, and one to where nothing is yet (never created). */
+	ck_assert_int_eq(symlink(victim, d.files[0]), 0);
+	assert_refused(&cfg, -ELOOP, victim, VICTIM_BYTES);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+	ck_assert_int_eq(symlink(dangling, d.files[0]), 0);
+	assert_refused(&cfg, -ELOOP, victim, VICTIM_BYTES);
+	ck_assert_int_eq(lstat(dangling, &st), -1);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* A hard link to the victim. */
+	ck_assert_int_eq(link(victim, d.files[0]), 0);
+	assert_refused(&cfg, -EMLINK, victim, VICTIM_BYTES);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* The file itself, writable by its group, then by others. */
+	make_victim(d.files[0], VICTIM_BYTES);
+	ck_assert_int_eq(chmod(d.files[0], 0620), 0);
+	assert_refused(&cfg, -EPERM, d.files[0], VICTIM_BYTES);
+	ck_assert_int_eq(chmod(d.files[0], 0602), 0);
+	assert_refused(&cfg, -EPERM, d.files[0], VICTIM_BYTES);
+
+	/* Owned by another uid (only root can give a file away). */
+	if (geteuid() == 0) {
+		ck_assert_int_eq(chmod(d.files[0], 0600), 0);
+		ck_assert_int_eq(chown(d.files[0], 4242, 4242), 0);
+		assert_refused(&cfg, -EPERM, d.files[0], VICTIM_BYTES);
+	} else {
+		printf("unsafe swap files: skipped the file of another uid (not root)\n");
+	}
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* Not a regular file: a FIFO does not even hold the open. */
+	ck_assert_int_eq(mkfifo(d.files[0], 0600), 0);
+	assert_refused(&cfg, -EINVAL, victim, VICTIM_BYTES);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* The normal path: created 0600 (whatever the umask), then opened again as the tier's. */
+	cfg.persist = false;
+	umask(0);
+	t = open_tier(&cfg);
+	umask(022);
+	ck_assert_int_eq(stat(d.files[0], &st), 0);
+	ck_assert_uint_eq(st.st_mode & 07777, 0600);
+	ck_assert_uint_eq(st.st_uid, geteuid());
+	store_block(t, 1, 1, 0);
+	file_tier_close(t);
+	cfg.persist = true;
+	t = open_tier(&cfg);
+	ck_assert_int_eq(load_block(t, 1, 1, 0), 0);
+	file_tier_close(t);
+	ck_assert(victim_intact(victim, VICTIM_BYTES));
+	unlink(victim);
+	dir_remove(&d);
+}
+END_TEST
+
 /* Reads the eventfd's counter: 0 when there was nothing to read (EAGAIN). */
 static uint64_t drain_event_fd(int fd)
 {
@@ -1451,6 +1579,7 @@ int main(void)
 	tcase_add_test(file, test_file_corrupt_data);
 	tcase_add_test(file, test_file_persist);
 	tcase_add_test(file, test_file_locked);
+	tcase_add_test(file, test_file_refuses_unsafe_files);
 	tcase_add_test(file, test_file_event_fd);
 	tcase_add_test(file, test_file_async_load);
 	tcase_add_test(file, test_file_async_corrupt);
