@@ -2,8 +2,8 @@
 /*
  * The tiers below the pool on the real daemon: swap of a parked sequence through the host tier
  * into a swap file and back, byte for byte; a corrupted swap file; a full file system;
- * persistence across a SIGKILL, with a corrupted slot header; and swap files planted as links
- * refused.
+ * persistence across a SIGKILL, with a corrupted slot header; a forged slot never served; and
+ * swap files planted as links refused.
  */
 #include <sched.h>
 #include <sys/mman.h>
@@ -14,6 +14,7 @@
 #include "proto/kvpaged.pb-c.h"
 #include "proto/ring.h"
 #include "tests/integration/harness.h"
+#include "tests/slot-forge.h"
 
 static struct daemon d;
 
@@ -66,8 +67,12 @@ static void make_swap_dir(void)
 
 static void remove_swap_dir(void)
 {
+	char key[sizeof(swap_path) + 8];
+
+	snprintf(key, sizeof(key), "%s.key", swap_path); /* with persistence */
+	unlink(key);
 	unlink(swap_path);
-	rmdir(swap_dir);
+	ck_assert_int_eq(rmdir(swap_dir), 0);
 }
 
 static void setup_pools(unsigned capacity, unsigned host, unsigned file, bool persist)
@@ -328,6 +333,58 @@ START_TEST(test_persistence_across_sigkill)
 			      "block %u differs after the restart", i);
 	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
 	ck_assert_int_eq(tier_int(out, "file", "promotions"), 3);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
+ * With file_tier_persist, a slot forged by someone who knows the format but not the key (other
+ * data under the block's identity, checksums as plain XXH3) is not restored: the prefix ends in
+ * front of it and its bytes never reach a client, while the genuine slots before it come back
+ * after the restart.
+ */
+START_TEST(test_forged_slot_is_not_served)
+{
+	uint32_t tp[80], tq[128], cached = 0;
+	uint8_t forged[512];
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	uint64_t s;
+	char out[16384];
+
+	make_swap_dir();
+	setup_pools(8, 0, 64, true);
+	daemon_start(&d, pools);
+	prompt(tp, 80, 100);
+	prompt(tq, 128, 3000);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tp, 80, 0x10, &tab)), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tq, 128, 0x30, &tab)), 0); /* p goes to the file */
+	for (uint8_t i = 0; i < 5; i++)
+		wait_in_swap((uint8_t)(0x10 + i));
+	kvp_disconnect(c);
+	daemon_stop(&d);
+
+	/* Block 1's slot: its header sits in front of its data. */
+	for (int i = 0; i < 512; i++)
+		forged[i] = pattern(0x77, (uint64_t)i);
+	ck_assert_int_eq(forge_slot(swap_path, (uint64_t)find_in_swap(0x11) - 4096, 4096, 16,
+				    forged, sizeof(forged), 0), 0);
+
+	daemon_start(&d, pools);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, tp, 80, 0, 0, &s, &cached, &tab), 0);
+	ck_assert_uint_eq(cached, 16); /* block 0 came back; block 1's slot was not trusted */
+	ck_assert(block_is(c, tab.blocks[0], 0x10));
+	for (uint32_t i = 1; i < tab.len; i++)
+		ck_assert_msg(!block_is(c, tab.blocks[i], 0x77), "the forged block was served");
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 1);
+	ck_assert_int_ge(tier_int(out, "file", "checksum_errors"), 1);
 	assert_verified(&d);
 	kvp_disconnect(c);
 	kvp_table_free(&tab);
@@ -943,6 +1000,7 @@ int main(void)
 	tcase_add_test(tc, test_corrupt_swap_file_is_recomputed);
 	tcase_add_test(tc, test_persistence_across_sigkill);
 	tcase_add_test(tc, test_unsafe_swap_file_is_refused);
+	tcase_add_test(tc, test_forged_slot_is_not_served);
 	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
 	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	tcase_add_test(tc, test_session_closed_while_loading);
