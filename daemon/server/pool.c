@@ -1021,16 +1021,16 @@ static double measure_move_bandwidth(struct dpool *p)
 
 /*
  * bandwidth = auto for the file tier: reads through a scratch file tier of up to 64 MiB next
- * to the first swap file, so the real slots are never touched.
+ * to the first swap file, so the real slots are never touched.  Its file has no name (the
+ * tier's scratch): nobody can plant a link where it would be, and a crash leaves nothing.
  */
 static double measure_file_bandwidth(struct dpool *p)
 {
 	const struct kvpd_pool_config *c = p->cfg;
-	char path[4096];
-	const char *paths[1] = { path };
+	const char *paths[1] = { c->swap_files[0] };
 	struct file_tier_config fc = { .paths = paths, .npaths = 1, .block_bytes = p->block_bytes,
 				       .block_tokens = c->block_tokens, .geometry = 1,
-				       .queue_depth = c->file_tier_queue_depth };
+				       .queue_depth = c->file_tier_queue_depth, .scratch = true };
 	struct file_tier *ft = NULL;
 	uint32_t *slots = NULL, *tokens = NULL;
 	struct tier_key *keys = NULL;
@@ -1049,7 +1049,6 @@ static double measure_file_bandwidth(struct dpool *p)
 		if (scratch == MAP_FAILED)
 			return 0;
 	}
-	snprintf(path, sizeof(path), "%s.measure-%d", c->swap_files[0], (int)getpid());
 	slots = calloc(n, sizeof(*slots));
 	keys = calloc(n, sizeof(*keys));
 	dsts = calloc(n, sizeof(*dsts));
@@ -1076,7 +1075,6 @@ static double measure_file_bandwidth(struct dpool *p)
 		bw = (double)n * (double)p->block_bytes / t;
 out:
 	file_tier_close(ft);
-	unlink(path);
 	free(slots);
 	free(keys);
 	free(dsts);

@@ -280,6 +280,61 @@ static int open_private_file(const char *path, int *ret_fd, bool *ret_created)
 	return 0;
 }
 
+/* The directory a path names a file in ("." for a bare name), allocated; NULL without memory. */
+static char *dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (!slash)
+		return strdup(".");
+	return strndup(path, slash == path ? 1 : (size_t)(slash - path));
+}
+
+/*
+ * A file of the tier's that has no name, in the directory of path (a scratch file: the daemon
+ * measures reads beside the swap files in one).  O_TMPFILE where the file system has it, else
+ * a random name made with O_CREAT|O_EXCL (mkostemp, mode 0600) and unlinked at once.  Either
+ * way no name another user could guess or plant is ever opened, no link is followed, and
+ * nothing is left behind, even after a SIGKILL (but for the instant of the fallback's name).
+ */
+static int open_scratch(const char *path, int *ret_fd)
+{
+	char *dir = dir_of(path), *name = NULL;
+	int fd = -EBADF, r;
+
+	if (!dir)
+		return log_error_errno(ENOMEM, "tier: out of memory");
+	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	/* EISDIR: a kernel without O_TMPFILE; EOPNOTSUPP: a file system without it. */
+	if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+		if (asprintf(&name, "%s/.kvpaged-scratch-XXXXXX", dir) < 0) {
+			name = NULL;
+			r = log_error_errno(ENOMEM, "tier: out of memory");
+			goto out;
+		}
+		fd = mkostemp(name, O_CLOEXEC);
+		if (fd >= 0 && unlink(name) < 0) {
+			r = log_error_errno(errno, "tier: cannot unlink the scratch file %s: %m", name);
+			goto out;
+		}
+	}
+	if (fd < 0) {
+		r = log_error_errno(errno, "tier: cannot make a scratch file in %s: %m", dir);
+		goto out;
+	}
+	r = check_private_file(fd, dir, 0);
+	if (r == 0) {
+		*ret_fd = fd;
+		fd = -EBADF;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	free(name);
+	free(dir);
+	return r;
+}
+
 /*
  * Turns O_DIRECT on (and the opening's O_NONBLOCK off).  A file system that refuses O_DIRECT
  * (EINVAL) keeps the file buffered: slower, still correct.  *ret_direct says which; 0 or -errno.
@@ -304,18 +359,23 @@ static int set_io_flags(int fd, const char *path, bool *ret_direct)
 	return 0;
 }
 
-/* Opens, checks and locks one swap file (sized later, by size_file). */
-static int open_file(const char *path, int *ret_fd)
+/*
+ * Opens, checks and locks one swap file (sized later, by size_file); a scratch tier's file is
+ * unnamed, in path's directory, and needs no lock (nobody else can open it).
+ */
+static int open_file(const char *path, bool scratch, int *ret_fd)
 {
 	int fd = -EBADF, r;
 	bool direct;
 
-	r = open_private_file(path, &fd, NULL);
+	r = scratch ? open_scratch(path, &fd) : open_private_file(path, &fd, NULL);
 	if (r < 0)
 		return r;
 	r = set_io_flags(fd, path, &direct);
 	if (r < 0)
 		goto fail;
+	if (scratch)
+		goto done;
 
 	/*
 	 * Two daemons sharing a swap file would overwrite each other's slots.  A daemon that was
@@ -332,6 +392,7 @@ static int open_file(const char *path, int *ret_fd)
 		}
 		usleep(10000);
 	}
+done:
 	*ret_fd = fd;
 	return 0;
 fail:
@@ -392,9 +453,8 @@ static int random_key(uint8_t key[KEY_BYTES])
 /* Makes the new key entry of path durable: its directory is synced. */
 static void sync_dir_of(const char *path)
 {
-	const char *slash = strrchr(path, '/');
-	char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : NULL;
-	int fd = open(dir ? dir : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	char *dir = dir_of(path);
+	int fd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -ENOMEM;
 
 	if (fd < 0 || fsync(fd) < 0)
 		log_warning_errno(errno, "tier: cannot sync the directory of %s: %m", path);
@@ -493,7 +553,8 @@ static int check_config(const struct file_tier_config *cfg)
 	if (!cfg || !cfg->paths || cfg->npaths == 0 || cfg->nslots == 0 || cfg->block_bytes == 0 ||
 	    cfg->block_bytes > FILE_TIER_MAX_BLOCK_BYTES || cfg->block_tokens == 0 ||
 	    cfg->block_tokens > FILE_TIER_MAX_TOKENS || cfg->queue_depth == 0 ||
-	    cfg->queue_depth > FILE_TIER_MAX_QUEUE_DEPTH || cfg->npaths > cfg->nslots)
+	    cfg->queue_depth > FILE_TIER_MAX_QUEUE_DEPTH || cfg->npaths > cfg->nslots ||
+	    (cfg->scratch && (cfg->npaths != 1 || cfg->persist)))
 		return -EINVAL;
 	for (uint32_t i = 0; i < cfg->npaths; i++)
 		if (!cfg->paths[i])
@@ -547,7 +608,7 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 		t->slot_buf[s] = NO_BUF;
 
 	for (uint32_t i = 0; i < t->npaths; i++) {
-		r = open_file(cfg->paths[i], &t->fds[i]);
+		r = open_file(cfg->paths[i], cfg->scratch, &t->fds[i]);
 		if (r < 0)
 			goto fail;
 	}

@@ -89,6 +89,12 @@ struct file_tier_config {
 				     the checksums' key in <paths[0]>.key */
 	uint32_t queue_depth;     /* staging buffers = I/Os in flight at most; >= 1 */
 	/*
+	 * One file with no name, in the directory of paths[0] (npaths 1, no persist): O_TMPFILE,
+	 * or a random name unlinked at once.  For a scratch tier that must leave nothing behind
+	 * and open nothing another user could have put there.
+	 */
+	bool scratch;
+	/*
 	 * Told about each queued write that failed after store returned (slot unusable; err is
 	 * -errno, -EIO for a short write), unless the slot was stored again since.  Called from
 	 * within store, load, poll, flush, scan or close (never load_start): it must not call

@@ -2,10 +2,11 @@
 /*
  * The tiers below the pool on the real daemon: swap of a parked sequence through the host tier
  * into a swap file and back, byte for byte; a corrupted swap file; a full file system;
- * persistence across a SIGKILL, with a corrupted slot header; a forged slot never served; and
- * swap files planted as links refused.
+ * persistence across a SIGKILL, with a corrupted slot header; a forged slot never served; swap
+ * files planted as links refused; and the bandwidth measured in a file without a name.
  */
 #include <sched.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -425,6 +426,42 @@ START_TEST(test_unsafe_swap_file_is_refused)
 		ck_assert_int_eq(unlink(swap_path), 0);
 	}
 	unlink(victim);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
+ * file_tier_bandwidth = auto measures reads of a scratch file beside the swap file.  That file
+ * has no name (O_TMPFILE here), so no one can plant a link where it would be: the only name
+ * created in the swap directory is the swap file's.
+ */
+START_TEST(test_bandwidth_measured_in_an_unnamed_file)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	char names[1024] = "";
+	ssize_t n;
+	int in;
+
+	make_swap_dir();
+	setup_pools(8, 0, 64, false);
+	strncat(pools, "file_tier_bandwidth = auto\n", sizeof(pools) - strlen(pools) - 1);
+	in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	ck_assert_int_ge(in, 0);
+	ck_assert_int_ge(inotify_add_watch(in, swap_dir, IN_CREATE | IN_MOVED_TO), 0);
+	daemon_start(&d, pools);
+	ck_assert(daemon_log_has(&d, "measured tier bandwidth"));
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		for (char *p = buf; p < buf + n;) {
+			struct inotify_event *e = (struct inotify_event *)p;
+
+			if (e->len && strcmp(e->name, "swap0"))
+				snprintf(names + strlen(names), sizeof(names) - strlen(names), " %s",
+					 e->name);
+			p += sizeof(*e) + e->len;
+		}
+	close(in);
+	ck_assert_msg(!names[0], "names created beside the swap file:%s", names);
+	daemon_stop(&d);
 	remove_swap_dir();
 }
 END_TEST
@@ -1001,6 +1038,7 @@ int main(void)
 	tcase_add_test(tc, test_persistence_across_sigkill);
 	tcase_add_test(tc, test_unsafe_swap_file_is_refused);
 	tcase_add_test(tc, test_forged_slot_is_not_served);
+	tcase_add_test(tc, test_bandwidth_measured_in_an_unnamed_file);
 	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
 	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	tcase_add_test(tc, test_session_closed_while_loading);

@@ -6,6 +6,7 @@
  * reported through the lost callback.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -1007,6 +1008,58 @@ START_TEST(test_file_refuses_unsafe_files)
 }
 END_TEST
 
+/* Entries of a directory, . and .. aside. */
+static int dir_entries(const char *path)
+{
+	DIR *dir = opendir(path);
+	struct dirent *e;
+	int n = 0;
+
+	ck_assert_ptr_nonnull(dir);
+	while ((e = readdir(dir)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(dir);
+	return n;
+}
+
+/*
+ * A scratch tier's one file has no name: nothing appears in the directory, whatever sits at
+ * the path it was given (here a link someone planted), and nothing is left when it closes.
+ */
+START_TEST(test_file_scratch)
+{
+	struct file_tier_config cfg;
+	struct file_tier *t = NULL;
+	char victim[128];
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	snprintf(victim, sizeof(victim), "%s/victim", d.path);
+	make_victim(victim, 4096);
+	ck_assert_int_eq(symlink(victim, d.files[0]), 0);
+	cfg = config(&d, 1, 8, 4, false, NULL);
+	cfg.scratch = true;
+	t = open_tier(&cfg);
+	ck_assert_int_eq(dir_entries(d.path), 2);
+	for (uint32_t i = 0; i < 8; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+	load_all(t, 8, 0, 0);
+	file_tier_close(t);
+	ck_assert_int_eq(dir_entries(d.path), 2);
+	ck_assert(victim_intact(victim, 4096));
+
+	/* One file, never persistent: there is nothing to find again. */
+	cfg.persist = true;
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	cfg = config(&d, 2, 8, 4, false, NULL);
+	cfg.scratch = true;
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	unlink(victim);
+	dir_remove(&d);
+}
+END_TEST
+
 /* Reads the eventfd's counter: 0 when there was nothing to read (EAGAIN). */
 static uint64_t drain_event_fd(int fd)
 {
@@ -1729,6 +1782,7 @@ int main(void)
 	tcase_add_test(file, test_file_keyed_checksums);
 	tcase_add_test(file, test_file_locked);
 	tcase_add_test(file, test_file_refuses_unsafe_files);
+	tcase_add_test(file, test_file_scratch);
 	tcase_add_test(file, test_file_event_fd);
 	tcase_add_test(file, test_file_async_load);
 	tcase_add_test(file, test_file_async_corrupt);
