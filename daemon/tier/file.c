@@ -124,6 +124,7 @@ struct file_tier {
 	bool fixed_buffers;
 	bool persist;
 	int *fds;
+	bool *direct; /* per file: O_DIRECT in effect (else the file system refused it) */
 	uint32_t npaths;
 	uint32_t nslots;
 	uint64_t block_bytes;
@@ -363,15 +364,14 @@ static int set_io_flags(int fd, const char *path, bool *ret_direct)
  * Opens, checks and locks one swap file (sized later, by size_file); a scratch tier's file is
  * unnamed, in path's directory, and needs no lock (nobody else can open it).
  */
-static int open_file(const char *path, bool scratch, int *ret_fd)
+static int open_file(const char *path, bool scratch, int *ret_fd, bool *ret_direct)
 {
 	int fd = -EBADF, r;
-	bool direct;
 
 	r = scratch ? open_scratch(path, &fd) : open_private_file(path, &fd, NULL);
 	if (r < 0)
 		return r;
-	r = set_io_flags(fd, path, &direct);
+	r = set_io_flags(fd, path, ret_direct);
 	if (r < 0)
 		goto fail;
 	if (scratch)
@@ -593,12 +593,14 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 	t->slot_bytes = t->header_bytes + t->data_bytes;
 
 	t->fds = malloc(t->npaths * sizeof(*t->fds));
+	t->direct = calloc(t->npaths, sizeof(*t->direct));
 	t->bufs = calloc(t->queue_depth, sizeof(*t->bufs));
 	t->free_bufs = malloc(t->queue_depth * sizeof(*t->free_bufs));
 	t->slot_buf = malloc((size_t)t->nslots * sizeof(*t->slot_buf));
 	t->slot_gen = calloc(t->nslots, sizeof(*t->slot_gen));
 	iov = calloc(t->queue_depth, sizeof(*iov));
-	if (!t->fds || !t->bufs || !t->free_bufs || !t->slot_buf || !t->slot_gen || !iov) {
+	if (!t->fds || !t->direct || !t->bufs || !t->free_bufs || !t->slot_buf || !t->slot_gen ||
+	    !iov) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -608,7 +610,7 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 		t->slot_buf[s] = NO_BUF;
 
 	for (uint32_t i = 0; i < t->npaths; i++) {
-		r = open_file(cfg->paths[i], cfg->scratch, &t->fds[i]);
+		r = open_file(cfg->paths[i], cfg->scratch, &t->fds[i], &t->direct[i]);
 		if (r < 0)
 			goto fail;
 	}
@@ -737,6 +739,7 @@ struct file_tier *file_tier_close(struct file_tier *t)
 	if (t->staging_mem)
 		munmap(t->staging_mem, t->staging_mem_bytes);
 	free(t->fds);
+	free(t->direct);
 	free(t->bufs);
 	free(t->free_bufs);
 	free(t->slot_buf);
@@ -1339,4 +1342,9 @@ void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret)
 uint64_t file_tier_slot_bytes(const struct file_tier *t)
 {
 	return t->slot_bytes;
+}
+
+bool file_tier_direct(const struct file_tier *t, uint32_t file)
+{
+	return file < t->npaths && t->direct[file];
 }

@@ -218,3 +218,8 @@ int file_tier_scan(struct file_tier *t,
 void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret);
 /* Bytes one slot takes in a file (header and data, each rounded up for O_DIRECT). */
 uint64_t file_tier_slot_bytes(const struct file_tier *t);
+/*
+ * Whether file `file` (an index into cfg.paths) is read and written with O_DIRECT; false when
+ * its file system refused O_DIRECT and it is buffered (or there is no such file).
+ */
+bool file_tier_direct(const struct file_tier *t, uint32_t file);

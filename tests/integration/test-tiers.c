@@ -3,8 +3,10 @@
  * The tiers below the pool on the real daemon: swap of a parked sequence through the host tier
  * into a swap file and back, byte for byte; a corrupted swap file; a full file system;
  * persistence across a SIGKILL, with a corrupted slot header; a forged slot never served; swap
- * files planted as links refused; and the bandwidth measured in a file without a name.
+ * files planted as links refused; the bandwidth measured in a file without a name; and the
+ * swap file's I/O mode (O_DIRECT or buffered) as the daemon holds it and reports it.
  */
+#include <dirent.h>
 #include <sched.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
@@ -462,6 +464,115 @@ START_TEST(test_bandwidth_measured_in_an_unnamed_file)
 	close(in);
 	ck_assert_msg(!names[0], "names created beside the swap file:%s", names);
 	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/* Whether the file system of dir takes O_DIRECT: a scratch file opened there with it. */
+static bool dir_takes_o_direct(const char *dir)
+{
+	char path[128];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/probe-o-direct", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+	unlink(path);
+	if (fd >= 0)
+		close(fd);
+	return fd >= 0;
+}
+
+/* The open flags of the running daemon's descriptor for path (/proc/PID/fdinfo), or -1. */
+static long daemon_fd_flags(const char *path)
+{
+	char link[320], target[256], info[320];
+	long flags = -1;
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(link, sizeof(link), "/proc/%d/fd", (int)d.pid);
+	dir = opendir(link);
+	ck_assert_ptr_nonnull(dir);
+	while (flags < 0 && (e = readdir(dir))) {
+		ssize_t n;
+		FILE *f;
+
+		snprintf(link, sizeof(link), "/proc/%d/fd/%s", (int)d.pid, e->d_name);
+		n = readlink(link, target, sizeof(target) - 1);
+		if (n < 0)
+			continue;
+		target[n] = '\0';
+		if (strcmp(target, path))
+			continue;
+		snprintf(info, sizeof(info), "/proc/%d/fdinfo/%s", (int)d.pid, e->d_name);
+		f = fopen(info, "r");
+		ck_assert_ptr_nonnull(f);
+		while (fgets(info, sizeof(info), f))
+			if (!strncmp(info, "flags:", 6))
+				flags = strtol(info + 6, NULL, 8);
+		fclose(f);
+	}
+	closedir(dir);
+	return flags;
+}
+
+/*
+ * Starts the daemon with its swap file in swap_dir and checks the I/O mode it reports: the
+ * descriptor it holds for the file carries O_DIRECT exactly when direct, kvpagedctl says so
+ * (text and JSON), and a fallback to buffered I/O is logged.
+ */
+static void check_io_mode(bool direct)
+{
+	char out[16384];
+	long flags;
+
+	setup_pools(8, 0, 64, false);
+	daemon_start(&d, pools);
+	flags = daemon_fd_flags(swap_path);
+	ck_assert_msg(flags >= 0, "the daemon holds no descriptor for %s", swap_path);
+	ck_assert_msg(!!(flags & O_DIRECT) == direct, "flags %lo of %s", flags, swap_path);
+	ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+	ck_assert_msg(json_find_str(out, "file_tier_io", direct ? "direct" : "buffered"), "%s", out);
+	ck_assert_msg(json_find_str(out, "path", swap_path), "%s", out);
+	ck_assert_msg(json_find_str(out, "io", direct ? "direct" : "buffered"), "%s", out);
+	ck_assert_int_eq(daemon_log_has(&d, "no O_DIRECT on this file system"), !direct);
+	printf("swap file in %s: %s I/O\n", swap_dir, direct ? "direct" : "buffered");
+	daemon_stop(&d);
+}
+
+/*
+ * O_DIRECT is asserted where the swap directory's file system takes it, and a file system that
+ * refuses it (ramfs, mounted for the test in a mount namespace of its own, or /dev/shm if
+ * this kernel's tmpfs refuses it) gets buffered I/O that operators can see.
+ */
+START_TEST(test_swap_file_io_mode)
+{
+	bool ramfs = false;
+
+	make_swap_dir();
+	if (dir_takes_o_direct(swap_dir))
+		check_io_mode(true);
+	else
+		printf("%s refuses O_DIRECT: only the fallback is checked there\n", swap_dir);
+	if (!dir_takes_o_direct(swap_dir)) {
+		check_io_mode(false);
+	} else if (!dir_takes_o_direct("/dev/shm")) {
+		remove_swap_dir();
+		strcpy(swap_dir, "/dev/shm/kvpaged-swap-XXXXXX");
+		ck_assert_ptr_nonnull(mkdtemp(swap_dir));
+		check_io_mode(false);
+	} else if (unshare(CLONE_NEWNS) == 0 &&
+		   mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+		   mount("kvpaged-test", swap_dir, "ramfs", 0, "mode=0700") == 0) {
+		ramfs = true;
+		ck_assert(!dir_takes_o_direct(swap_dir));
+		check_io_mode(false);
+	} else {
+		printf("buffered fallback not checked: /dev/shm takes O_DIRECT and ramfs cannot be "
+		       "mounted here (%s)\n", strerror(errno));
+	}
+	if (ramfs)
+		umount2(swap_dir, MNT_DETACH);
 	remove_swap_dir();
 }
 END_TEST
@@ -1039,6 +1150,7 @@ int main(void)
 	tcase_add_test(tc, test_unsafe_swap_file_is_refused);
 	tcase_add_test(tc, test_forged_slot_is_not_served);
 	tcase_add_test(tc, test_bandwidth_measured_in_an_unnamed_file);
+	tcase_add_test(tc, test_swap_file_io_mode);
 	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
 	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	tcase_add_test(tc, test_session_closed_while_loading);
