@@ -1355,6 +1355,53 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	return 0;
 }
 
+void dpool_persist_at_stop(struct dpool *p)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	struct core_persist_pass pass = { 0 };
+	struct core_tier_stats host = { 0 };
+	struct file_tier_stats before, after;
+	uint64_t start = server_now_ns(), deadline;
+	struct core_usage u;
+	char left[160] = "nothing left behind";
+	int n;
+
+	if (!p->file || !c->file_tier_persist || !c->file_tier_persist_stop_ms)
+		return;
+	if (p->failed) {
+		log_warning("pool %s: stopping: nothing written to the swap files, the pool's memory "
+			    "cannot be trusted", c->name);
+		return;
+	}
+	deadline = start + (uint64_t)c->file_tier_persist_stop_ms * 1000000u;
+	file_tier_get_stats(p->file, &before);
+	/*
+	 * A batch is what the file tier has staging buffers for; the time is checked between
+	 * batches, so the stop overruns its bound by one batch's writes at most.
+	 */
+	do {
+		n = core_tier_persist(p->core, CORE_TIER_FILE, c->file_tier_queue_depth, &pass);
+		dpool_flush(p);
+		dpool_tier_poll(p); /* failed writes: their slots are forgotten */
+	} while (n > 0 && server_now_ns() < deadline);
+	stores_settle(p, p->nstores);
+	file_tier_flush(p->file);
+	dpool_tier_poll(p);
+	file_tier_get_stats(p->file, &after);
+	core_get_usage(p->core, &u);
+	if (p->host)
+		(void)core_get_tier_stats(p->core, CORE_TIER_HOST, &host);
+	if (u.cached || host.used)
+		snprintf(left, sizeof(left), "left %u cached blocks in the pool and %u in the host "
+			 "tier (%s)", u.cached, host.used,
+			 pass.full ? "the file tier is full" : "file_tier_persist_stop_ms ran out");
+	log_info("pool %s: stopping: wrote %u cached blocks to the swap files (%u from the pool, "
+		 "%u from the host tier; %llu writes failed, %u dropped) in %llu ms; %s", c->name,
+		 pass.moved, pass.from_pool, pass.from_tiers,
+		 (unsigned long long)(after.write_errors - before.write_errors), pass.dropped,
+		 (unsigned long long)((server_now_ns() - start) / 1000000u), left);
+}
+
 void dpool_done(struct dpool *p)
 {
 	/*

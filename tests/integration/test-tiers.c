@@ -345,6 +345,115 @@ START_TEST(test_persistence_across_sigkill)
 END_TEST
 
 /*
+ * Three prompts on a pool of 8 blocks over a host tier of 4 and a swap file: a (4 blocks) is
+ * pushed down to the file by b (8), whose last 4 then sit in the host tier and first 4 in the
+ * pool beside c's 4.
+ */
+static const uint32_t stop_lens[3] = { 64, 128, 64 };
+static const uint8_t stop_tags[3] = { 0x10, 0x30, 0x50 };
+static uint32_t stop_prompts[3][128];
+
+static void fill_three(void)
+{
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c = connect_ns(NULL, 0);
+	char out[16384];
+
+	for (int i = 0; i < 3; i++) {
+		prompt(stop_prompts[i], stop_lens[i], 100 + 10000 * (uint32_t)i);
+		ck_assert_int_eq(kvp_close(c, fill(c, stop_prompts[i], stop_lens[i], stop_tags[i],
+						   &tab)), 0);
+	}
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "host", "used_blocks"), 4);
+	ck_assert_int_eq(tier_int(out, "file", "used_blocks"), 4);
+	for (uint8_t i = 0; i < 4; i++)
+		wait_in_swap((uint8_t)(0x10 + i)); /* a's blocks are in the file */
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+}
+
+/* After a restart: how much of each prompt is found, each found block checked bytewise. */
+static void expect_found(const uint32_t found[3])
+{
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c = connect_ns(NULL, 0);
+	uint32_t cached = 0;
+	uint64_t s;
+
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(kvp_open(c, stop_prompts[i], stop_lens[i], 0, 0, &s, &cached, &tab),
+				 0);
+		ck_assert_msg(cached == found[i], "prompt %d: %u tokens found, not %u", i, cached,
+			      found[i]);
+		for (uint32_t k = 0; k < cached / 16; k++)
+			ck_assert_msg(block_is(c, tab.blocks[k], (uint8_t)(stop_tags[i] + k)),
+				      "prompt %d: block %u differs after the restart", i, k);
+		ck_assert_int_eq(kvp_close(c, s), 0);
+	}
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+}
+
+/*
+ * With file_tier_persist: after a SIGKILL what had reached the swap file comes back (a, pushed
+ * down by eviction) and nothing else; after a SIGTERM the daemon also writes what was only in
+ * the pool and in the host tier down to the file once its sessions are gone, logs it in one
+ * line, and every prompt comes back whole from the file tier.  file_tier_persist_stop_ms = 0
+ * writes nothing extra.
+ */
+START_TEST(test_persistence_across_sigterm)
+{
+	static const uint32_t only_a[3] = { 64, 0, 0 }, all[3] = { 64, 128, 64 };
+	char out[16384];
+
+	/* SIGKILL: a only. */
+	make_swap_dir();
+	setup_pools(8, 4, 64, true);
+	daemon_start(&d, pools);
+	fill_three();
+	kill_daemon(&d);
+	daemon_start(&d, pools);
+	expect_found(only_a);
+	kill_daemon(&d);
+	remove_swap_dir();
+
+	/* SIGTERM: the pool's 8 cached blocks and the host tier's 4 go down too. */
+	make_swap_dir();
+	setup_pools(8, 4, 64, true);
+	daemon_start(&d, pools);
+	fill_three();
+	kill(d.pid, SIGTERM);
+	ck_assert_int_eq(daemon_wait_exit(&d), 0);
+	ck_assert_msg(daemon_log_has(&d, "stopping: wrote 12 cached blocks to the swap files (8 "
+				     "from the pool, 4 from the host tier; 0 writes failed, 0 "
+				     "dropped)"), "no line on what the stop wrote");
+	ck_assert(daemon_log_has(&d, "; nothing left behind"));
+	daemon_remove_files(&d);
+	daemon_start(&d, pools);
+	ck_assert(daemon_log_has(&d, "16 cached blocks found in the swap files"));
+	expect_found(all);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 16);
+	kill_daemon(&d);
+	remove_swap_dir();
+
+	/* file_tier_persist_stop_ms = 0: as after a SIGKILL. */
+	make_swap_dir();
+	setup_pools(8, 4, 64, true);
+	strncat(pools, "file_tier_persist_stop_ms = 0\n", sizeof(pools) - strlen(pools) - 1);
+	daemon_start(&d, pools);
+	fill_three();
+	daemon_stop(&d);
+	daemon_start(&d, pools);
+	expect_found(only_a);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
  * With file_tier_persist, a slot forged by someone who knows the format but not the key (other
  * data under the block's identity, checksums as plain XXH3) is not restored: the prefix ends in
  * front of it and its bytes never reach a client, while the genuine slots before it come back
@@ -1147,6 +1256,7 @@ int main(void)
 	tcase_add_test(tc, test_swap_through_host_and_file);
 	tcase_add_test(tc, test_corrupt_swap_file_is_recomputed);
 	tcase_add_test(tc, test_persistence_across_sigkill);
+	tcase_add_test(tc, test_persistence_across_sigterm);
 	tcase_add_test(tc, test_unsafe_swap_file_is_refused);
 	tcase_add_test(tc, test_forged_slot_is_not_served);
 	tcase_add_test(tc, test_bandwidth_measured_in_an_unnamed_file);
