@@ -297,17 +297,15 @@ static void kill_daemon(struct daemon *dm)
 }
 
 /*
- * With file_tier_persist, cached blocks in the swap file survive a SIGKILL: the restarted
- * daemon finds them, checks each slot, and serves the prefix from them.  A slot whose header
- * was damaged is dropped, so the prefix ends there.
+ * A persistent pool (no host tier) whose swap file holds the 5 blocks of prompt tp (tags
+ * 0x10..0x14), pushed down by another prompt's 8: where the restart tests begin.  The daemon
+ * is left running.
  */
-START_TEST(test_persistence_across_sigkill)
+static void persist_five_in_file(uint32_t tp[80])
 {
-	uint32_t tp[80], tq[128], cached = 0;
 	struct kvp_table tab = { 0 };
 	struct kvp_client *c;
-	uint64_t s;
-	char out[16384];
+	uint32_t tq[128];
 
 	make_swap_dir();
 	setup_pools(8, 0, 64, true);
@@ -315,13 +313,41 @@ START_TEST(test_persistence_across_sigkill)
 	prompt(tp, 80, 100);
 	prompt(tq, 128, 3000);
 	c = connect_ns(NULL, 0);
-	s = fill(c, tp, 80, 0x10, &tab);
-	ck_assert_int_eq(kvp_close(c, s), 0);
-	s = fill(c, tq, 128, 0x30, &tab); /* pushes the 5 blocks of p into the swap file */
-	ck_assert_int_eq(kvp_close(c, s), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tp, 80, 0x10, &tab)), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tq, 128, 0x30, &tab)), 0);
 	for (uint8_t i = 0; i < 5; i++)
 		wait_in_swap((uint8_t)(0x10 + i));
 	kvp_disconnect(c);
+	kvp_table_free(&tab);
+}
+
+/* The end of a restart test: promotions blocks came from the file; the daemon stops clean. */
+static void end_restart_test(struct kvp_client *c, struct kvp_table *tab, long long promotions)
+{
+	char out[16384];
+
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), promotions);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_table_free(tab);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+
+/*
+ * With file_tier_persist, cached blocks in the swap file survive a SIGKILL: the restarted
+ * daemon finds them, checks each slot, and serves the prefix from them.  A slot whose header
+ * was damaged is dropped, so the prefix ends there.
+ */
+START_TEST(test_persistence_across_sigkill)
+{
+	uint32_t tp[80], cached = 0;
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	uint64_t s;
+
+	persist_five_in_file(tp);
 	kill_daemon(&d);
 
 	/* Damage the header of the slot holding block 3 (it sits in front of the data). */
@@ -334,13 +360,7 @@ START_TEST(test_persistence_across_sigkill)
 	for (uint32_t i = 0; i < 3; i++)
 		ck_assert_msg(block_is(c, tab.blocks[i], (uint8_t)(0x10 + i)),
 			      "block %u differs after the restart", i);
-	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
-	ck_assert_int_eq(tier_int(out, "file", "promotions"), 3);
-	assert_verified(&d);
-	kvp_disconnect(c);
-	kvp_table_free(&tab);
-	daemon_stop(&d);
-	remove_swap_dir();
+	end_restart_test(c, &tab, 3);
 }
 END_TEST
 
@@ -461,24 +481,14 @@ END_TEST
  */
 START_TEST(test_forged_slot_is_not_served)
 {
-	uint32_t tp[80], tq[128], cached = 0;
+	uint32_t tp[80], cached = 0;
 	uint8_t forged[512];
 	struct kvp_table tab = { 0 };
 	struct kvp_client *c;
 	uint64_t s;
 	char out[16384];
 
-	make_swap_dir();
-	setup_pools(8, 0, 64, true);
-	daemon_start(&d, pools);
-	prompt(tp, 80, 100);
-	prompt(tq, 128, 3000);
-	c = connect_ns(NULL, 0);
-	ck_assert_int_eq(kvp_close(c, fill(c, tp, 80, 0x10, &tab)), 0);
-	ck_assert_int_eq(kvp_close(c, fill(c, tq, 128, 0x30, &tab)), 0); /* p goes to the file */
-	for (uint8_t i = 0; i < 5; i++)
-		wait_in_swap((uint8_t)(0x10 + i));
-	kvp_disconnect(c);
+	persist_five_in_file(tp);
 	daemon_stop(&d);
 
 	/* Block 1's slot: its header sits in front of its data. */
@@ -495,13 +505,8 @@ START_TEST(test_forged_slot_is_not_served)
 	for (uint32_t i = 1; i < tab.len; i++)
 		ck_assert_msg(!block_is(c, tab.blocks[i], 0x77), "the forged block was served");
 	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
-	ck_assert_int_eq(tier_int(out, "file", "promotions"), 1);
 	ck_assert_int_ge(tier_int(out, "file", "checksum_errors"), 1);
-	assert_verified(&d);
-	kvp_disconnect(c);
-	kvp_table_free(&tab);
-	daemon_stop(&d);
-	remove_swap_dir();
+	end_restart_test(c, &tab, 1);
 }
 END_TEST
 
