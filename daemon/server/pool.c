@@ -1381,7 +1381,6 @@ void dpool_persist_at_stop(struct dpool *p)
 	 */
 	do {
 		n = core_tier_persist(p->core, CORE_TIER_FILE, c->file_tier_queue_depth, &pass);
-		dpool_flush(p);
 		dpool_tier_poll(p); /* failed writes: their slots are forgotten */
 	} while (n > 0 && server_now_ns() < deadline);
 	stores_settle(p, p->nstores);

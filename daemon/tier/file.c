@@ -113,7 +113,7 @@ struct batch {
 	void (*found)(void *ctx, uint32_t slot, const struct tier_key *key);
 	void *found_ctx;
 	uint32_t found_count;
-	uint32_t foreign_count; /* intact, or of another format: another layout's slots */
+	uint32_t foreign_count; /* slots of another version, layout or striping (not used) */
 	int scan_error;
 };
 
