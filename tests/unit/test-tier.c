@@ -945,6 +945,7 @@ START_TEST(test_file_refuses_unsafe_files)
 	char victim[128], dangling[128];
 	struct stat st;
 	struct dir d;
+	mode_t mask;
 
 	dir_make(&d, "/tmp");
 	snprintf(victim, sizeof(victim), "%s/victim", d.path);
@@ -990,9 +991,9 @@ START_TEST(test_file_refuses_unsafe_files)
 
 	/* The normal path: created 0600 (whatever the umask), then opened again as the tier's. */
 	cfg.persist = true;
-	umask(0);
+	mask = umask(0);
 	t = open_tier(&cfg);
-	umask(022);
+	umask(mask);
 	ck_assert_int_eq(stat(d.files[0], &st), 0);
 	ck_assert_uint_eq(st.st_mode & 07777, 0600);
 	ck_assert_uint_eq(st.st_uid, geteuid());
