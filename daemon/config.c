@@ -172,6 +172,7 @@ static const struct config_key schema[] = {
 	  .aux_offset = offsetof(struct kvpd_pool_config, n_swap_files) },
 	{ .name = "file_tier_persist", .section = SECTION_POOL, .type = TYPE_BOOL,
 	  .offset = offsetof(struct kvpd_pool_config, file_tier_persist) },
+	POOL_NUMBER(TYPE_U32, file_tier_persist_stop_ms, 3000, 0, 600000, 0),
 	POOL_NUMBER(TYPE_U32, file_tier_queue_depth, 32, 1, 4096, 0),
 	{ .name = "file_tier_blocking_reads", .section = SECTION_POOL, .type = TYPE_BOOL,
 	  .offset = offsetof(struct kvpd_pool_config, file_tier_blocking_reads) },
@@ -1479,6 +1480,7 @@ static const struct {
 	{ SECTION_POOL, "allow_users" },  /* checked at each Hello */
 	{ SECTION_POOL, "allow_groups" },
 	{ SECTION_POOL, "file_tier_blocking_reads" }, /* read at each open and resume */
+	{ SECTION_POOL, "file_tier_persist_stop_ms" }, /* read at the stop */
 };
 
 static bool key_is_live(const struct config_key *key)

@@ -53,6 +53,8 @@ struct kvpd_pool_config {
 	char **swap_files; /* the file tier's files, slots striped across them */
 	size_t n_swap_files;
 	bool file_tier_persist; /* keep cached blocks in the files across restarts */
+	/* with persist: how long a clean stop may spend writing cached blocks to the files */
+	uint32_t file_tier_persist_stop_ms;
 	bool file_tier_blocking_reads; /* opens and resumes read the files within the request */
 	uint32_t file_tier_queue_depth;
 	/* The cost model: 0 is unknown; a bandwidth of KVPD_MEASURE is measured at start. */
@@ -150,8 +152,8 @@ int config_parse_size(const char *s, uint64_t *ret);
  * Reloading (SIGHUP): applies next, a freshly loaded configuration, to the running one in place,
  * so that pointers into live (a pool's config, the limits) stay valid.  Keys the daemon reads
  * afresh wherever it uses them take next's values: [daemon] max_sessions, ring_poll_us and
- * max_frame_bytes, every [limits] key, a pool's allow_users, allow_groups and
- * file_tier_blocking_reads.  Every other key
+ * max_frame_bytes, every [limits] key, a pool's allow_users, allow_groups,
+ * file_tier_blocking_reads and file_tier_persist_stop_ms.  Every other key
  * whose value differs keeps its running value.  Pools are matched by name; a pool added,
  * removed or moved changes nothing.  report (may be NULL) is called once per difference, with
  * applied telling which kind it is and what a line like "[pool main] capacity_blocks: 4096 ->

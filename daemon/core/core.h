@@ -447,6 +447,30 @@ int core_tier_lost(struct core *c, uint32_t tier, uint32_t slot);
  */
 int core_tier_restore(struct core *c, uint32_t tier, uint32_t slot, const struct core_key *key);
 
+/* What a pass of core_tier_persist() did so far; zeroed before its first call. */
+struct core_persist_pass {
+	uint32_t moved;      /* blocks now in the tier */
+	uint32_t from_pool;  /* of those, from the pool's cached blocks */
+	uint32_t from_tiers; /* and from the tiers above it */
+	uint32_t dropped;    /* taken but not kept: marked to be dropped, or their store failed */
+	bool full;           /* the tier holds what it can of this pass: the rest stays */
+};
+
+/*
+ * For a clean stop over a tier that persists: moves cached blocks down into tier `to` so that a
+ * restart finds them there as prefix hits.  The most worth keeping go first: the pool's cached
+ * blocks, newest first, then each tier above `to`'s, newest first.  Leaf-first eviction keeps
+ * a cached parent newer than its cached children and no further from the pool, so a prefix
+ * goes down from its root, and a pass cut short leaves leaves, not roots.  Each block is moved
+ * (tier_ops->store into `to`, then freed where it was), or dropped when the cost model marked
+ * it to be or its store fails, as in an eviction; a block already in `to` only gets fresher.
+ * Blocks held by sequences or loads are not touched.  The pass ends once it has filled `to`
+ * (one more would push out a block it moved) or nothing is left.  At most max blocks per call,
+ * so the caller can bound the time it spends; returns how many this call took (0: the pass is
+ * over), or -EINVAL (no such tier, or pass NULL).
+ */
+int core_tier_persist(struct core *c, uint32_t to, uint32_t max, struct core_persist_pass *pass);
+
 /* Token ids in the slots of block b (block_tokens of them; meaningful where written). */
 const uint32_t *core_block_tokens(const struct core *c, uint32_t b);
 

@@ -168,14 +168,17 @@ void pool_unref(struct pool *p, uint32_t b)
 		push_free(p, b);
 }
 
-bool pool_evict_oldest(struct pool *p)
+void pool_evict(struct pool *p, uint32_t b)
 {
-	uint32_t b = p->lru_head;
-
-	if (b == CORE_NONE)
-		return false;
 	lru_unlink(p, b);
 	p->evict(p->evict_ctx, b);
 	push_free(p, b);
+}
+
+bool pool_evict_oldest(struct pool *p)
+{
+	if (p->lru_head == CORE_NONE)
+		return false;
+	pool_evict(p, p->lru_head);
 	return true;
 }

@@ -64,3 +64,6 @@ void pool_unref(struct pool *p, uint32_t b);
  * cached.
  */
 bool pool_evict_oldest(struct pool *p);
+
+/* Frees cached block b (calling the evict hook), wherever it is on the LRU list. */
+void pool_evict(struct pool *p, uint32_t b);

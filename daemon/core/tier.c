@@ -21,8 +21,8 @@ static struct core_key slot_key(const struct tier *t, uint32_t slot)
 				  .extra = e->extra };
 }
 
-static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
-		       const struct core_key *key);
+static int store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
+		      const struct core_key *key);
 
 /* A tier slot is being reused: move its block one tier down (if any), then forget it. */
 static void on_tier_evict(void *ctx, uint32_t slot)
@@ -37,16 +37,16 @@ static void on_tier_evict(void *ctx, uint32_t slot)
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	t->stats.evictions++;
 	if (!c->dropping && tier_exists(c, t->id + 1))
-		store_into(c, t->id + 1, t->id, slot, &key);
+		(void)store_into(c, t->id + 1, t->id, slot, &key);
 }
 
 /*
  * Stores a block into tier to.  A block already there only gets fresher.  When every slot of
  * the tier is held by a lookup in progress the block goes one tier further down (and is left
- * out below the last); a failed store leaves it out.
+ * out below the last: -ENOSPC); a failed store leaves it out (its -errno).  0 when it is kept.
  */
-static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
-		       const struct core_key *key)
+static int store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t from,
+		      const struct core_key *key)
 {
 	struct tier *t = &c->tiers[to];
 	struct core_block *e;
@@ -60,19 +60,16 @@ static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t
 			pool_ref(&t->pool, slot);
 			pool_unref(&t->pool, slot); /* newest on the LRU */
 		}
-		return;
+		return 0;
 	}
 	slot = pool_alloc(&t->pool);
-	if (slot == CORE_NONE) {
-		if (tier_exists(c, to + 1))
-			store_into(c, to + 1, from_tier, from, key);
-		return;
-	}
+	if (slot == CORE_NONE)
+		return tier_exists(c, to + 1) ? store_into(c, to + 1, from_tier, from, key) : -ENOSPC;
 	r = c->cfg.tier_ops->store(c->cfg.tier_ctx, from_tier, from, to, slot, key);
 	if (r < 0) {
 		t->stats.store_errors++;
 		pool_unref(&t->pool, slot); /* not indexed: back to the free list */
-		return;
+		return r;
 	}
 	e = &t->pool.blocks[slot];
 	e->hash = key->hash;
@@ -84,6 +81,7 @@ static void store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t
 	index_insert(&t->index, key->hash, slot);
 	pool_unref(&t->pool, slot); /* cached: newest on the LRU */
 	t->stats.demotions++;
+	return 0;
 }
 
 void tier_demote_block(struct core *c, uint32_t b)
@@ -100,7 +98,7 @@ void tier_demote_block(struct core *c, uint32_t b)
 		.extra = blk->extra,
 		.tokens = core_slot_tokens(c, b),
 	};
-	store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
+	(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
 }
 
 uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
@@ -144,6 +142,77 @@ void tier_release(struct core *c, uint32_t t, uint32_t slot)
 	index_remove(&tr->index, e->hash, slot);
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	pool_unref(&tr->pool, slot); /* unindexed: to the free list */
+}
+
+/*
+ * The next block a persist pass takes, the most worth keeping first: the pool's newest cached
+ * block, else the newest of the nearest tier above `to` that holds any.  *ret_tier: where.
+ */
+static uint32_t persist_next(const struct core *c, uint32_t to, uint32_t *ret_tier)
+{
+	*ret_tier = CORE_TIER_POOL;
+	if (c->pool.lru_tail != CORE_NONE)
+		return c->pool.lru_tail;
+	for (uint32_t t = 1; t < to; t++)
+		if (tier_exists(c, t) && c->tiers[t].pool.lru_tail != CORE_NONE) {
+			*ret_tier = t;
+			return c->tiers[t].pool.lru_tail;
+		}
+	return CORE_NONE;
+}
+
+int core_tier_persist(struct core *c, uint32_t to, uint32_t max, struct core_persist_pass *pass)
+{
+	uint32_t n = 0;
+
+	if (!tier_exists(c, to) || !pass)
+		return -EINVAL;
+	while (n < max && !pass->full) {
+		uint32_t from, b = persist_next(c, to, &from);
+		struct core_key key;
+		int r = 0;
+
+		if (b == CORE_NONE)
+			break;
+		/* One more would push out a block this pass moved: what is left is worth less. */
+		if (pass->moved == c->tiers[to].pool.capacity) {
+			pass->full = true;
+			break;
+		}
+		if (from == CORE_TIER_POOL) {
+			const struct core_block *blk = &c->pool.blocks[b];
+
+			key = (struct core_key){ .hash = blk->hash, .parent = blk->parent,
+						 .salt = blk->salt, .extra = blk->extra,
+						 .tokens = core_slot_tokens(c, b) };
+			/* The cost model chose to recompute it: dropped, as its eviction would. */
+			r = blk->flags & CORE_BLOCK_NODEMOTE ? -ECANCELED
+							     : store_into(c, to, from, b, &key);
+		} else {
+			key = slot_key(&c->tiers[from], b);
+			r = store_into(c, to, from, b, &key);
+		}
+		if (r == -ENOSPC) {
+			/* Every slot of `to` is held (by loads in flight): nothing more goes in. */
+			pass->full = true;
+			break;
+		}
+		/* Moved, or dropped (a failed store leaves a block out, as a demotion does). */
+		if (from == CORE_TIER_POOL) {
+			c->dropping = true; /* out of the pool without a demotion of its own */
+			pool_evict(&c->pool, b);
+			c->dropping = false;
+		} else {
+			tier_hold(c, from, b); /* off the LRU */
+			tier_release(c, from, b);
+		}
+		pass->moved += r == 0;
+		pass->dropped += r != 0;
+		pass->from_pool += r == 0 && from == CORE_TIER_POOL;
+		pass->from_tiers += r == 0 && from != CORE_TIER_POOL;
+		n++;
+	}
+	return (int)n;
 }
 
 uint32_t tiers_drop_all(struct core *c)

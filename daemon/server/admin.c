@@ -456,14 +456,23 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 		Kvpaged__V1__PoolUsage *use = calloc(srv->npools, sizeof(*use));
 		Kvpaged__V1__PoolUsage **usep = calloc(srv->npools, sizeof(*usep));
 		Kvpaged__V1__PoolDescription *desc = calloc(srv->npools, sizeof(*desc));
+		Kvpaged__V1__SwapFile *files, **filep;
+		size_t nfiles = 0;
 
-		if (!use || !usep || !desc) {
+		for (size_t i = 0; i < srv->npools; i++)
+			nfiles += srv->pools[i].file ? srv->pools[i].cfg->n_swap_files : 0;
+		files = calloc(nfiles + 1, sizeof(*files));
+		filep = calloc(nfiles + 1, sizeof(*filep));
+		if (!use || !usep || !desc || !files || !filep) {
 			free(use);
 			free(usep);
 			free(desc);
+			free(files);
+			free(filep);
 			session_reply_error(s, h->seq, ENOMEM, "out of memory");
 			break;
 		}
+		nfiles = 0;
 		for (size_t i = 0; i < srv->npools; i++) {
 			struct core_usage u;
 
@@ -480,6 +489,16 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 			use[rep.n_pools].indexed = u.indexed;
 			use[rep.n_pools].sequences = u.sequences;
 			use[rep.n_pools].sessions = srv->pools[i].sessions;
+			use[rep.n_pools].swap_files = &filep[nfiles];
+			for (uint32_t f = 0; srv->pools[i].file && f < srv->pools[i].cfg->n_swap_files;
+			     f++) {
+				kvpaged__v1__swap_file__init(&files[nfiles]);
+				files[nfiles].path = srv->pools[i].cfg->swap_files[f];
+				files[nfiles].direct = file_tier_direct(srv->pools[i].file, f);
+				filep[nfiles] = &files[nfiles];
+				nfiles++;
+				use[rep.n_pools].n_swap_files++;
+			}
 			usep[rep.n_pools] = &use[rep.n_pools];
 			rep.n_pools++;
 		}
@@ -488,6 +507,8 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 		free(use);
 		free(usep);
 		free(desc);
+		free(files);
+		free(filep);
 		break;
 	}
 	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SESSIONS: {

@@ -1023,16 +1023,16 @@ static double measure_move_bandwidth(struct dpool *p)
 
 /*
  * bandwidth = auto for the file tier: reads through a scratch file tier of up to 64 MiB next
- * to the first swap file, so the real slots are never touched.
+ * to the first swap file, so the real slots are never touched.  Its file has no name (the
+ * tier's scratch): nobody can plant a link where it would be, and a crash leaves nothing.
  */
 static double measure_file_bandwidth(struct dpool *p)
 {
 	const struct kvpd_pool_config *c = p->cfg;
-	char path[4096];
-	const char *paths[1] = { path };
+	const char *paths[1] = { c->swap_files[0] };
 	struct file_tier_config fc = { .paths = paths, .npaths = 1, .block_bytes = p->block_bytes,
 				       .block_tokens = c->block_tokens, .geometry = 1,
-				       .queue_depth = c->file_tier_queue_depth };
+				       .queue_depth = c->file_tier_queue_depth, .scratch = true };
 	struct file_tier *ft = NULL;
 	uint32_t *slots = NULL, *tokens = NULL;
 	struct tier_key *keys = NULL;
@@ -1051,7 +1051,6 @@ static double measure_file_bandwidth(struct dpool *p)
 		if (scratch == MAP_FAILED)
 			return 0;
 	}
-	snprintf(path, sizeof(path), "%s.measure-%d", c->swap_files[0], (int)getpid());
 	slots = calloc(n, sizeof(*slots));
 	keys = calloc(n, sizeof(*keys));
 	dsts = calloc(n, sizeof(*dsts));
@@ -1078,7 +1077,6 @@ static double measure_file_bandwidth(struct dpool *p)
 		bw = (double)n * (double)p->block_bytes / t;
 out:
 	file_tier_close(ft);
-	unlink(path);
 	free(slots);
 	free(keys);
 	free(dsts);
@@ -1357,6 +1355,52 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
 	snprintf(p->ns_other.name, sizeof(p->ns_other.name), "(other)");
 	return 0;
+}
+
+void dpool_persist_at_stop(struct dpool *p)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	struct core_persist_pass pass = { 0 };
+	struct core_tier_stats host = { 0 };
+	struct file_tier_stats before, after;
+	uint64_t start = server_now_ns(), deadline;
+	struct core_usage u;
+	char left[160] = "nothing left behind";
+	int n;
+
+	if (!p->file || !c->file_tier_persist || !c->file_tier_persist_stop_ms)
+		return;
+	if (p->failed) {
+		log_warning("pool %s: stopping: nothing written to the swap files, the pool's memory "
+			    "cannot be trusted", c->name);
+		return;
+	}
+	deadline = start + (uint64_t)c->file_tier_persist_stop_ms * 1000000u;
+	file_tier_get_stats(p->file, &before);
+	/*
+	 * A batch is what the file tier has staging buffers for; the time is checked between
+	 * batches, so the stop overruns its bound by one batch's writes at most.
+	 */
+	do {
+		n = core_tier_persist(p->core, CORE_TIER_FILE, c->file_tier_queue_depth, &pass);
+		dpool_tier_poll(p); /* failed writes: their slots are forgotten */
+	} while (n > 0 && server_now_ns() < deadline);
+	stores_settle(p, p->nstores);
+	file_tier_flush(p->file);
+	dpool_tier_poll(p);
+	file_tier_get_stats(p->file, &after);
+	core_get_usage(p->core, &u);
+	if (p->host)
+		(void)core_get_tier_stats(p->core, CORE_TIER_HOST, &host);
+	if (u.cached || host.used)
+		snprintf(left, sizeof(left), "left %u cached blocks in the pool and %u in the host "
+			 "tier (%s)", u.cached, host.used,
+			 pass.full ? "the file tier is full" : "file_tier_persist_stop_ms ran out");
+	log_info("pool %s: stopping: wrote %u cached blocks to the swap files (%u from the pool, "
+		 "%u from the host tier; %llu writes failed, %u dropped) in %llu ms; %s", c->name,
+		 pass.moved, pass.from_pool, pass.from_tiers,
+		 (unsigned long long)(after.write_errors - before.write_errors), pass.dropped,
+		 (unsigned long long)((server_now_ns() - start) / 1000000u), left);
 }
 
 void dpool_done(struct dpool *p)

@@ -1098,6 +1098,9 @@ int server_run(struct server *srv)
 				dpool_retry_waiters(&srv->pools[i], server_now_ns());
 		}
 	}
+	/* Every session is gone: what is cached now stays so, and may go down to the files. */
+	for (size_t i = 0; i < srv->npools && !srv->abandoned; i++)
+		dpool_persist_at_stop(&srv->pools[i]);
 	log_info("stopped");
 	return srv->exit_status;
 }

@@ -420,6 +420,12 @@ bool dpool_passed(struct dpool *p, uint64_t t);
  * of those blocks that is not done yet, else 0.
  */
 uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
+/*
+ * A clean stop, once every session is gone: with file_tier_persist, writes the pool's cached
+ * blocks and the host tier's down to the swap files (the core chooses, core_tier_persist) for
+ * at most file_tier_persist_stop_ms, so that a restart finds them; logs one line.
+ */
+void dpool_persist_at_stop(struct dpool *p);
 void dpool_done(struct dpool *p);
 /*
  * The entry of namespace (salt, name) for a session of uid joining it (made, or taken back,

@@ -11,7 +11,9 @@
  * Slot layout (docs/tiers-storage.md): a header region (struct slot_header, the block's token
  * ids, zero padding to 4096) then a data region (block_bytes, zero padding to 4096).  Slot i
  * lives in file i % npaths at offset (i / npaths) * slot_bytes.  Numbers are little-endian
- * (configure refuses big-endian hosts).
+ * (configure refuses big-endian hosts).  Both checksums are XXH3 keyed with a secret of the
+ * tier's (kept in <first swap file>.key with persist), so only this daemon writes slots it
+ * accepts.
  *
  * Not thread-safe: one owner drives the tier (the daemon's I/O thread).
  */
@@ -20,11 +22,13 @@
 #include <fcntl.h>
 #include <liburing.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,8 +39,23 @@
 #include "daemon/tier/tier.h"
 
 #define SLOT_MAGIC UINT64_C(0x31544f4c5350564b) /* "KVPSLOT1" read as little-endian bytes */
-#define SLOT_VERSION 1u
+/* 2: the checksums are keyed (version 1's were plain XXH3, which anyone can forge). */
+#define SLOT_VERSION 2u
 #define SLOT_ALIGN 4096u
+
+/*
+ * The key file beside the first swap file: a magic and the random key the checksums' secret
+ * is derived from.  Only with persist: otherwise a key of the run's own, never written.
+ */
+#define KEY_MAGIC UINT64_C(0x3159454b5350564b) /* "KVPSKEY1" */
+#define KEY_BYTES 32u
+#define KEY_SUFFIX ".key"
+
+struct key_file {
+	uint64_t magic;
+	uint8_t key[KEY_BYTES];
+};
+static_assert(sizeof(struct key_file) == 40, "on-disk key file");
 
 /* Caps that keep every size product far from overflow and within io_uring's own limits. */
 #define FILE_TIER_MAX_QUEUE_DEPTH 4096u
@@ -56,12 +75,12 @@ struct slot_header {
 	uint64_t parent_lo, parent_hi;
 	uint64_t salt;
 	uint64_t extra;
-	uint64_t data_xxh3;   /* XXH3-64 of the block_bytes of data (not the padding) */
-	uint64_t header_xxh3; /* XXH3-64 of this struct and the tokens, this field read as 0 */
+	uint64_t data_sum;   /* keyed XXH3-64 of the block_bytes of data (not the padding) */
+	uint64_t header_sum; /* keyed XXH3-64 of this struct and the tokens, this field read as 0 */
 	/* uint32_t tokens[block_tokens] follow */
 };
 static_assert(sizeof(struct slot_header) == 104, "on-disk slot header");
-static_assert(offsetof(struct slot_header, header_xxh3) == 96, "on-disk slot header");
+static_assert(offsetof(struct slot_header, header_sum) == 96, "on-disk slot header");
 
 enum buf_state {
 	BUF_FREE,
@@ -94,6 +113,7 @@ struct batch {
 	void (*found)(void *ctx, uint32_t slot, const struct tier_key *key);
 	void *found_ctx;
 	uint32_t found_count;
+	uint32_t foreign_count; /* slots of another version, layout or striping (not used) */
 	int scan_error;
 };
 
@@ -104,6 +124,7 @@ struct file_tier {
 	bool fixed_buffers;
 	bool persist;
 	int *fds;
+	bool *direct; /* per file: O_DIRECT in effect (else the file system refused it) */
 	uint32_t npaths;
 	uint32_t nslots;
 	uint64_t block_bytes;
@@ -113,6 +134,11 @@ struct file_tier {
 	uint64_t data_bytes;
 	uint64_t slot_bytes;
 	uint32_t queue_depth;
+	/*
+	 * The checksums' key: XXH3's secret, derived from the key file's random key (persist) or
+	 * from a random key of this run.  Without it nobody can write a slot the tier accepts.
+	 */
+	uint8_t secret[XXH3_SECRET_DEFAULT_SIZE];
 
 	uint8_t *staging_mem;
 	size_t staging_mem_bytes;
@@ -170,8 +196,8 @@ static uint64_t header_checksum(const struct file_tier *t, const uint8_t *hdr)
 	XXH3_state_t st;
 
 	memcpy(&copy, hdr, sizeof(copy));
-	copy.header_xxh3 = 0;
-	XXH3_64bits_reset(&st);
+	copy.header_sum = 0;
+	XXH3_64bits_reset_withSecret(&st, t->secret, sizeof(t->secret));
 	XXH3_64bits_update(&st, &copy, sizeof(copy));
 	XXH3_64bits_update(&st, hdr + sizeof(copy), (size_t)t->block_tokens * sizeof(uint32_t));
 	return XXH3_64bits_digest(&st);
@@ -179,21 +205,177 @@ static uint64_t header_checksum(const struct file_tier *t, const uint8_t *hdr)
 
 /* ---- opening and closing ------------------------------------------------------------------ */
 
-static int open_file(struct file_tier *t, const char *path, uint64_t size, int *ret_fd)
+/*
+ * Checks, on the opened descriptor, that a file the tier keeps state in is the daemon's own:
+ * a regular file of its effective uid that neither group nor others may write, with `links`
+ * names (1; 0 for an unnamed scratch file).  A swap path in a directory another user can
+ * write must not let that user make the daemon truncate or overwrite some other file through
+ * a hard link, nor feed it slots through a file the user owns or may write.
+ */
+static int check_private_file(int fd, const char *path, nlink_t links)
 {
-	int fd, r;
 	struct stat st;
 
-	fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_DIRECT, 0600);
-	if (fd < 0 && errno == EINVAL) {
-		/* Some file systems refuse O_DIRECT; buffered I/O is slower but still correct. */
-		fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-		if (fd >= 0)
-			log_warning("tier: %s: no O_DIRECT on this file system, using buffered I/O",
-				    path);
+	if (fstat(fd, &st) < 0)
+		return log_error_errno(errno, "tier: cannot stat %s: %m", path);
+	if (!S_ISREG(st.st_mode)) {
+		log_error("tier: %s is not a regular file; refusing it", path);
+		return -EINVAL;
+	}
+	if (st.st_uid != geteuid()) {
+		log_error("tier: %s belongs to uid %u, not to this daemon (uid %u); refusing it",
+			  path, (unsigned)st.st_uid, (unsigned)geteuid());
+		return -EPERM;
+	}
+	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		log_error("tier: %s may be written by its group or others (mode %04o); refusing it "
+			  "(chmod go-w)", path, (unsigned)(st.st_mode & 07777));
+		return -EPERM;
+	}
+	if (st.st_nlink != links) {
+		log_error("tier: %s has %ju names (hard links), not %ju; refusing it", path,
+			  (uintmax_t)st.st_nlink, (uintmax_t)links);
+		return -EMLINK;
+	}
+	return 0;
+}
+
+/*
+ * Opens a file the tier keeps state in, read-write: never through a symbolic link
+ * (O_NOFOLLOW), created (mode 0600) only where nothing is (O_EXCL), and checked as
+ * check_private_file() says before the caller touches it.  O_NONBLOCK keeps a FIFO or a device
+ * someone put there from holding the open; the caller clears it (set_io_flags).  *ret_created
+ * (may be NULL) says whether this call made the file.  0 or -errno (logged).
+ */
+static int open_private_file(const char *path, int *ret_fd, bool *ret_created)
+{
+	const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY | O_NONBLOCK;
+	bool created = false;
+	int fd = -EBADF, r;
+
+	/* A name that appears or goes between the two opens is looked at again. */
+	for (int tries = 0; fd < 0 && tries < 3; tries++) {
+		fd = open(path, flags);
+		if (fd >= 0 || errno != ENOENT)
+			break;
+		fd = open(path, flags | O_CREAT | O_EXCL, 0600);
+		created = fd >= 0;
+		if (fd < 0 && errno != EEXIST)
+			break;
+	}
+	if (fd < 0 && errno == ELOOP) {
+		log_error("tier: %s is a symbolic link; refusing it (swap files are never followed)",
+			  path);
+		return -ELOOP;
 	}
 	if (fd < 0)
 		return log_error_errno(errno, "tier: cannot open %s: %m", path);
+	r = check_private_file(fd, path, 1);
+	if (r < 0) {
+		close(fd);
+		return r;
+	}
+	*ret_fd = fd;
+	if (ret_created)
+		*ret_created = created;
+	return 0;
+}
+
+/* The directory a path names a file in ("." for a bare name), allocated; NULL without memory. */
+static char *dir_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	if (!slash)
+		return strdup(".");
+	return strndup(path, slash == path ? 1 : (size_t)(slash - path));
+}
+
+/*
+ * A file of the tier's that has no name, in the directory of path (a scratch file: the daemon
+ * measures reads beside the swap files in one).  O_TMPFILE where the file system has it, else
+ * a random name made with O_CREAT|O_EXCL (mkostemp, mode 0600) and unlinked at once.  Either
+ * way no name another user could guess or plant is ever opened, no link is followed, and
+ * nothing is left behind, even after a SIGKILL (but for the instant of the fallback's name).
+ */
+static int open_scratch(const char *path, int *ret_fd)
+{
+	char *dir = dir_of(path), *name = NULL;
+	int fd = -EBADF, r;
+
+	if (!dir)
+		return log_error_errno(ENOMEM, "tier: out of memory");
+	fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+	/* EISDIR: a kernel without O_TMPFILE; EOPNOTSUPP: a file system without it. */
+	if (fd < 0 && (errno == EOPNOTSUPP || errno == EISDIR || errno == EINVAL)) {
+		if (asprintf(&name, "%s/.kvpaged-scratch-XXXXXX", dir) < 0) {
+			name = NULL;
+			r = log_error_errno(ENOMEM, "tier: out of memory");
+			goto out;
+		}
+		fd = mkostemp(name, O_CLOEXEC);
+		if (fd >= 0 && unlink(name) < 0) {
+			r = log_error_errno(errno, "tier: cannot unlink the scratch file %s: %m", name);
+			goto out;
+		}
+	}
+	if (fd < 0) {
+		r = log_error_errno(errno, "tier: cannot make a scratch file in %s: %m", dir);
+		goto out;
+	}
+	r = check_private_file(fd, dir, 0);
+	if (r == 0) {
+		*ret_fd = fd;
+		fd = -EBADF;
+	}
+out:
+	if (fd >= 0)
+		close(fd);
+	free(name);
+	free(dir);
+	return r;
+}
+
+/*
+ * Turns O_DIRECT on (and the opening's O_NONBLOCK off).  A file system that refuses O_DIRECT
+ * (EINVAL) keeps the file buffered: slower, still correct.  *ret_direct says which; 0 or -errno.
+ */
+static int set_io_flags(int fd, const char *path, bool *ret_direct)
+{
+	int fl = fcntl(fd, F_GETFL);
+
+	if (fl < 0)
+		return log_error_errno(errno, "tier: cannot read the flags of %s: %m", path);
+	fl &= ~O_NONBLOCK;
+	if (fcntl(fd, F_SETFL, fl | O_DIRECT) == 0) {
+		*ret_direct = true;
+		return 0;
+	}
+	if (errno != EINVAL)
+		return log_error_errno(errno, "tier: cannot set O_DIRECT on %s: %m", path);
+	if (fcntl(fd, F_SETFL, fl) < 0)
+		return log_error_errno(errno, "tier: cannot set the flags of %s: %m", path);
+	log_warning("tier: %s: no O_DIRECT on this file system, using buffered I/O", path);
+	*ret_direct = false;
+	return 0;
+}
+
+/*
+ * Opens, checks and locks one swap file (sized later, by size_file); a scratch tier's file is
+ * unnamed, in path's directory, and needs no lock (nobody else can open it).
+ */
+static int open_file(const char *path, bool scratch, int *ret_fd, bool *ret_direct)
+{
+	int fd = -EBADF, r;
+
+	r = scratch ? open_scratch(path, &fd) : open_private_file(path, &fd, NULL);
+	if (r < 0)
+		return r;
+	r = set_io_flags(fd, path, ret_direct);
+	if (r < 0)
+		goto fail;
+	if (scratch)
+		goto done;
 
 	/*
 	 * Two daemons sharing a swap file would overwrite each other's slots.  A daemon that was
@@ -210,35 +392,159 @@ static int open_file(struct file_tier *t, const char *path, uint64_t size, int *
 		}
 		usleep(10000);
 	}
-	if (fstat(fd, &st) < 0) {
-		r = -errno;
-		goto fail;
-	}
-	if (!S_ISREG(st.st_mode)) {
-		r = -EINVAL;
-		log_error("tier: %s is not a regular file", path);
-		goto fail;
-	}
-	/* Without persist, old slots must not come back: truncate before sizing. */
-	if (!t->persist && ftruncate(fd, 0) < 0) {
-		r = -errno;
-		log_error_errno(r, "tier: cannot truncate %s: %m", path);
-		goto fail;
-	}
-	/*
-	 * Sparse: blocks are allocated as slots are written, and ENOSPC then arrives as a failed
-	 * write (the lost callback).  With persist a larger file is left alone rather than cut.
-	 */
-	if ((!t->persist || (uint64_t)st.st_size < size) && ftruncate(fd, (off_t)size) < 0) {
-		r = -errno;
-		log_error_errno(r, "tier: cannot size %s to %llu bytes: %m", path,
-				(unsigned long long)size);
-		goto fail;
-	}
+done:
 	*ret_fd = fd;
 	return 0;
 fail:
 	close(fd);
+	return r;
+}
+
+/*
+ * Sizes a swap file to its slots.  forget: old slots must not come back (no persist, or a new
+ * key), so the file is truncated first.  Sparse: blocks are allocated as slots are written,
+ * and ENOSPC then arrives as a failed write (the lost callback).  Kept, a larger file is left
+ * alone rather than cut.
+ */
+static int size_file(int fd, const char *path, uint64_t size, bool forget)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0)
+		return log_error_errno(errno, "tier: cannot stat %s: %m", path);
+	if (forget && ftruncate(fd, 0) < 0)
+		return log_error_errno(errno, "tier: cannot truncate %s: %m", path);
+	if ((forget || (uint64_t)st.st_size < size) && ftruncate(fd, (off_t)size) < 0)
+		return log_error_errno(errno, "tier: cannot size %s to %llu bytes: %m", path,
+				       (unsigned long long)size);
+	return 0;
+}
+
+/* Whether any swap file holds anything yet (slots a new key would make untrusted). */
+static bool files_hold_slots(const struct file_tier *t)
+{
+	struct stat st;
+
+	for (uint32_t i = 0; i < t->npaths; i++)
+		if (fstat(t->fds[i], &st) == 0 && st.st_blocks > 0)
+			return true;
+	return false;
+}
+
+/* The checksums' secret from a key: XXH3 wants a secret whose every bit looks random. */
+static void set_secret(struct file_tier *t, const uint8_t key[KEY_BYTES])
+{
+	(void)XXH3_generateSecret(t->secret, sizeof(t->secret), key, KEY_BYTES);
+}
+
+/* KEY_BYTES from the kernel's random generator.  0 or -errno. */
+static int random_key(uint8_t key[KEY_BYTES])
+{
+	ssize_t n;
+
+	do
+		n = getrandom(key, KEY_BYTES, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return log_error_errno(errno, "tier: cannot get a random key: %m");
+	return n == KEY_BYTES ? 0 : log_error_errno(EIO, "tier: short random key: %m");
+}
+
+/* Makes the new key entry of path durable: its directory is synced. */
+static void sync_dir_of(const char *path)
+{
+	char *dir = dir_of(path);
+	int fd = dir ? open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -ENOMEM;
+
+	if (fd < 0 || fsync(fd) < 0)
+		log_warning_errno(errno, "tier: cannot sync the directory of %s: %m", path);
+	if (fd >= 0)
+		close(fd);
+	free(dir);
+}
+
+/* Writes a new random key into the key file fd (checked to be ours), durably. */
+static int write_key(int fd, const char *path, struct key_file *kf)
+{
+	ssize_t n;
+	int r;
+
+	kf->magic = KEY_MAGIC;
+	r = random_key(kf->key);
+	if (r < 0)
+		return r;
+	if (ftruncate(fd, 0) < 0)
+		return log_error_errno(errno, "tier: cannot truncate %s: %m", path);
+	n = pwrite(fd, kf, sizeof(*kf), 0);
+	if (n < 0 || fsync(fd) < 0)
+		return log_error_errno(errno, "tier: cannot write %s: %m", path);
+	return n == (ssize_t)sizeof(*kf) ? 0 : log_error_errno(EIO, "tier: short write of %s: %m",
+								path);
+}
+
+/*
+ * With persist, the checksums' key lives in <first swap file>.key, held to the swap files'
+ * rules (a refusal stops the pool) and made (O_EXCL, 0600) where there is none.  A key that is
+ * missing, unreadable, or readable by group or others is replaced by a new one: *ret_new then
+ * tells the caller to forget what the files hold, since slots made under a key we do not have
+ * (or that others may know) cannot be trusted.  Called with the swap files locked, so two
+ * daemons never replace each other's key.  0 or -errno.
+ */
+static int load_key(struct file_tier *t, const char *swap_path, bool *ret_new)
+{
+	struct key_file kf = { 0 };
+	const char *why = NULL;
+	struct stat st;
+	bool created = false;
+	char *path = NULL;
+	int fd = -EBADF, r;
+	ssize_t n;
+
+	if (asprintf(&path, "%s%s", swap_path, KEY_SUFFIX) < 0)
+		return log_error_errno(ENOMEM, "tier: out of memory");
+	r = open_private_file(path, &fd, &created);
+	if (r < 0)
+		goto out;
+	if (fstat(fd, &st) < 0) {
+		r = log_error_errno(errno, "tier: cannot stat %s: %m", path);
+		goto out;
+	}
+	n = pread(fd, &kf, sizeof(kf), 0);
+	if (created)
+		why = files_hold_slots(t) ? "there was none" : NULL;
+	else if (st.st_mode & (S_IRGRP | S_IROTH))
+		why = "its group or others could read it";
+	else if (n < 0)
+		why = "it cannot be read";
+	else if (n != (ssize_t)sizeof(kf) || st.st_size != (off_t)sizeof(kf) ||
+		 kf.magic != KEY_MAGIC)
+		why = "it is not a key file";
+	if (!created && !why) {
+		set_secret(t, kf.key);
+		*ret_new = false;
+		goto out;
+	}
+	if (!created && (st.st_mode & 07777) != 0600 && fchmod(fd, 0600) < 0) {
+		r = log_error_errno(errno, "tier: cannot make %s private: %m", path);
+		goto out;
+	}
+	r = write_key(fd, path, &kf);
+	if (r < 0)
+		goto out;
+	if (created)
+		sync_dir_of(path);
+	set_secret(t, kf.key);
+	*ret_new = true;
+	if (why)
+		log_warning("tier: %s: %s; a new key replaces it, so the slots already in the swap "
+			    "files are not trusted: the file tier starts empty", path, why);
+	else
+		log_info("tier: made %s, the key of the swap files' checksums", path);
+out:
+	explicit_bzero(&kf, sizeof(kf));
+	if (fd >= 0)
+		close(fd);
+	free(path);
 	return r;
 }
 
@@ -247,7 +553,8 @@ static int check_config(const struct file_tier_config *cfg)
 	if (!cfg || !cfg->paths || cfg->npaths == 0 || cfg->nslots == 0 || cfg->block_bytes == 0 ||
 	    cfg->block_bytes > FILE_TIER_MAX_BLOCK_BYTES || cfg->block_tokens == 0 ||
 	    cfg->block_tokens > FILE_TIER_MAX_TOKENS || cfg->queue_depth == 0 ||
-	    cfg->queue_depth > FILE_TIER_MAX_QUEUE_DEPTH || cfg->npaths > cfg->nslots)
+	    cfg->queue_depth > FILE_TIER_MAX_QUEUE_DEPTH || cfg->npaths > cfg->nslots ||
+	    (cfg->scratch && (cfg->npaths != 1 || cfg->persist)))
 		return -EINVAL;
 	for (uint32_t i = 0; i < cfg->npaths; i++)
 		if (!cfg->paths[i])
@@ -259,6 +566,7 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 {
 	struct file_tier *t;
 	struct iovec *iov = NULL;
+	bool new_key = false;
 	int r;
 
 	r = check_config(cfg);
@@ -285,12 +593,14 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 	t->slot_bytes = t->header_bytes + t->data_bytes;
 
 	t->fds = malloc(t->npaths * sizeof(*t->fds));
+	t->direct = calloc(t->npaths, sizeof(*t->direct));
 	t->bufs = calloc(t->queue_depth, sizeof(*t->bufs));
 	t->free_bufs = malloc(t->queue_depth * sizeof(*t->free_bufs));
 	t->slot_buf = malloc((size_t)t->nslots * sizeof(*t->slot_buf));
 	t->slot_gen = calloc(t->nslots, sizeof(*t->slot_gen));
 	iov = calloc(t->queue_depth, sizeof(*iov));
-	if (!t->fds || !t->bufs || !t->free_bufs || !t->slot_buf || !t->slot_gen || !iov) {
+	if (!t->fds || !t->direct || !t->bufs || !t->free_bufs || !t->slot_buf || !t->slot_gen ||
+	    !iov) {
 		r = -ENOMEM;
 		goto fail;
 	}
@@ -300,9 +610,29 @@ int file_tier_open(const struct file_tier_config *cfg, struct file_tier **ret)
 		t->slot_buf[s] = NO_BUF;
 
 	for (uint32_t i = 0; i < t->npaths; i++) {
+		r = open_file(cfg->paths[i], cfg->scratch, &t->fds[i], &t->direct[i]);
+		if (r < 0)
+			goto fail;
+	}
+	/* Without persist the files are forgotten anyway: a key of this run's own will do. */
+	if (t->persist) {
+		r = load_key(t, cfg->paths[0], &new_key);
+		if (r < 0)
+			goto fail;
+	} else {
+		uint8_t key[KEY_BYTES];
+
+		r = random_key(key);
+		if (r < 0)
+			goto fail;
+		set_secret(t, key);
+		explicit_bzero(key, sizeof(key));
+	}
+	for (uint32_t i = 0; i < t->npaths; i++) {
 		uint64_t slots_here = (t->nslots - i + t->npaths - 1) / t->npaths;
 
-		r = open_file(t, cfg->paths[i], slots_here * t->slot_bytes, &t->fds[i]);
+		r = size_file(t->fds[i], cfg->paths[i], slots_here * t->slot_bytes,
+			      !t->persist || new_key);
 		if (r < 0)
 			goto fail;
 	}
@@ -409,6 +739,7 @@ struct file_tier *file_tier_close(struct file_tier *t)
 	if (t->staging_mem)
 		munmap(t->staging_mem, t->staging_mem_bytes);
 	free(t->fds);
+	free(t->direct);
 	free(t->bufs);
 	free(t->free_bufs);
 	free(t->slot_buf);
@@ -419,14 +750,20 @@ struct file_tier *file_tier_close(struct file_tier *t)
 
 /* ---- verification ------------------------------------------------------------------------- */
 
-/* Header checks shared by load and scan: 0, -EBADMSG (corrupt) or -ENOENT (another format). */
+/*
+ * Header checks shared by load and scan: 0, -EBADMSG (corrupt, or not made with our key) or
+ * -ENOENT (another format or layout).
+ */
 static int check_header(struct file_tier *t, const uint8_t *mem, uint32_t slot)
 {
 	const struct slot_header *h = (const struct slot_header *)mem;
 
-	if (h->header_xxh3 != header_checksum(t, mem))
+	/* Another version's checksum cannot be checked, so it is never served either. */
+	if (h->magic == SLOT_MAGIC && h->version != SLOT_VERSION)
+		return -ENOENT;
+	if (h->header_sum != header_checksum(t, mem))
 		return -EBADMSG;
-	if (h->magic != SLOT_MAGIC || h->version != SLOT_VERSION ||
+	if (h->magic != SLOT_MAGIC ||
 	    h->header_bytes != t->header_bytes || h->block_bytes != t->block_bytes ||
 	    h->block_tokens != t->block_tokens || h->geometry != t->geometry || h->slot != slot)
 		return -ENOENT;
@@ -462,7 +799,7 @@ static int verify_and_copy(struct file_tier *t, const uint8_t *mem, uint32_t slo
 		t->stats.identity_errors++;
 		return -EBADMSG;
 	}
-	if (h->data_xxh3 != XXH3_64bits(data, t->block_bytes)) {
+	if (h->data_sum != XXH3_64bits_withSecret(data, t->block_bytes, t->secret, sizeof(t->secret))) {
 		t->stats.checksum_errors++;
 		return -EBADMSG;
 	}
@@ -538,6 +875,8 @@ static void complete_read(struct file_tier *t, uint32_t b, int res)
 		/* An all-zero header is a slot never written; only a damaged one is counted. */
 		if (r == -EBADMSG && h->magic == SLOT_MAGIC)
 			t->stats.checksum_errors++;
+		if (r == -ENOENT)
+			batch->foreign_count++;
 		if (r == 0) {
 			struct tier_key key = {
 				.hash_lo = h->hash_lo,
@@ -713,19 +1052,21 @@ static void prep_io(struct file_tier *t, uint32_t b, bool write, uint32_t slot, 
 /* ---- the interface ------------------------------------------------------------------------ */
 
 /*
- * memcpy, then XXH3-64 of what was copied (the same value as XXH3_64bits(dst, n)), a chunk at
- * a time: each chunk is hashed while it is still in cache, saving a second pass through memory.
+ * memcpy, then the keyed XXH3-64 of what was copied (the value XXH3_64bits_withSecret(dst, n)
+ * gives), a chunk at a time: each chunk is hashed while it is still in cache, saving a second
+ * pass through memory.
  */
-static uint64_t copy_and_hash(uint8_t *dst, const uint8_t *src, size_t n)
+static uint64_t copy_and_hash(const struct file_tier *t, uint8_t *dst, const uint8_t *src,
+			      size_t n)
 {
 	enum { CHUNK = 32 << 10 };
 	XXH3_state_t st;
 
 	if (n <= CHUNK) {
 		memcpy(dst, src, n);
-		return XXH3_64bits(dst, n);
+		return XXH3_64bits_withSecret(dst, n, t->secret, sizeof(t->secret));
 	}
-	XXH3_64bits_reset(&st);
+	XXH3_64bits_reset_withSecret(&st, t->secret, sizeof(t->secret));
 	for (size_t off = 0; off < n; off += CHUNK) {
 		size_t len = n - off < CHUNK ? n - off : CHUNK;
 
@@ -739,7 +1080,7 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 		    const void *data)
 {
 	struct slot_header *h;
-	uint64_t data_xxh3;
+	uint64_t data_sum;
 	uint8_t *mem;
 	size_t tok_bytes;
 	uint32_t b;
@@ -763,7 +1104,7 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 	tok_bytes = (size_t)t->block_tokens * sizeof(uint32_t);
 
 	/* Of the copy, not of data: it is what reaches the disk. */
-	data_xxh3 = copy_and_hash(mem + t->header_bytes, data, t->block_bytes);
+	data_sum = copy_and_hash(t, mem + t->header_bytes, data, t->block_bytes);
 	/* Zero padding: no stale bytes of other blocks reach the disk. */
 	memset(mem + t->header_bytes + t->block_bytes, 0, t->data_bytes - t->block_bytes);
 	*h = (struct slot_header){
@@ -780,11 +1121,11 @@ int file_tier_store(struct file_tier *t, uint32_t slot, const struct tier_key *k
 		.parent_hi = key->parent_hi,
 		.salt = key->salt,
 		.extra = key->extra,
-		.data_xxh3 = data_xxh3,
+		.data_sum = data_sum,
 	};
 	memcpy(mem + sizeof(*h), key->tokens, tok_bytes);
 	memset(mem + sizeof(*h) + tok_bytes, 0, t->header_bytes - sizeof(*h) - tok_bytes);
-	h->header_xxh3 = header_checksum(t, mem);
+	h->header_sum = header_checksum(t, mem);
 
 	t->bufs[b] = (struct staging){
 		.state = BUF_WRITE,
@@ -982,6 +1323,9 @@ int file_tier_scan(struct file_tier *t,
 	t->batch = NULL;
 	if (batch.scan_error < 0)
 		return log_error_errno(batch.scan_error, "tier: reading slot headers: %m");
+	if (batch.foreign_count)
+		log_notice("tier: %u slots of another format version, layout or striping are not "
+			   "used", batch.foreign_count);
 	return (int)batch.found_count;
 }
 
@@ -998,4 +1342,9 @@ void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret)
 uint64_t file_tier_slot_bytes(const struct file_tier *t)
 {
 	return t->slot_bytes;
+}
+
+bool file_tier_direct(const struct file_tier *t, uint32_t file)
+{
+	return file < t->npaths && t->direct[file];
 }

@@ -85,8 +85,15 @@ struct file_tier_config {
 	uint32_t block_tokens;
 	uint64_t geometry;        /* fingerprint of the pool's layout; a slot written under
 				     another geometry is never used */
-	bool persist;             /* keep what the files hold across restarts (see scan) */
+	bool persist;             /* keep what the files hold across restarts (see scan), and
+				     the checksums' key in <paths[0]>.key */
 	uint32_t queue_depth;     /* staging buffers = I/Os in flight at most; >= 1 */
+	/*
+	 * One file with no name, in the directory of paths[0] (npaths 1, no persist): O_TMPFILE,
+	 * or a random name unlinked at once.  For a scratch tier that must leave nothing behind
+	 * and open nothing another user could have put there.
+	 */
+	bool scratch;
 	/*
 	 * Told about each queued write that failed after store returned (slot unusable; err is
 	 * -errno, -EIO for a short write), unless the slot was stored again since.  Called from
@@ -108,10 +115,15 @@ struct file_tier_stats {
 /*
  * Opens (creating when missing) and sizes the files, registers them and the staging buffers
  * with a private io_uring, and registers an eventfd with the ring (file_tier_event_fd; failing
- * that, open fails).  Without persist, whatever the files held is forgotten.  Files on
- * a file system without O_DIRECT are opened buffered (logged); staging buffers that
- * RLIMIT_MEMLOCK does not let the ring register are used unregistered (logged).  Each file is
- * locked (flock): -EBUSY when another tier holds it.  0, -EINVAL or another -errno.
+ * that, open fails).  A file is never opened through a symbolic link (-ELOOP) and must be a
+ * regular file (-EINVAL) of the caller's effective uid that group and others cannot write
+ * (-EPERM), with one name (-EMLINK); refusals are logged.  Each file is locked (flock): -EBUSY
+ * when another tier holds it.  The checksums are keyed: with persist the key is read from
+ * <paths[0]>.key (held to the same rules; made when missing), else it is the tier's own.
+ * Without persist, or when the key had to be made anew (logged), whatever the files held is
+ * forgotten.  Files on a file system without O_DIRECT are opened buffered (logged); staging
+ * buffers that RLIMIT_MEMLOCK does not let the ring register are used unregistered (logged).
+ * 0, -EINVAL or another -errno.
  *
  * A tier is not thread-safe: one owner calls everything below.
  */
@@ -195,8 +207,8 @@ void file_tier_flush(struct file_tier *t);
 /*
  * With persist: reads every slot header (after waiting for the reads of an asynchronous load,
  * whose done runs at the next poll, and for queued writes) and calls found for each one that
- * is intact (header checksum, magic, version, sizes, geometry, and the slot it was written
- * as).  key->tokens points into a buffer valid only during the call; found must
+ * is intact (version, keyed header checksum, magic, sizes, geometry, and the slot it was
+ * written as).  key->tokens points into a buffer valid only during the call; found must
  * not call into the tier.  The data checksum is checked when the slot is loaded.  Returns the
  * number found or -errno (a read failed; found may have been called for some slots).
  */
@@ -206,3 +218,8 @@ int file_tier_scan(struct file_tier *t,
 void file_tier_get_stats(const struct file_tier *t, struct file_tier_stats *ret);
 /* Bytes one slot takes in a file (header and data, each rounded up for O_DIRECT). */
 uint64_t file_tier_slot_bytes(const struct file_tier *t);
+/*
+ * Whether file `file` (an index into cfg.paths) is read and written with O_DIRECT; false when
+ * its file system refused O_DIRECT and it is buffered (or there is no such file).
+ */
+bool file_tier_direct(const struct file_tier *t, uint32_t file);

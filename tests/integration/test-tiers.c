@@ -1,10 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The tiers below the pool on the real daemon: swap of a parked sequence through the host tier
- * into a swap file and back, byte for byte; a corrupted swap file; a full file system; and
- * persistence across a SIGKILL, with a corrupted slot header.
+ * into a swap file and back, byte for byte; a corrupted swap file; a full file system;
+ * persistence across a SIGKILL, with a corrupted slot header; a forged slot never served; swap
+ * files planted as links refused; the bandwidth measured in a file without a name; and the
+ * swap file's I/O mode (O_DIRECT or buffered) as the daemon holds it and reports it.
  */
+#include <dirent.h>
 #include <sched.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/resource.h>
@@ -13,6 +17,7 @@
 #include "proto/kvpaged.pb-c.h"
 #include "proto/ring.h"
 #include "tests/integration/harness.h"
+#include "tests/slot-forge.h"
 
 static struct daemon d;
 
@@ -65,8 +70,12 @@ static void make_swap_dir(void)
 
 static void remove_swap_dir(void)
 {
+	char key[sizeof(swap_path) + 8];
+
+	snprintf(key, sizeof(key), "%s.key", swap_path); /* with persistence */
+	unlink(key);
 	unlink(swap_path);
-	rmdir(swap_dir);
+	ck_assert_int_eq(rmdir(swap_dir), 0);
 }
 
 static void setup_pools(unsigned capacity, unsigned host, unsigned file, bool persist)
@@ -288,17 +297,15 @@ static void kill_daemon(struct daemon *dm)
 }
 
 /*
- * With file_tier_persist, cached blocks in the swap file survive a SIGKILL: the restarted
- * daemon finds them, checks each slot, and serves the prefix from them.  A slot whose header
- * was damaged is dropped, so the prefix ends there.
+ * A persistent pool (no host tier) whose swap file holds the 5 blocks of prompt tp (tags
+ * 0x10..0x14), pushed down by another prompt's 8: where the restart tests begin.  The daemon
+ * is left running.
  */
-START_TEST(test_persistence_across_sigkill)
+static void persist_five_in_file(uint32_t tp[80])
 {
-	uint32_t tp[80], tq[128], cached = 0;
 	struct kvp_table tab = { 0 };
 	struct kvp_client *c;
-	uint64_t s;
-	char out[16384];
+	uint32_t tq[128];
 
 	make_swap_dir();
 	setup_pools(8, 0, 64, true);
@@ -306,13 +313,41 @@ START_TEST(test_persistence_across_sigkill)
 	prompt(tp, 80, 100);
 	prompt(tq, 128, 3000);
 	c = connect_ns(NULL, 0);
-	s = fill(c, tp, 80, 0x10, &tab);
-	ck_assert_int_eq(kvp_close(c, s), 0);
-	s = fill(c, tq, 128, 0x30, &tab); /* pushes the 5 blocks of p into the swap file */
-	ck_assert_int_eq(kvp_close(c, s), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tp, 80, 0x10, &tab)), 0);
+	ck_assert_int_eq(kvp_close(c, fill(c, tq, 128, 0x30, &tab)), 0);
 	for (uint8_t i = 0; i < 5; i++)
 		wait_in_swap((uint8_t)(0x10 + i));
 	kvp_disconnect(c);
+	kvp_table_free(&tab);
+}
+
+/* The end of a restart test: promotions blocks came from the file; the daemon stops clean. */
+static void end_restart_test(struct kvp_client *c, struct kvp_table *tab, long long promotions)
+{
+	char out[16384];
+
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), promotions);
+	assert_verified(&d);
+	kvp_disconnect(c);
+	kvp_table_free(tab);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+
+/*
+ * With file_tier_persist, cached blocks in the swap file survive a SIGKILL: the restarted
+ * daemon finds them, checks each slot, and serves the prefix from them.  A slot whose header
+ * was damaged is dropped, so the prefix ends there.
+ */
+START_TEST(test_persistence_across_sigkill)
+{
+	uint32_t tp[80], cached = 0;
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	uint64_t s;
+
+	persist_five_in_file(tp);
 	kill_daemon(&d);
 
 	/* Damage the header of the slot holding block 3 (it sits in front of the data). */
@@ -325,12 +360,333 @@ START_TEST(test_persistence_across_sigkill)
 	for (uint32_t i = 0; i < 3; i++)
 		ck_assert_msg(block_is(c, tab.blocks[i], (uint8_t)(0x10 + i)),
 			      "block %u differs after the restart", i);
+	end_restart_test(c, &tab, 3);
+}
+END_TEST
+
+/*
+ * Three prompts on a pool of 8 blocks over a host tier of 4 and a swap file: a (4 blocks) is
+ * pushed down to the file by b (8), whose last 4 then sit in the host tier and first 4 in the
+ * pool beside c's 4.
+ */
+static const uint32_t stop_lens[3] = { 64, 128, 64 };
+static const uint8_t stop_tags[3] = { 0x10, 0x30, 0x50 };
+static uint32_t stop_prompts[3][128];
+
+static void fill_three(void)
+{
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c = connect_ns(NULL, 0);
+	char out[16384];
+
+	for (int i = 0; i < 3; i++) {
+		prompt(stop_prompts[i], stop_lens[i], 100 + 10000 * (uint32_t)i);
+		ck_assert_int_eq(kvp_close(c, fill(c, stop_prompts[i], stop_lens[i], stop_tags[i],
+						   &tab)), 0);
+	}
 	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
-	ck_assert_int_eq(tier_int(out, "file", "promotions"), 3);
+	ck_assert_int_eq(tier_int(out, "host", "used_blocks"), 4);
+	ck_assert_int_eq(tier_int(out, "file", "used_blocks"), 4);
+	for (uint8_t i = 0; i < 4; i++)
+		wait_in_swap((uint8_t)(0x10 + i)); /* a's blocks are in the file */
+	kvp_disconnect(c);
+	kvp_table_free(&tab);
+}
+
+/* After a restart: how much of each prompt is found, each found block checked bytewise. */
+static void expect_found(const uint32_t found[3])
+{
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c = connect_ns(NULL, 0);
+	uint32_t cached = 0;
+	uint64_t s;
+
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(kvp_open(c, stop_prompts[i], stop_lens[i], 0, 0, &s, &cached, &tab),
+				 0);
+		ck_assert_msg(cached == found[i], "prompt %d: %u tokens found, not %u", i, cached,
+			      found[i]);
+		for (uint32_t k = 0; k < cached / 16; k++)
+			ck_assert_msg(block_is(c, tab.blocks[k], (uint8_t)(stop_tags[i] + k)),
+				      "prompt %d: block %u differs after the restart", i, k);
+		ck_assert_int_eq(kvp_close(c, s), 0);
+	}
 	assert_verified(&d);
 	kvp_disconnect(c);
 	kvp_table_free(&tab);
+}
+
+/*
+ * With file_tier_persist: after a SIGKILL what had reached the swap file comes back (a, pushed
+ * down by eviction) and nothing else; after a SIGTERM the daemon also writes what was only in
+ * the pool and in the host tier down to the file once its sessions are gone, logs it in one
+ * line, and every prompt comes back whole from the file tier.  file_tier_persist_stop_ms = 0
+ * writes nothing extra.
+ */
+START_TEST(test_persistence_across_sigterm)
+{
+	static const uint32_t only_a[3] = { 64, 0, 0 }, all[3] = { 64, 128, 64 };
+	char out[16384];
+
+	/* SIGKILL: a only. */
+	make_swap_dir();
+	setup_pools(8, 4, 64, true);
+	daemon_start(&d, pools);
+	fill_three();
+	kill_daemon(&d);
+	daemon_start(&d, pools);
+	expect_found(only_a);
+	kill_daemon(&d);
+	remove_swap_dir();
+
+	/* SIGTERM: the pool's 8 cached blocks and the host tier's 4 go down too. */
+	make_swap_dir();
+	setup_pools(8, 4, 64, true);
+	daemon_start(&d, pools);
+	fill_three();
+	kill(d.pid, SIGTERM);
+	ck_assert_int_eq(daemon_wait_exit(&d), 0);
+	ck_assert_msg(daemon_log_has(&d, "stopping: wrote 12 cached blocks to the swap files (8 "
+				     "from the pool, 4 from the host tier; 0 writes failed, 0 "
+				     "dropped)"), "no line on what the stop wrote");
+	ck_assert(daemon_log_has(&d, "; nothing left behind"));
+	daemon_remove_files(&d);
+	daemon_start(&d, pools);
+	ck_assert(daemon_log_has(&d, "16 cached blocks found in the swap files"));
+	expect_found(all);
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_eq(tier_int(out, "file", "promotions"), 16);
+	kill_daemon(&d);
+	remove_swap_dir();
+
+	/* file_tier_persist_stop_ms = 0: as after a SIGKILL. */
+	make_swap_dir();
+	setup_pools(8, 4, 64, true);
+	strncat(pools, "file_tier_persist_stop_ms = 0\n", sizeof(pools) - strlen(pools) - 1);
+	daemon_start(&d, pools);
+	fill_three();
 	daemon_stop(&d);
+	daemon_start(&d, pools);
+	expect_found(only_a);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
+ * With file_tier_persist, a slot forged by someone who knows the format but not the key (other
+ * data under the block's identity, checksums as plain XXH3) is not restored: the prefix ends in
+ * front of it and its bytes never reach a client, while the genuine slots before it come back
+ * after the restart.
+ */
+START_TEST(test_forged_slot_is_not_served)
+{
+	uint32_t tp[80], cached = 0;
+	uint8_t forged[512];
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	uint64_t s;
+	char out[16384];
+
+	persist_five_in_file(tp);
+	daemon_stop(&d);
+
+	/* Block 1's slot: its header sits in front of its data. */
+	for (int i = 0; i < 512; i++)
+		forged[i] = pattern(0x77, (uint64_t)i);
+	ck_assert_int_eq(forge_slot(swap_path, (uint64_t)find_in_swap(0x11) - 4096, 4096, 16,
+				    forged, sizeof(forged), 0), 0);
+
+	daemon_start(&d, pools);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, tp, 80, 0, 0, &s, &cached, &tab), 0);
+	ck_assert_uint_eq(cached, 16); /* block 0 came back; block 1's slot was not trusted */
+	ck_assert(block_is(c, tab.blocks[0], 0x10));
+	for (uint32_t i = 1; i < tab.len; i++)
+		ck_assert_msg(!block_is(c, tab.blocks[i], 0x77), "the forged block was served");
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_int_ge(tier_int(out, "file", "checksum_errors"), 1);
+	end_restart_test(c, &tab, 1);
+}
+END_TEST
+
+/*
+ * A swap file planted as a symbolic link (to a file root must not truncate) or as a hard link:
+ * the pool does not start, the daemon says why, and the file it led to is untouched.
+ */
+START_TEST(test_unsafe_swap_file_is_refused)
+{
+	static const char content[] = "a file the daemon must never truncate\n";
+	char victim[128], log[8192], got[sizeof(content)];
+	const char *how[] = { "symlink", "hard link" };
+	int fd;
+
+	make_swap_dir();
+	snprintf(victim, sizeof(victim), "%s/victim", swap_dir);
+	fd = open(victim, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, content, sizeof(content)), (ssize_t)sizeof(content));
+	close(fd);
+	for (int i = 0; i < 2; i++) {
+		setup_pools(8, 0, 64, i == 1);
+		ck_assert_int_eq(i == 0 ? symlink(victim, swap_path) : link(victim, swap_path), 0);
+		ck_assert_int_ne(daemon_refuses(pools, log, sizeof(log)), 0);
+		ck_assert_msg(strstr(log, i == 0 ? "is a symbolic link; refusing it"
+						 : "has 2 names (hard links), not 1; refusing it"),
+			      "%s: %s", how[i], log);
+		fd = open(victim, O_RDONLY | O_CLOEXEC);
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(read(fd, got, sizeof(got)), (ssize_t)sizeof(content));
+		ck_assert_msg(!memcmp(got, content, sizeof(content)), "%s: the victim changed", how[i]);
+		close(fd);
+		ck_assert_int_eq(unlink(swap_path), 0);
+	}
+	unlink(victim);
+	remove_swap_dir();
+}
+END_TEST
+
+/*
+ * file_tier_bandwidth = auto measures reads of a scratch file beside the swap file.  That file
+ * has no name (O_TMPFILE here), so no one can plant a link where it would be: the only name
+ * created in the swap directory is the swap file's.
+ */
+START_TEST(test_bandwidth_measured_in_an_unnamed_file)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	char names[1024] = "";
+	ssize_t n;
+	int in;
+
+	make_swap_dir();
+	setup_pools(8, 0, 64, false);
+	strncat(pools, "file_tier_bandwidth = auto\n", sizeof(pools) - strlen(pools) - 1);
+	in = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+	ck_assert_int_ge(in, 0);
+	ck_assert_int_ge(inotify_add_watch(in, swap_dir, IN_CREATE | IN_MOVED_TO), 0);
+	daemon_start(&d, pools);
+	ck_assert(daemon_log_has(&d, "measured tier bandwidth"));
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		for (char *p = buf; p < buf + n;) {
+			struct inotify_event *e = (struct inotify_event *)p;
+
+			if (e->len && strcmp(e->name, "swap0"))
+				snprintf(names + strlen(names), sizeof(names) - strlen(names), " %s",
+					 e->name);
+			p += sizeof(*e) + e->len;
+		}
+	close(in);
+	ck_assert_msg(!names[0], "names created beside the swap file:%s", names);
+	daemon_stop(&d);
+	remove_swap_dir();
+}
+END_TEST
+
+/* Whether the file system of dir takes O_DIRECT: a scratch file opened there with it. */
+static bool dir_takes_o_direct(const char *dir)
+{
+	char path[128];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/probe-o-direct", dir);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_DIRECT | O_CLOEXEC, 0600);
+	unlink(path);
+	if (fd >= 0)
+		close(fd);
+	return fd >= 0;
+}
+
+/* The open flags of the running daemon's descriptor for path (/proc/PID/fdinfo), or -1. */
+static long daemon_fd_flags(const char *path)
+{
+	char link[320], target[256], info[320];
+	long flags = -1;
+	struct dirent *e;
+	DIR *dir;
+
+	snprintf(link, sizeof(link), "/proc/%d/fd", (int)d.pid);
+	dir = opendir(link);
+	ck_assert_ptr_nonnull(dir);
+	while (flags < 0 && (e = readdir(dir))) {
+		ssize_t n;
+		FILE *f;
+
+		snprintf(link, sizeof(link), "/proc/%d/fd/%s", (int)d.pid, e->d_name);
+		n = readlink(link, target, sizeof(target) - 1);
+		if (n < 0)
+			continue;
+		target[n] = '\0';
+		if (strcmp(target, path))
+			continue;
+		snprintf(info, sizeof(info), "/proc/%d/fdinfo/%s", (int)d.pid, e->d_name);
+		f = fopen(info, "r");
+		ck_assert_ptr_nonnull(f);
+		while (fgets(info, sizeof(info), f))
+			if (!strncmp(info, "flags:", 6))
+				flags = strtol(info + 6, NULL, 8);
+		fclose(f);
+	}
+	closedir(dir);
+	return flags;
+}
+
+/*
+ * Starts the daemon with its swap file in swap_dir and checks the I/O mode it reports: the
+ * descriptor it holds for the file carries O_DIRECT exactly when direct, kvpagedctl says so
+ * (text and JSON), and a fallback to buffered I/O is logged.
+ */
+static void check_io_mode(bool direct)
+{
+	char out[16384];
+	long flags;
+
+	setup_pools(8, 0, 64, false);
+	daemon_start(&d, pools);
+	flags = daemon_fd_flags(swap_path);
+	ck_assert_msg(flags >= 0, "the daemon holds no descriptor for %s", swap_path);
+	ck_assert_msg(!!(flags & O_DIRECT) == direct, "flags %lo of %s", flags, swap_path);
+	ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+	ck_assert_msg(json_find_str(out, "file_tier_io", direct ? "direct" : "buffered"), "%s", out);
+	ck_assert_msg(json_find_str(out, "path", swap_path), "%s", out);
+	ck_assert_msg(json_find_str(out, "io", direct ? "direct" : "buffered"), "%s", out);
+	ck_assert_int_eq(daemon_log_has(&d, "no O_DIRECT on this file system"), !direct);
+	printf("swap file in %s: %s I/O\n", swap_dir, direct ? "direct" : "buffered");
+	daemon_stop(&d);
+}
+
+/*
+ * O_DIRECT is asserted where the swap directory's file system takes it, and a file system that
+ * refuses it (ramfs, mounted for the test in a mount namespace of its own, or /dev/shm if
+ * this kernel's tmpfs refuses it) gets buffered I/O that operators can see.
+ */
+START_TEST(test_swap_file_io_mode)
+{
+	bool ramfs = false;
+
+	make_swap_dir();
+	if (dir_takes_o_direct(swap_dir))
+		check_io_mode(true);
+	else
+		printf("%s refuses O_DIRECT: only the fallback is checked there\n", swap_dir);
+	if (!dir_takes_o_direct(swap_dir)) {
+		check_io_mode(false);
+	} else if (!dir_takes_o_direct("/dev/shm")) {
+		remove_swap_dir();
+		strcpy(swap_dir, "/dev/shm/kvpaged-swap-XXXXXX");
+		ck_assert_ptr_nonnull(mkdtemp(swap_dir));
+		check_io_mode(false);
+	} else if (unshare(CLONE_NEWNS) == 0 &&
+		   mount("none", "/", NULL, MS_REC | MS_PRIVATE, NULL) == 0 &&
+		   mount("kvpaged-test", swap_dir, "ramfs", 0, "mode=0700") == 0) {
+		ramfs = true;
+		ck_assert(!dir_takes_o_direct(swap_dir));
+		check_io_mode(false);
+	} else {
+		printf("buffered fallback not checked: /dev/shm takes O_DIRECT and ramfs cannot be "
+		       "mounted here (%s)\n", strerror(errno));
+	}
+	if (ramfs)
+		umount2(swap_dir, MNT_DETACH);
 	remove_swap_dir();
 }
 END_TEST
@@ -905,6 +1261,11 @@ int main(void)
 	tcase_add_test(tc, test_swap_through_host_and_file);
 	tcase_add_test(tc, test_corrupt_swap_file_is_recomputed);
 	tcase_add_test(tc, test_persistence_across_sigkill);
+	tcase_add_test(tc, test_persistence_across_sigterm);
+	tcase_add_test(tc, test_unsafe_swap_file_is_refused);
+	tcase_add_test(tc, test_forged_slot_is_not_served);
+	tcase_add_test(tc, test_bandwidth_measured_in_an_unnamed_file);
+	tcase_add_test(tc, test_swap_file_io_mode);
 	tcase_add_test(tc, test_full_file_system_falls_back_to_recompute);
 	tcase_add_test(tc, test_deferred_reads_and_a_client_gone);
 	tcase_add_test(tc, test_session_closed_while_loading);

@@ -91,6 +91,7 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	for (size_t i = 0; i < a->n_swap_files; i++)
 		ck_assert_str_eq(a->swap_files[i], b->swap_files[i]);
 	ck_assert_int_eq(a->file_tier_persist, b->file_tier_persist);
+	ck_assert_uint_eq(a->file_tier_persist_stop_ms, b->file_tier_persist_stop_ms);
 	ck_assert_uint_eq(a->file_tier_queue_depth, b->file_tier_queue_depth);
 	ck_assert_double_eq(a->model_params, b->model_params);
 	ck_assert_double_eq(a->engine_flops, b->engine_flops);
@@ -475,7 +476,8 @@ START_TEST(test_tiers)
 
 	load_ok(POOL_MAIN "host_tier_blocks = 100\nfile_tier_blocks = 1000\n"
 			  "swap_files = /var/lib/kvpaged/a ,/var/lib/kvpaged/b\n"
-			  "file_tier_persist = yes\nfile_tier_queue_depth = 64\n"
+			  "file_tier_persist = yes\nfile_tier_persist_stop_ms = 1500\n"
+			  "file_tier_queue_depth = 64\n"
 			  "model_params = 7G\nengine_flops = 1.5e14\n"
 			  "host_tier_bandwidth = 25GB\nfile_tier_bandwidth = auto\n",
 		&a);
@@ -486,6 +488,7 @@ START_TEST(test_tiers)
 	ck_assert_str_eq(p->swap_files[0], "/var/lib/kvpaged/a");
 	ck_assert_str_eq(p->swap_files[1], "/var/lib/kvpaged/b");
 	ck_assert(p->file_tier_persist);
+	ck_assert_uint_eq(p->file_tier_persist_stop_ms, 1500);
 	ck_assert_uint_eq(p->file_tier_queue_depth, 64);
 	ck_assert_double_eq(p->model_params, 7e9);
 	ck_assert_double_eq(p->engine_flops, 1.5e14);
@@ -495,6 +498,7 @@ START_TEST(test_tiers)
 	ck_assert_ptr_nonnull(strstr(text, "\nswap_files = /var/lib/kvpaged/a, /var/lib/kvpaged/b\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\nfile_tier_bandwidth = auto\n"));
 	ck_assert_ptr_nonnull(strstr(text, "\nfile_tier_persist = yes\n"));
+	ck_assert_ptr_nonnull(strstr(text, "\nfile_tier_persist_stop_ms = 1500\n"));
 	load_ok(text, &b);
 	assert_config_equal(&a, &b);
 	free(text);
@@ -554,6 +558,20 @@ START_TEST(test_tiers)
 	ck_assert(a.pools[0].file_tier_blocking_reads);
 	config_free(&a);
 	config_free(&b);
+	/* How long a stop may write to the files: a few seconds unless set; read at the stop. */
+	load_ok(POOL_MAIN "file_tier_blocks = 8\nswap_files = /s\nfile_tier_persist = yes\n", &a);
+	load_ok(POOL_MAIN "file_tier_blocks = 8\nswap_files = /s\nfile_tier_persist = yes\n"
+			  "file_tier_persist_stop_ms = 0\n",
+		&b);
+	ck_assert_uint_eq(a.pools[0].file_tier_persist_stop_ms, 3000);
+	ck_assert_uint_eq(b.pools[0].file_tier_persist_stop_ms, 0);
+	ck_assert_int_eq(config_apply_live(&a, &b, NULL, NULL), 1);
+	ck_assert_uint_eq(a.pools[0].file_tier_persist_stop_ms, 0);
+	config_free(&a);
+	config_free(&b);
+	expect_pool_error("file_tier_persist_stop_ms = 600001",
+			  "file_tier_persist_stop_ms: 600001 is out of range 0..600000");
+	expect_pool_error("file_tier_persist_stop_ms = soon", "'soon' is not");
 	expect_pool_error("file_tier_blocks = 1\nswap_files = x", "'x' is not an absolute path");
 	expect_pool_error("file_tier_blocks = 1\nswap_files = /a, /a", "'/a' is named twice");
 	expect_pool_error("file_tier_blocks = 1\nswap_files = /a,,/b", "an empty path");

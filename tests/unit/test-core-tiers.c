@@ -2,7 +2,8 @@
 /*
  * The tiers below the pool, in constructed cases: where evicted blocks go, what a lookup
  * promotes and in how many batches, the cost model's swap-or-drop per victim and its log,
- * failed loads, lost slots and restored ones.
+ * failed loads, lost slots and restored ones, and the pass that moves what is cached down to a
+ * persistent tier before a clean stop.
  */
 #include <errno.h>
 
@@ -15,6 +16,8 @@
 struct fake_store {
 	uint32_t host[64], file[64]; /* first token of the block stored; 0: none */
 	uint32_t stores[CORE_NTIERS], batches, loaded;
+	uint32_t file_order[64], nfile_order; /* first tokens stored into the file tier, in order */
+	int fail_store;   /* a store into the file tier of a block with this first token fails */
 	int fail_load_at; /* 1-based index in a batch that fails, 0: none */
 	int fail_code;    /* and how */
 	const struct core *c;
@@ -34,8 +37,12 @@ static int store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
 		ck_assert_ptr_null(key->tokens);
 		first = fs->host[from];
 	}
+	if (to_tier == CORE_TIER_FILE && fs->fail_store && first == (uint32_t)fs->fail_store)
+		return -EIO;
 	(to_tier == CORE_TIER_HOST ? fs->host : fs->file)[to] = first;
 	fs->stores[to_tier]++;
+	if (to_tier == CORE_TIER_FILE && fs->nfile_order < 64)
+		fs->file_order[fs->nfile_order++] = first;
 	return 0;
 }
 
@@ -521,6 +528,130 @@ START_TEST(test_drop_cache_empties_the_tiers)
 }
 END_TEST
 
+/* Runs a persist pass into the file tier, max blocks per call, to its end. */
+static struct core_persist_pass persist_all(struct core *c, uint32_t max)
+{
+	struct core_persist_pass pass = { 0 };
+	int n, calls = 0;
+
+	while ((n = core_tier_persist(c, CORE_TIER_FILE, max, &pass)) > 0) {
+		ck_assert_int_le(n, (int)max);
+		ck_assert_int_lt(++calls, 100);
+		assert_verified(c);
+	}
+	ck_assert_int_eq(n, 0);
+	return pass;
+}
+
+/*
+ * Pool 4, host 2, file 8: p's blocks went down (p1, p0 in the host tier, p2 in the file), q's
+ * four are cached in the pool.  The pass moves the pool's newest first (q0: a parent before its
+ * children), then the host tier's newest first, and the whole of both prefixes is then found in
+ * the file tier alone.  A block a sequence holds stays where it is.
+ */
+START_TEST(test_persist_moves_the_pool_and_the_host_tier_down)
+{
+	static const uint32_t order[] = { 500, 504, 508, 512, 100, 104 };
+	struct core *c = tiered(4, 2, 8, NULL);
+	struct core_persist_pass pass;
+	uint32_t p[12], q[16], r[4];
+	struct core_usage u;
+	uint64_t s;
+
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 16, 500);
+	fill_tokens(r, 4, 900);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	ck_assert_uint_eq(fs.nfile_order, 1); /* p2, pushed out of the host tier */
+	fs.nfile_order = 0;
+	ck_assert_int_eq(core_tier_persist(c, CORE_TIER_POOL, 8, &pass), -EINVAL); /* no tier */
+	ck_assert_int_eq(core_tier_persist(c, CORE_NTIERS, 8, &pass), -EINVAL);
+	ck_assert_int_eq(core_tier_persist(c, CORE_TIER_FILE, 8, NULL), -EINVAL);
+
+	pass = persist_all(c, 2);
+	ck_assert_uint_eq(pass.moved, 6);
+	ck_assert_uint_eq(pass.from_pool, 4);
+	ck_assert_uint_eq(pass.from_tiers, 2);
+	ck_assert_uint_eq(pass.dropped, 0);
+	ck_assert(!pass.full);
+	ck_assert_uint_eq(fs.nfile_order, 6);
+	ck_assert_mem_eq(fs.file_order, order, sizeof(order));
+	core_get_usage(c, &u);
+	ck_assert_uint_eq(u.cached, 0);
+	ck_assert_uint_eq(u.free, 4);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 0);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 7);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = q, .ntokens = 16 }), 16);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
+	/* A second pass finds nothing to move. */
+	pass = persist_all(c, 8);
+	ck_assert_uint_eq(pass.moved, 0);
+	/* And they load back from the file. */
+	ck_assert_uint_eq(open_cached(c, q, 16, &s), 16);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).promotions, 4);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+
+	/* A block a sequence holds is not the pass's. */
+	ck_assert_uint_eq(open_cached(c, r, 4, &s), 0);
+	ck_assert_int_eq(core_seq_commit(c, s, 4), 0);
+	fs.nfile_order = 0;
+	pass = persist_all(c, 8);
+	ck_assert_uint_eq(pass.moved, 4); /* q again, not r */
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = r, .ntokens = 4 }), 4);
+	core_get_usage(c, &u);
+	ck_assert_uint_eq(u.in_use, 1);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	done(c);
+}
+END_TEST
+
+/*
+ * A file tier of 3 slots under 4 cached pool blocks and 2 host ones: the pass fills it with
+ * the pool's 3 newest (q0..q2; p2, older, is pushed out) and stops there, leaving q3 and the
+ * host tier as they were.  A block marked to be dropped, and one whose store fails, are
+ * dropped, not kept.
+ */
+START_TEST(test_persist_stops_when_the_tier_is_full)
+{
+	struct core *c = tiered(4, 2, 3, NULL);
+	struct core_persist_pass pass;
+	uint32_t p[12], q[16];
+	struct core_usage u;
+
+	fill_tokens(p, 12, 100);
+	fill_tokens(q, 16, 500);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	pass = persist_all(c, 8);
+	ck_assert_uint_eq(pass.moved, 3);
+	ck_assert(pass.full);
+	core_get_usage(c, &u);
+	ck_assert_uint_eq(u.cached, 1); /* q3, the leaf */
+	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 2);
+	/* q0..q2 from the file (a walk that went below the pool stays below it), p0 and p1. */
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = q, .ntokens = 16 }), 12);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 8);
+	done(c);
+
+	c = tiered(4, 2, 8, NULL);
+	cache_prompt(c, p, 12);
+	cache_prompt(c, q, 16);
+	/* q1 was chosen to be recomputed; q2's write fails. */
+	for (uint32_t b = 0; b < 4; b++)
+		if (core_block_tokens(c, b)[0] == 504)
+			c->pool.blocks[b].flags |= CORE_BLOCK_NODEMOTE;
+	fs.fail_store = 508;
+	pass = persist_all(c, 8);
+	ck_assert_uint_eq(pass.moved, 4); /* q0, q3, p0, p1 */
+	ck_assert_uint_eq(pass.dropped, 2);
+	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).store_errors, 1);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = q, .ntokens = 16 }), 4);
+	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
+	done(c);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("core-tiers");
@@ -536,6 +667,8 @@ int main(void)
 	tcase_add_test(tc, test_restore_and_lose);
 	tcase_add_test(tc, test_drop_cache_empties_the_tiers);
 	tcase_add_test(tc, test_restored_chain_longer_than_the_pool);
+	tcase_add_test(tc, test_persist_moves_the_pool_and_the_host_tier_down);
+	tcase_add_test(tc, test_persist_stops_when_the_tier_is_full);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

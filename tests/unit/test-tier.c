@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The storage tiers on real memory and real files: round trips, loads of writes still in
- * flight, corruption found by the checksums, persistence across reopen, and a file system that
- * refuses writes (RLIMIT_FSIZE) reported through the lost callback.
+ * flight, corruption found by the checksums, persistence across reopen, swap files that are not
+ * safely the daemon's own refused, and a file system that refuses writes (RLIMIT_FSIZE)
+ * reported through the lost callback.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
@@ -21,6 +23,7 @@
 
 #include "daemon/tier/tier.h"
 #include "tests/check-runner.h"
+#include "tests/slot-forge.h"
 
 #define TOKENS 16
 #define MAX_SLOTS 256
@@ -272,10 +275,20 @@ static void dir_make(struct dir *d, const char *base)
 	}
 }
 
+/* The key of the checksums with persist: beside the first swap file. */
+static void key_path(const struct dir *d, char *path, size_t len)
+{
+	snprintf(path, len, "%s.key", d->files[0]);
+}
+
 static void dir_remove(struct dir *d)
 {
+	char key[128];
+
 	for (int i = 0; i < 2; i++)
 		unlink(d->files[i]);
+	key_path(d, key, sizeof(key));
+	unlink(key);
 	ck_assert_int_eq(rmdir(d->path), 0);
 }
 
@@ -648,14 +661,13 @@ START_TEST(test_file_persist)
 	struct dir d;
 
 	dir_make(&d, "/tmp");
-	cfg = config(&d, 2, SLOTS, 4, false, NULL);
+	cfg = config(&d, 2, SLOTS, 4, true, NULL);
 	t = open_tier(&cfg);
 	/* Every third slot, block id = slot + 500. */
 	for (uint32_t i = 0; i < SLOTS; i += 3)
 		store_block(t, i, i + 500, 0);
 	ck_assert_ptr_null(file_tier_close(t)); /* waits for the writes */
 
-	cfg.persist = true;
 	t = open_tier(&cfg);
 	ck_assert_int_eq(file_tier_scan(t, on_found, &found), (SLOTS + 2) / 3);
 	ck_assert_uint_eq(found.count, (SLOTS + 2) / 3);
@@ -713,6 +725,144 @@ START_TEST(test_file_persist)
 }
 END_TEST
 
+/* Slot off of path forged (tests/slot-forge.h) with the bytes of block (id, version). */
+static void forge(const char *path, uint64_t off, uint32_t version, uint32_t id,
+		  uint32_t data_version)
+{
+	uint8_t *data = data_of(id, data_version, BLOCK_BYTES);
+
+	ck_assert_int_eq(forge_slot(path, off, 4096, TOKENS, data, BLOCK_BYTES, version), 0);
+	free(data);
+}
+
+/* The key file's bytes (40: a magic and 32 random bytes), checked to be private. */
+static void read_key(const struct dir *d, uint8_t key[40])
+{
+	char path[128];
+	struct stat st;
+	int fd;
+
+	key_path(d, path, sizeof(path));
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(fstat(fd, &st), 0);
+	ck_assert(S_ISREG(st.st_mode));
+	ck_assert_uint_eq(st.st_mode & 07777, 0600);
+	ck_assert_uint_eq(st.st_size, 40);
+	ck_assert_int_eq(read(fd, key, 40), 40);
+	close(fd);
+}
+
+/* Scans a reopened tier: the number of slots found.  *log gets what the tier logged. */
+static int reopen_and_scan(struct file_tier_config *cfg, struct file_tier **t, char *log,
+			   size_t len)
+{
+	struct found_log found = { 0 };
+	char path[] = "/tmp/kvpaged-tier-log.XXXXXX";
+	int fd = mkostemp(path, O_CLOEXEC), saved = dup(STDERR_FILENO), n;
+	ssize_t got;
+
+	ck_assert_int_ge(fd, 0);
+	unlink(path);
+	dup2(fd, STDERR_FILENO);
+	*t = open_tier(cfg);
+	n = file_tier_scan(*t, on_found, &found);
+	dup2(saved, STDERR_FILENO);
+	close(saved);
+	got = pread(fd, log, len - 1, 0);
+	log[got > 0 ? got : 0] = '\0';
+	close(fd);
+	return n;
+}
+
+/*
+ * The checksums are keyed with the key beside the swap files: a slot forged by someone who
+ * knows the format but not the key, or one of the format before (plain XXH3), is neither found
+ * nor served, while the genuine ones come back.  A key that is missing, unreadable or readable
+ * by others is replaced, and what the files held is forgotten (logged); a key file someone
+ * could have planted is refused like a swap file.
+ */
+START_TEST(test_file_keyed_checksums)
+{
+	enum { SLOTS = 16 };
+	struct file_tier_config cfg;
+	struct file_tier_stats st;
+	struct file_tier *t;
+	uint8_t key[40], key2[40];
+	uint64_t off3, off5;
+	char log[4096], path[128];
+	struct stat sb;
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	key_path(&d, path, sizeof(path));
+	cfg = config(&d, 1, SLOTS, 4, true, NULL);
+	t = open_tier(&cfg);
+	for (uint32_t i = 0; i < 8; i++)
+		store_block(t, i, i, 0);
+	off3 = slot_offset(t, 1, 3);
+	off5 = slot_offset(t, 1, 5);
+	file_tier_close(t);
+	read_key(&d, key);
+
+	forge(d.files[0], off3, 0, 3, 9);
+	forge(d.files[0], off5, 1, 5, 9);
+	ck_assert_int_eq(reopen_and_scan(&cfg, &t, log, sizeof(log)), 6);
+	ck_assert_msg(strstr(log, "1 slots of another format version"), "%s", log);
+	ck_assert_int_eq(load_block(t, 3, 3, 9), -EBADMSG);
+	ck_assert_int_eq(load_block(t, 3, 3, 0), -EBADMSG);
+	ck_assert_int_eq(load_block(t, 5, 5, 9), -EBADMSG);
+	for (uint32_t i = 0; i < 8; i++)
+		if (i != 3 && i != 5)
+			ck_assert_int_eq(load_block(t, i, i, 0), 0);
+	file_tier_get_stats(t, &st);
+	ck_assert_uint_ge(st.checksum_errors, 2); /* slot 3, at the scan and at each load */
+	ck_assert_uint_eq(st.identity_errors, 1);   /* slot 5: another format */
+	file_tier_close(t);
+	read_key(&d, key2);
+	ck_assert_mem_eq(key, key2, 40);
+
+	/* No key: a new one, and the files start empty (truncated, nothing allocated). */
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(reopen_and_scan(&cfg, &t, log, sizeof(log)), 0);
+	ck_assert_msg(strstr(log, "there was none; a new key replaces it"), "%s", log);
+	ck_assert_int_eq(load_block(t, 0, 0, 0), -EBADMSG);
+	ck_assert_int_eq(stat(d.files[0], &sb), 0);
+	ck_assert_uint_eq(sb.st_blocks, 0);
+	read_key(&d, key2);
+	ck_assert_mem_ne(key + 8, key2 + 8, 32);
+	/* Kept from then on. */
+	store_block(t, 2, 2, 0);
+	file_tier_close(t);
+	ck_assert_int_eq(reopen_and_scan(&cfg, &t, log, sizeof(log)), 1);
+	ck_assert_int_eq(load_block(t, 2, 2, 0), 0);
+	file_tier_close(t);
+
+	/* A key file that is not one, then one that others could read: replaced, files empty. */
+	ck_assert_int_eq(truncate(path, 5), 0);
+	ck_assert_int_eq(reopen_and_scan(&cfg, &t, log, sizeof(log)), 0);
+	ck_assert_msg(strstr(log, "it is not a key file; a new key replaces it"), "%s", log);
+	store_block(t, 2, 2, 0);
+	file_tier_close(t);
+	read_key(&d, key);
+	ck_assert_int_eq(chmod(path, 0644), 0);
+	ck_assert_int_eq(reopen_and_scan(&cfg, &t, log, sizeof(log)), 0);
+	ck_assert_msg(strstr(log, "others could read it; a new key replaces it"), "%s", log);
+	file_tier_close(t);
+	read_key(&d, key2); /* 0600 again */
+	ck_assert_mem_ne(key + 8, key2 + 8, 32);
+
+	/* A key file someone may have planted: the tier does not open. */
+	ck_assert_int_eq(chmod(path, 0660), 0);
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EPERM);
+	ck_assert_int_eq(unlink(path), 0);
+	ck_assert_int_eq(symlink(d.files[1], path), 0);
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -ELOOP);
+	ck_assert_int_eq(lstat(d.files[1], &sb), -1); /* not created through the link */
+	dir_remove(&d);
+}
+END_TEST
+
 START_TEST(test_file_locked)
 {
 	struct file_tier_config cfg;
@@ -727,6 +877,186 @@ START_TEST(test_file_locked)
 	file_tier_close(t);
 	t = open_tier(&cfg);
 	file_tier_close(t);
+	dir_remove(&d);
+}
+END_TEST
+
+/* A file of n bytes of 0xa5 at path, mode 0600: someone's data the tier must never touch. */
+static void make_victim(const char *path, size_t n)
+{
+	char buf[4096];
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	ck_assert_int_ge(fd, 0);
+	memset(buf, 0xa5, sizeof(buf));
+	for (size_t off = 0; off < n; off += sizeof(buf))
+		ck_assert_int_eq(write(fd, buf, n - off < sizeof(buf) ? n - off : sizeof(buf)),
+				 (ssize_t)(n - off < sizeof(buf) ? n - off : sizeof(buf)));
+	close(fd);
+}
+
+static bool victim_intact(const char *path, size_t n)
+{
+	uint8_t buf[4096];
+	struct stat st;
+	size_t got = 0;
+	ssize_t k;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0 || fstat(fd, &st) < 0 || (size_t)st.st_size != n)
+		goto bad;
+	while ((k = read(fd, buf, sizeof(buf))) > 0) {
+		for (ssize_t i = 0; i < k; i++)
+			if (buf[i] != 0xa5)
+				goto bad;
+		got += (size_t)k;
+	}
+	close(fd);
+	return got == n;
+bad:
+	if (fd >= 0)
+		close(fd);
+	return false;
+}
+
+/* Opening must fail with err, with or without persist, and leave the victim as it was. */
+static void assert_refused(struct file_tier_config *cfg, int err, const char *victim, size_t n)
+{
+	struct file_tier *t = NULL;
+
+	for (int persist = 0; persist < 2; persist++) {
+		cfg->persist = persist;
+		ck_assert_int_eq(file_tier_open(cfg, &t), err);
+		ck_assert_ptr_null(t);
+		ck_assert_msg(victim_intact(victim, n), "%s changed (persist %d)", victim, persist);
+	}
+}
+
+/*
+ * A swap path in a directory someone else can write: a symbolic link or a hard link planted
+ * there, or a file another user owns or may write, is refused before anything is truncated or
+ * sized, whatever file it leads to; the daemon's own file opens as before.
+ */
+START_TEST(test_file_refuses_unsafe_files)
+{
+	enum { VICTIM_BYTES = 10000 };
+	struct file_tier_config cfg;
+	struct file_tier *t;
+	char victim[128], dangling[128];
+	struct stat st;
+	struct dir d;
+	mode_t mask;
+
+	dir_make(&d, "/tmp");
+	snprintf(victim, sizeof(victim), "%s/victim", d.path);
+	snprintf(dangling, sizeof(dangling), "%s/nothing-yet", d.path);
+	make_victim(victim, VICTIM_BYTES);
+	cfg = config(&d, 1, 8, 4, false, NULL);
+
+	/* A symbolic link to the victim, and one to where nothing is yet (never created). */
+	ck_assert_int_eq(symlink(victim, d.files[0]), 0);
+	assert_refused(&cfg, -ELOOP, victim, VICTIM_BYTES);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+	ck_assert_int_eq(symlink(dangling, d.files[0]), 0);
+	assert_refused(&cfg, -ELOOP, victim, VICTIM_BYTES);
+	ck_assert_int_eq(lstat(dangling, &st), -1);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* A hard link to the victim. */
+	ck_assert_int_eq(link(victim, d.files[0]), 0);
+	assert_refused(&cfg, -EMLINK, victim, VICTIM_BYTES);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* The file itself, writable by its group, then by others. */
+	make_victim(d.files[0], VICTIM_BYTES);
+	ck_assert_int_eq(chmod(d.files[0], 0620), 0);
+	assert_refused(&cfg, -EPERM, d.files[0], VICTIM_BYTES);
+	ck_assert_int_eq(chmod(d.files[0], 0602), 0);
+	assert_refused(&cfg, -EPERM, d.files[0], VICTIM_BYTES);
+
+	/* Owned by another uid (only root can give a file away). */
+	if (geteuid() == 0) {
+		ck_assert_int_eq(chmod(d.files[0], 0600), 0);
+		ck_assert_int_eq(chown(d.files[0], 4242, 4242), 0);
+		assert_refused(&cfg, -EPERM, d.files[0], VICTIM_BYTES);
+	} else {
+		printf("unsafe swap files: skipped the file of another uid (not root)\n");
+	}
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* Not a regular file: a FIFO does not even hold the open. */
+	ck_assert_int_eq(mkfifo(d.files[0], 0600), 0);
+	assert_refused(&cfg, -EINVAL, victim, VICTIM_BYTES);
+	ck_assert_int_eq(unlink(d.files[0]), 0);
+
+	/* The normal path: created 0600 (whatever the umask), then opened again as the tier's. */
+	cfg.persist = true;
+	mask = umask(0);
+	t = open_tier(&cfg);
+	umask(mask);
+	ck_assert_int_eq(stat(d.files[0], &st), 0);
+	ck_assert_uint_eq(st.st_mode & 07777, 0600);
+	ck_assert_uint_eq(st.st_uid, geteuid());
+	store_block(t, 1, 1, 0);
+	file_tier_close(t);
+	cfg.persist = true;
+	t = open_tier(&cfg);
+	ck_assert_int_eq(load_block(t, 1, 1, 0), 0);
+	file_tier_close(t);
+	ck_assert(victim_intact(victim, VICTIM_BYTES));
+	unlink(victim);
+	dir_remove(&d);
+}
+END_TEST
+
+/* Entries of a directory, . and .. aside. */
+static int dir_entries(const char *path)
+{
+	DIR *dir = opendir(path);
+	struct dirent *e;
+	int n = 0;
+
+	ck_assert_ptr_nonnull(dir);
+	while ((e = readdir(dir)))
+		n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
+	closedir(dir);
+	return n;
+}
+
+/*
+ * A scratch tier's one file has no name: nothing appears in the directory, whatever sits at
+ * the path it was given (here a link someone planted), and nothing is left when it closes.
+ */
+START_TEST(test_file_scratch)
+{
+	struct file_tier_config cfg;
+	struct file_tier *t = NULL;
+	char victim[128];
+	struct dir d;
+
+	dir_make(&d, "/tmp");
+	snprintf(victim, sizeof(victim), "%s/victim", d.path);
+	make_victim(victim, 4096);
+	ck_assert_int_eq(symlink(victim, d.files[0]), 0);
+	cfg = config(&d, 1, 8, 4, false, NULL);
+	cfg.scratch = true;
+	t = open_tier(&cfg);
+	ck_assert_int_eq(dir_entries(d.path), 2);
+	for (uint32_t i = 0; i < 8; i++)
+		store_block(t, i, i, 0);
+	file_tier_flush(t);
+	load_all(t, 8, 0, 0);
+	file_tier_close(t);
+	ck_assert_int_eq(dir_entries(d.path), 2);
+	ck_assert(victim_intact(victim, 4096));
+
+	/* One file, never persistent: there is nothing to find again. */
+	cfg.persist = true;
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	cfg = config(&d, 2, 8, 4, false, NULL);
+	cfg.scratch = true;
+	ck_assert_int_eq(file_tier_open(&cfg, &t), -EINVAL);
+	unlink(victim);
 	dir_remove(&d);
 }
 END_TEST
@@ -1450,7 +1780,10 @@ int main(void)
 	tcase_add_test(file, test_file_load_in_flight);
 	tcase_add_test(file, test_file_corrupt_data);
 	tcase_add_test(file, test_file_persist);
+	tcase_add_test(file, test_file_keyed_checksums);
 	tcase_add_test(file, test_file_locked);
+	tcase_add_test(file, test_file_refuses_unsafe_files);
+	tcase_add_test(file, test_file_scratch);
 	tcase_add_test(file, test_file_event_fd);
 	tcase_add_test(file, test_file_async_load);
 	tcase_add_test(file, test_file_async_corrupt);

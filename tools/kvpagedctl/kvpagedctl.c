@@ -198,6 +198,21 @@ static int cmd_status(int fd, const char *pool)
 	return 0;
 }
 
+/*
+ * How a pool's file tier does its I/O: "direct" (O_DIRECT on every swap file), "buffered"
+ * (the file system refused O_DIRECT), "mixed", or NULL without a file tier.
+ */
+static const char *file_tier_io(const Kvpaged__V1__PoolUsage *u)
+{
+	size_t direct = 0;
+
+	for (size_t f = 0; f < u->n_swap_files; f++)
+		direct += u->swap_files[f]->direct;
+	if (!u->n_swap_files)
+		return NULL;
+	return direct == u->n_swap_files ? "direct" : direct ? "mixed" : "buffered";
+}
+
 static int cmd_pools(int fd, const char *pool)
 {
 	Kvpaged__V1__Pools *ps = (Kvpaged__V1__Pools *)request(
@@ -230,6 +245,19 @@ static int cmd_pools(int fd, const char *pool)
 			jadd_u(p, "indexed", u->indexed);
 			jadd_u(p, "sequences", u->sequences);
 			jadd_u(p, "sessions", u->sessions);
+			if (u->n_swap_files) {
+				json_object *files = json_object_new_array();
+
+				jadd_s(p, "file_tier_io", file_tier_io(u));
+				for (size_t f = 0; f < u->n_swap_files; f++) {
+					json_object *file = json_object_new_object();
+
+					jadd_s(file, "path", u->swap_files[f]->path);
+					jadd_s(file, "io", u->swap_files[f]->direct ? "direct" : "buffered");
+					json_object_array_add(files, file);
+				}
+				json_object_object_add(p, "swap_files", files);
+			}
 			json_object_array_add(arr, p);
 		}
 		print_json(arr);
@@ -248,6 +276,11 @@ static int cmd_pools(int fd, const char *pool)
 			printf("  usage         %u in use, %u cached, %u free (%u findable)\n", u->in_use,
 			       u->cached, u->free, u->indexed);
 			printf("  clients       %u sessions, %u sequences\n", u->sessions, u->sequences);
+			for (size_t f = 0; f < u->n_swap_files; f++)
+				printf("  swap file     %s: %s\n", u->swap_files[f]->path,
+				       u->swap_files[f]->direct
+					       ? "direct I/O"
+					       : "buffered I/O (the file system refused O_DIRECT)");
 		}
 	}
 	kvpaged__v1__pools__free_unpacked(ps, NULL);
