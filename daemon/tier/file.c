@@ -361,6 +361,26 @@ static int set_io_flags(int fd, const char *path, bool *ret_direct)
 }
 
 /*
+ * A swap file's slots hold K/V computed from prompts, which are as private as the prompts:
+ * one its group or others may read (made by hand, or by an older kvpaged) becomes 0600.
+ */
+static int make_unreadable(int fd, const char *path)
+{
+	struct stat st;
+
+	if (fstat(fd, &st) < 0)
+		return log_error_errno(errno, "tier: cannot stat %s: %m", path);
+	if (!(st.st_mode & (S_IRGRP | S_IROTH)))
+		return 0;
+	if (fchmod(fd, st.st_mode & 0700) < 0)
+		return log_error_errno(errno, "tier: cannot make %s private: %m", path);
+	log_notice("tier: %s was readable by its group or others (mode %04o): its slots hold "
+		   "prompts' K/V; it is now %04o", path, (unsigned)(st.st_mode & 07777),
+		   (unsigned)(st.st_mode & 0700));
+	return 0;
+}
+
+/*
  * Opens, checks and locks one swap file (sized later, by size_file); a scratch tier's file is
  * unnamed, in path's directory, and needs no lock (nobody else can open it).
  */
@@ -371,6 +391,11 @@ static int open_file(const char *path, bool scratch, int *ret_fd, bool *ret_dire
 	r = scratch ? open_scratch(path, &fd) : open_private_file(path, &fd, NULL);
 	if (r < 0)
 		return r;
+	if (!scratch) {
+		r = make_unreadable(fd, path);
+		if (r < 0)
+			goto fail;
+	}
 	r = set_io_flags(fd, path, ret_direct);
 	if (r < 0)
 		goto fail;

@@ -999,8 +999,12 @@ START_TEST(test_file_refuses_unsafe_files)
 	ck_assert_uint_eq(st.st_uid, geteuid());
 	store_block(t, 1, 1, 0);
 	file_tier_close(t);
+	/* Readable by others (made so by hand): its slots stay, the file becomes private. */
+	ck_assert_int_eq(chmod(d.files[0], 0644), 0);
 	cfg.persist = true;
 	t = open_tier(&cfg);
+	ck_assert_int_eq(stat(d.files[0], &st), 0);
+	ck_assert_uint_eq(st.st_mode & 07777, 0600);
 	ck_assert_int_eq(load_block(t, 1, 1, 0), 0);
 	file_tier_close(t);
 	ck_assert(victim_intact(victim, VICTIM_BYTES));
