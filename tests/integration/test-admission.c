@@ -5,14 +5,13 @@
  * says so and exits 77 (skipped) otherwise.
  *
  *   - nobody floods the client socket with 2 x max_sessions idle connections and keeps
- *     reconnecting; meanwhile kvpagedctl status and a new client of root both succeed within
- *     hello_timeout_ms + 1 s, every time;
+ *     reconnecting (tests/stress/stress-client flood); meanwhile kvpagedctl status and a new
+ *     client of root both succeed within hello_timeout_ms + 1 s, every time;
  *   - nobody's junk namespaces (one per connection) fold only nobody's own unused entries:
  *     root's namespace stays listed with its statistics;
  *   - per-uid quotas are per uid: nobody's sequences do not count against root's.
  */
 #include <grp.h>
-#include <poll.h>
 #include <pwd.h>
 
 #include "tests/integration/peer.h"
@@ -55,56 +54,24 @@ static int wait_status(pid_t pid)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static int connect_quietly(const char *path)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-
-	memcpy(sa.sun_path, path, strlen(path) + 1);
-	if (fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 && errno != EAGAIN) {
-		close(fd);
-		return -1;
-	}
-	return fd;
-}
-
 /*
- * The attacker: n connections that say nothing, each made again as soon as the daemon drops
- * it, for ms milliseconds.  Exits 0 having made at least n.
+ * The attacker, tests/stress/stress-client as user nobody: n connections that say nothing,
+ * each made again as soon as the daemon drops it, for 4 s.
  */
-static int flood(int n)
+static pid_t flood(int n)
 {
-	struct pollfd *pfd = calloc((size_t)n, sizeof(*pfd));
-	struct timespec t0;
-	unsigned long made = 0;
+	char count[16];
+	pid_t pid;
 
-	if (!pfd)
-		return 2;
-	clock_gettime(CLOCK_MONOTONIC, &t0);
-	for (int i = 0; i < n; i++) {
-		pfd[i].fd = connect_quietly(d.sock);
-		pfd[i].events = POLLIN;
-		made += pfd[i].fd >= 0;
+	snprintf(count, sizeof(count), "%d", n);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		execl(bin("STRESS_CLIENT", "./tests/stress/stress-client"), "stress-client", "flood",
+		      d.sock, count, "4", "--as", nobody.pw_name, (char *)NULL);
+		_exit(127);
 	}
-	while (ms_since(&t0) < 4000) {
-		if (poll(pfd, (nfds_t)n, 50) < 0)
-			return 3;
-		for (int i = 0; i < n; i++) {
-			char buf[512];
-
-			if (pfd[i].fd >= 0 && !pfd[i].revents)
-				continue;
-			/* Dropped (refused, or timed out): read what it said, connect again. */
-			if (pfd[i].fd >= 0 && read(pfd[i].fd, buf, sizeof(buf)) > 0)
-				continue;
-			if (pfd[i].fd >= 0)
-				close(pfd[i].fd);
-			pfd[i].fd = connect_quietly(d.sock);
-			made += pfd[i].fd >= 0;
-		}
-	}
-	fprintf(stderr, "flood: %lu connections made\n", made);
-	return made >= (unsigned long)n ? 0 : 4;
+	return pid;
 }
 
 START_TEST(test_idle_flood_from_another_uid)
@@ -118,7 +85,7 @@ START_TEST(test_idle_flood_from_another_uid)
 	FILE *f;
 
 	daemon_start_with(&d, NULL, "[limits]\nhello_timeout_ms = 1000\n" POOL);
-	attacker = as_nobody(flood, 2 * 256);
+	attacker = flood(2 * 256);
 	msleep(500);
 	prompt(t, 32, 1);
 	for (int round = 0; round < 3; round++) {
