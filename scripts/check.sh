@@ -32,7 +32,7 @@ run_suite() { # NAME DIR MAKE-ARGS...: build and test in DIR
 
 status=0
 echo "== build (-Werror)"
-scripts/build.sh build --enable-werror || exit 1
+scripts/build.sh build --enable-werror --enable-test-hooks || exit 1
 run_suite "tests" build || status=1
 
 # The CUDA backend compiles and links wherever nvcc is (no GPU or driver needed); its tests
@@ -42,7 +42,7 @@ echo "== build with the CUDA backend (--with-cuda: compile and link)"
 nvcc_path=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
 if [ -z "$nvcc_path" ]; then
 	echo "SKIP: nvcc not found: the CUDA backend is not compiled (install the CUDA toolkit)"
-elif scripts/build.sh build-cuda --enable-werror --with-cuda; then
+elif scripts/build.sh build-cuda --enable-werror --enable-test-hooks --with-cuda; then
 	run_suite "CUDA backend without a driver" build-cuda \
 		TESTS="tests/gpu/nolink.test tests/gpu/test-nodriver tests/gpu/test-gpu-backend tests/gpu/test-gpu-share tests/gpu/fakecuda.test" ||
 		status=1
@@ -60,7 +60,7 @@ else
 fi
 
 echo "== build (AddressSanitizer + UndefinedBehaviorSanitizer)"
-scripts/build.sh build-asan --enable-werror --enable-sanitizers || exit 1
+scripts/build.sh build-asan --enable-werror --enable-test-hooks --enable-sanitizers || exit 1
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	run_suite "tests under sanitizers" build-asan || status=1
 
@@ -86,7 +86,7 @@ else
 fi
 
 echo "== distcheck"
-if ! make -C build -s distcheck DISTCHECK_CONFIGURE_FLAGS=--enable-werror >build/distcheck.log 2>&1; then
+if ! make -C build -s distcheck DISTCHECK_CONFIGURE_FLAGS="--enable-werror --enable-test-hooks" >build/distcheck.log 2>&1; then
 	tail -60 build/distcheck.log
 	failed=$((failed + 1))
 	status=1

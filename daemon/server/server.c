@@ -230,6 +230,10 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 	arm_accept(srv, srv->client_fd, &srv->accept_client_op);
 	arm_accept(srv, srv->admin_fd, &srv->accept_admin_op);
 	arm_signal(srv);
+#ifdef KVPAGED_TEST_HOOKS
+	log_warning("a test build (configure --enable-test-hooks): KVPAGED_TEST_* variables "
+		    "inject faults; not for production");
+#endif
 	for (size_t i = 0; i < srv->npools; i++)
 		log_info("pool %s: %u blocks of %u tokens, %llu bytes each (%s memory)",
 			 srv->pools[i].cfg->name, srv->pools[i].cfg->capacity_blocks,

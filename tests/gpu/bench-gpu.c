@@ -90,7 +90,7 @@ static struct backend_pool pool_new(uint32_t tokens, const char *swap)
 	struct backend_pool p = { .fd = -1, .done_fd = -1 };
 	int r;
 
-	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	setenv("KVPAGED_TEST_CUDA_SWAP", swap, 1);
 	r = module->ops->create("bench", POOL_BYTES / block * block, block, 0, &p);
 	if (r < 0)
 		die("create", r);

@@ -48,7 +48,7 @@ static void pools_open(struct pools *p, const struct geometry *g, const char *sw
 	int r;
 
 	ck_assert_msg(path && *path, "KVPAGED_CUDA_MODULE is not set");
-	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	setenv("KVPAGED_TEST_CUDA_SWAP", swap, 1);
 	*p = (struct pools){ .dev = { .fd = -1, .done_fd = -1 }, .host = { .fd = -1, .done_fd = -1 } };
 	r = backend_module_load(path, 0, &p->module, why, sizeof(why));
 	ck_assert_msg(r == 0, "%s", why);
@@ -84,7 +84,7 @@ static void pools_close(struct pools *p)
 	p->module->ops->destroy(&p->dev);
 	backend_host.destroy(&p->host);
 	free(p->scratch);
-	unsetenv("KVPAGED_CUDA_SWAP");
+	unsetenv("KVPAGED_TEST_CUDA_SWAP");
 }
 
 /* A ticket the device pool issued: the next one, whatever the kind of operation. */

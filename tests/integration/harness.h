@@ -238,6 +238,15 @@ static inline long long json_int(const char *text, const char *key)
 	return strtoll(p + strlen(pat), NULL, 10);
 }
 
+/* A child's exit status, 128 + the signal that killed it. */
+static inline int wait_child(pid_t pid)
+{
+	int status;
+
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
 static inline void assert_verified(const struct daemon *d)
 {
 	char out[4096];
