@@ -45,8 +45,8 @@ else
 	[ "${KVPAGED_GPU_BUILD_ONLY:-0}" = 1 ] && exit 0
 fi
 
-export KVPAGED_CUDA_MODULE=$build/.libs/kvpaged-cuda.so
-export KVPAGED_CUDA_MODULE_BUILT=$KVPAGED_CUDA_MODULE
+# The module the tests name in their pools' backend_module (the daemon reads no variable for it).
+export KVPAGED_TEST_CUDA_MODULE=$build/.libs/kvpaged-cuda.so
 export KVPAGED_BIN=$build/kvpaged KVPAGEDCTL_BIN=$build/kvpagedctl
 export abs_top_builddir=$build srcdir=$top CK_DEFAULT_TIMEOUT=120
 # Each test case gets 60 s (its 120 halved), and a daemon 30 s to start (a cold driver).

@@ -61,15 +61,21 @@ static inline bool can_connect(const char *path)
 }
 
 /*
- * Starts kvpaged.  limits and pools are configuration text appended after the [daemon]
- * section (NULL: a [limits] default and one pool "main" of 512 blocks of 16 tokens).
+ * Makes d's directory (reachable by every user: tests run clients as others) and writes its
+ * configuration: a [daemon] section with the sockets and daemon_extra, then rest.  Every
+ * [pool] section in rest also gets what the test's environment asks of all pools, unless rest
+ * sets the key itself:
+ * - copy_thread = yes, with $KVPAGED_TEST_COPY_THREAD (threaded.test): the same tests run with
+ *   replies held for the backend's queue;
+ * - backend_module = $KVPAGED_TEST_CUDA_MODULE (the CUDA build's module, which make check and
+ *   tests/gpu/run.sh name): the daemon loads only what its configuration names.
  */
-static inline void daemon_start_with(struct daemon *d, const char *daemon_extra, const char *rest)
+static inline void daemon_prepare(struct daemon *d, const char *daemon_extra, const char *rest)
 {
-	static const char *default_rest = "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
-					  "element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 512\n";
+	const char *module = getenv("KVPAGED_TEST_CUDA_MODULE");
 	FILE *f;
 
+	*d = (struct daemon){ .pid = -1 };
 	snprintf(d->dir, sizeof(d->dir), "/tmp/kvpaged-test-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(d->dir));
 	chmod(d->dir, 0755);
@@ -81,20 +87,32 @@ static inline void daemon_start_with(struct daemon *d, const char *daemon_extra,
 	ck_assert_ptr_nonnull(f);
 	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s\n", d->sock, d->admin,
 		daemon_extra ? daemon_extra : "");
-	/*
-	 * $KVPAGED_TEST_COPY_THREAD (threaded.test): every pool copies on a helper thread, so the
-	 * same tests run with replies held for the backend's queue.
-	 */
-	rest = rest ? rest : default_rest;
 	for (const char *line = rest, *end; *line; line = end) {
 		end = strchr(line, '\n');
 		end = end ? end + 1 : line + strlen(line);
 		fwrite(line, 1, (size_t)(end - line), f);
-		if (getenv("KVPAGED_TEST_COPY_THREAD") && !strstr(rest, "copy_thread") &&
-		    !strncmp(line, "[pool ", 6))
+		if (end[-1] != '\n')
+			fputc('\n', f);
+		if (strncmp(line, "[pool ", 6))
+			continue;
+		if (getenv("KVPAGED_TEST_COPY_THREAD") && !strstr(rest, "copy_thread"))
 			fputs("copy_thread = yes\n", f);
+		if (module && *module && !strstr(rest, "backend_module"))
+			fprintf(f, "backend_module = %s\n", module);
 	}
 	fclose(f);
+}
+
+/*
+ * Starts kvpaged.  limits and pools are configuration text appended after the [daemon]
+ * section (NULL: a [limits] default and one pool "main" of 512 blocks of 16 tokens).
+ */
+static inline void daemon_start_with(struct daemon *d, const char *daemon_extra, const char *rest)
+{
+	static const char *default_rest = "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
+					  "element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 512\n";
+
+	daemon_prepare(d, daemon_extra, rest ? rest : default_rest);
 	setenv("KVPAGED_SOCKET", d->sock, 1);
 
 	d->pid = fork();
@@ -128,6 +146,13 @@ static inline void daemon_start(struct daemon *d, const char *rest)
 	daemon_start_with(d, NULL, rest);
 }
 
+static inline void daemon_remove_files(struct daemon *d)
+{
+	unlink(d->conf);
+	unlink(d->log);
+	rmdir(d->dir);
+}
+
 /*
  * Runs kvpaged on a configuration (appended to a [daemon] section) that it must refuse at start:
  * its exit status, and its log in log.
@@ -138,18 +163,8 @@ static inline int daemon_refuses(const char *rest, char *log, size_t log_len)
 	int status = 0, fd;
 	pid_t r = 0;
 	ssize_t n;
-	FILE *f;
 
-	snprintf(d.dir, sizeof(d.dir), "/tmp/kvpaged-test-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(d.dir));
-	snprintf(d.sock, sizeof(d.sock), "%s/kvpaged.sock", d.dir);
-	snprintf(d.admin, sizeof(d.admin), "%s/admin.sock", d.dir);
-	snprintf(d.conf, sizeof(d.conf), "%s/kvpaged.conf", d.dir);
-	snprintf(d.log, sizeof(d.log), "%s/kvpaged.log", d.dir);
-	f = fopen(d.conf, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s", d.sock, d.admin, rest);
-	fclose(f);
+	daemon_prepare(&d, NULL, rest);
 	d.pid = fork();
 	ck_assert_int_ge(d.pid, 0);
 	if (d.pid == 0) {
@@ -170,9 +185,7 @@ static inline int daemon_refuses(const char *rest, char *log, size_t log_len)
 	n = read(fd, log, log_len - 1);
 	log[n > 0 ? n : 0] = '\0';
 	close(fd);
-	unlink(d.conf);
-	unlink(d.log);
-	rmdir(d.dir);
+	daemon_remove_files(&d);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -268,13 +281,6 @@ static inline int daemon_wait_exit(struct daemon *d)
 		ck_abort_msg("kvpaged did not exit within 5 s");
 	}
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static inline void daemon_remove_files(struct daemon *d)
-{
-	unlink(d->conf);
-	unlink(d->log);
-	rmdir(d->dir);
 }
 
 /* Waits up to 5 s for a daemon that was told to stop; it must exit 0.  Removes its files. */

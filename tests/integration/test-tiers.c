@@ -890,7 +890,6 @@ START_TEST(test_plain_host_tier_as_on_a_device)
 		printf("plain host tier: only as on a device (threaded.test)\n");
 		return;
 	}
-	unsetenv("KVPAGED_CUDA_MODULE"); /* auto must fall back to host memory */
 	ring_pushdown(20, plain, "host");
 	socket_pushdown(20, plain);
 }
