@@ -32,6 +32,7 @@ struct daemon {
 	char admin[128];
 	char conf[128];
 	char log[128];
+	char ctl[128]; /* kvpagedctl copied into dir (daemon_copy_ctl), else "" */
 };
 
 static inline void msleep(unsigned ms)
@@ -148,6 +149,8 @@ static inline void daemon_start(struct daemon *d, const char *rest)
 
 static inline void daemon_remove_files(struct daemon *d)
 {
+	if (d->ctl[0])
+		unlink(d->ctl);
 	unlink(d->conf);
 	unlink(d->log);
 	rmdir(d->dir);
@@ -204,6 +207,34 @@ static inline bool daemon_log_has(const struct daemon *d, const char *text)
 	return strstr(buf, text) != NULL;
 }
 
+/*
+ * Copies kvpagedctl into the daemon's directory and makes ctl() run the copy: a test that runs
+ * it as another user must not depend on that user reaching the build tree, which a checkout in
+ * a private directory (a home of mode 0700) is not.  The copy is the program itself.
+ */
+static inline void daemon_copy_ctl(struct daemon *d)
+{
+	const char *src = bin("KVPAGEDCTL_BIN", "./kvpagedctl");
+	char buf[65536], magic[4];
+	int in, out;
+	ssize_t n;
+
+	in = open(src, O_RDONLY | O_CLOEXEC);
+	ck_assert_msg(in >= 0, "%s: %s", src, strerror(errno));
+	/* A libtool wrapper script would still run the program in the build tree. */
+	ck_assert_msg(pread(in, magic, sizeof(magic), 0) == 4 && !memcmp(magic, "\177ELF", 4),
+		      "%s is not a program (a libtool wrapper?)", src);
+	snprintf(d->ctl, sizeof(d->ctl), "%s/kvpagedctl", d->dir);
+	out = open(d->ctl, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+	ck_assert_msg(out >= 0, "%s: %s", d->ctl, strerror(errno));
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		ck_assert_int_eq(write(out, buf, (size_t)n), n);
+	ck_assert_int_eq(n, 0);
+	ck_assert_int_eq(fchmod(out, 0755), 0); /* whatever the umask */
+	ck_assert_int_eq(close(out), 0);
+	close(in);
+}
+
 /* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
 static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
 {
@@ -216,8 +247,8 @@ static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		dup2(pipefd[1], 1);
-		execl(bin("KVPAGEDCTL_BIN", "./kvpagedctl"), "kvpagedctl", "--socket", d->admin,
-		      "--json", cmd, (char *)NULL);
+		execl(d->ctl[0] ? d->ctl : bin("KVPAGEDCTL_BIN", "./kvpagedctl"), "kvpagedctl",
+		      "--socket", d->admin, "--json", cmd, (char *)NULL);
 		_exit(127);
 	}
 	close(pipefd[1]);

@@ -1,10 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The real daemon with real client processes: prefix sharing across processes, shared memory,
- * fork and copy-on-write, quotas, a client killed mid-stream, namespaces, ACLs, the rings.
- * (What needs the test hooks: test-hooks.)
+ * fork and copy-on-write, quotas, a client killed mid-stream, namespaces, the rings.  (Other
+ * users: test-users; what needs the test hooks: test-hooks.)
  */
-#include <pwd.h>
 #include <sys/mman.h>
 
 #include "tests/integration/harness.h"
@@ -308,103 +307,6 @@ START_TEST(test_namespaces_never_share)
 	kvp_disconnect(a2);
 	kvp_table_free(&ta);
 	kvp_table_free(&tb);
-	daemon_stop(&d);
-}
-END_TEST
-
-/* Runs fn in a child as user nobody; returns its exit status (77: cannot switch users). */
-static int as_nobody(int (*fn)(void))
-{
-	struct passwd *pw = getpwnam("nobody");
-	pid_t pid;
-
-	if (geteuid() != 0 || !pw)
-		return 77;
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		alarm(20);
-		if (setgroups(0, NULL) < 0 || setgid(pw->pw_gid) < 0 || setuid(pw->pw_uid) < 0)
-			_exit(77);
-		_exit(fn());
-	}
-	return wait_child(pid);
-}
-
-static int nobody_connects(void)
-{
-	char why[256] = "";
-	struct kvp_connect_options o = { .size = sizeof(o), .pool = "private", .error_buf = why,
-					 .error_len = sizeof(why) };
-	struct kvp_client *c = NULL;
-	int r = kvp_connect(&o, &c);
-
-	if (r != -EACCES || !strstr(why, "may not use pool private")) {
-		fprintf(stderr, "nobody connecting to pool private: %d (%s)\n", r, why);
-		return 1;
-	}
-	o.pool = "public";
-	r = kvp_connect(&o, &c);
-	if (r < 0)
-		return 2;
-	/* uid namespaces: nobody's blocks are not root's. */
-	uint32_t t[32], cached = 1;
-	prompt(t, 32, 42);
-	if (kvp_lookup(c, t, 32, 0, 0, &cached) < 0 || cached != 0)
-		return 3;
-	if (strcmp(kvp_namespace(c), "uid:65534") != 0)
-		return 4;
-	kvp_disconnect(c);
-	return 0;
-}
-
-START_TEST(test_acl_and_uid_namespaces)
-{
-	uint32_t t[32], cached;
-	struct kvp_connect_options o = { .size = sizeof(o), .pool = "public" };
-	struct kvp_client *c;
-	uint64_t s;
-	int r;
-
-	daemon_start(&d, "[pool private]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
-			 "block_tokens = 16\ncapacity_blocks = 16\nallow_users = root\n\n"
-			 "[pool public]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
-			 "block_tokens = 16\ncapacity_blocks = 16\n");
-	ck_assert_int_eq(kvp_connect(&o, &c), 0);
-	prompt(t, 32, 42);
-	ck_assert_int_eq(kvp_open(c, t, 32, 0, 0, &s, &cached, NULL), 0);
-	ck_assert_int_eq(kvp_commit(c, s, 32, NULL), 0);
-	r = as_nobody(nobody_connects);
-	if (r != 77)
-		ck_assert_int_eq(r, 0);
-	else
-		puts("skipped the ACL check: not root or no user nobody");
-	kvp_disconnect(c);
-	daemon_stop(&d);
-}
-END_TEST
-
-static struct daemon *admin_daemon;
-
-static int nobody_admin(void)
-{
-	char out[1024];
-
-	/* The socket file is opened up so the daemon itself must refuse. */
-	return ctl(admin_daemon, "status", out, sizeof(out)) == 1 ? 0 : 1;
-}
-
-START_TEST(test_admin_refuses_strangers)
-{
-	int r;
-
-	daemon_start(&d, NULL);
-	ck_assert_int_eq(chmod(d.admin, 0666), 0);
-	admin_daemon = &d;
-	r = as_nobody(nobody_admin);
-	if (r != 77)
-		ck_assert_int_eq(r, 0);
-	ck_assert_int_eq(ctl(&d, "status", NULL, 0), 0);
 	daemon_stop(&d);
 }
 END_TEST
@@ -746,8 +648,6 @@ int main(void)
 	tcase_add_test(tc, test_max_sessions);
 	tcase_add_test(tc, test_client_killed_mid_stream);
 	tcase_add_test(tc, test_namespaces_never_share);
-	tcase_add_test(tc, test_acl_and_uid_namespaces);
-	tcase_add_test(tc, test_admin_refuses_strangers);
 	tcase_add_test(tc, test_rings);
 	tcase_add_test(tc, test_rings_polled);
 	tcase_add_test(tc, test_socket_served_while_polling);
