@@ -31,8 +31,8 @@ static void usage(FILE *f)
 	fprintf(f, "\n"
 		   "This is a test build (configure --enable-test-hooks), never for production:\n"
 		   "a pool with copy_thread = yes reads $KVPAGED_TEST_COPY_DELAY_MS,\n"
-		   "$KVPAGED_TEST_COPY_FAIL_AT and $KVPAGED_TEST_DEVICE_POOL, and the CUDA\n"
-		   "module $KVPAGED_TEST_CUDA_SWAP.\n");
+		   "$KVPAGED_TEST_COPY_FAIL_AT and $KVPAGED_TEST_DEVICE_POOL, the CUDA module\n"
+		   "$KVPAGED_TEST_CUDA_SWAP, and SIGUSR2 corrupts the first pool's state.\n");
 #endif
 }
 

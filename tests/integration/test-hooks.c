@@ -2,7 +2,8 @@
 /*
  * What only the test hooks can show (a build configured with --enable-test-hooks; without
  * them this program is skipped, 77): a stop while a reply waits for a slowed copy, a device
- * error under a waiting reply, and the build saying what it is.
+ * error under a waiting reply, and `kvpagedctl verify` reporting a pool whose state was broken
+ * behind the daemon's back.
  */
 #include "tests/integration/harness.h"
 
@@ -98,6 +99,42 @@ START_TEST(test_backend_failure_stops_the_daemon)
 }
 END_TEST
 
+/*
+ * kvpagedctl verify on a running daemon whose first pool had a block refcount raised behind
+ * its back (SIGUSR2, the test hook): verify passed before, and now exits 1 naming the pool and
+ * the refcount.  The other pool is untouched and not reported.
+ */
+START_TEST(test_verify_reports_a_corrupted_pool)
+{
+	static const char geometry[] = "layers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+				       "block_tokens = 16\ncapacity_blocks = 16\n";
+	char pools[512], out[4096];
+	struct kvp_client *c;
+	uint32_t t[40], cached;
+	uint64_t seq;
+	int i;
+
+	snprintf(pools, sizeof(pools), "[pool main]\n%s\n[pool other]\n%s", geometry, geometry);
+	daemon_start(&d, pools);
+	c = connect_ns(NULL, 0);
+	prompt(t, 40, 3);
+	ck_assert_int_eq(kvp_open(c, t, 40, 0, 0, &seq, &cached, NULL), 0);
+	ck_assert_int_eq(kvp_commit(c, seq, 40, NULL), 0);
+	ck_assert_msg(ctl(&d, "verify", out, sizeof(out)) == 0, "verify before: %s", out);
+
+	ck_assert_int_eq(kill(d.pid, SIGUSR2), 0);
+	for (i = 0; i < 500 && !daemon_log_has(&d, "test hook: SIGUSR2: pool main"); i++)
+		msleep(10);
+	ck_assert_msg(i < 500, "the daemon did not take SIGUSR2 within 5 s");
+	ck_assert_int_eq(ctl(&d, "verify", out, sizeof(out)), 1);
+	ck_assert_msg(strstr(out, "pool main: block ") && strstr(out, "refcount"),
+		      "verify does not name the problem: %s", out);
+	ck_assert_msg(!strstr(out, "pool other"), "verify blames the other pool: %s", out);
+	kvp_disconnect(c);
+	daemon_stop(&d);
+}
+END_TEST
+
 /* This build says what it is: kvpaged --version names the test hooks. */
 START_TEST(test_version_names_the_hooks)
 {
@@ -133,6 +170,7 @@ int main(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_drain_sends_a_reply_waiting_for_its_copy);
 	tcase_add_test(tc, test_backend_failure_stops_the_daemon);
+	tcase_add_test(tc, test_verify_reports_a_corrupted_pool);
 	tcase_add_test(tc, test_version_names_the_hooks);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
