@@ -74,18 +74,24 @@ __attribute__((format(printf, 2, 3))) static void text_printf(struct text *t, co
 	}
 }
 
-/* Prometheus label values: backslash, quote and newline escaped. */
-static const char *label(const char *s, char *out, size_t n)
+const char *admin_label_value(const char *s, char *out, size_t n)
 {
 	size_t j = 0;
 
+	/* The text format's three escapes; a raw newline would end the sample's line. */
 	for (; *s && j + 3 < n; s++) {
-		if (*s == '\\' || *s == '"')
+		if (*s == '\\' || *s == '"' || *s == '\n')
 			out[j++] = '\\';
-		out[j++] = *s;
+		out[j++] = *s == '\n' ? 'n' : *s;
 	}
 	out[j] = '\0';
 	return out;
+}
+
+/* Short for the sample lines below. */
+static const char *label(const char *s, char *out, size_t n)
+{
+	return admin_label_value(s, out, n);
 }
 
 static void metrics_text(struct server *srv, struct text *t)

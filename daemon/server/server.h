@@ -410,6 +410,12 @@ void ops_close_all(struct session *s);
 /* Returns false when the request waits for memory: the frame stays and is dispatched again. */
 bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
 void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+/*
+ * A Prometheus label value for the metrics text: s with backslash, double quote and newline
+ * escaped (\\ \" \n), cut short before an escape that would not fit in n bytes (n >= 1).
+ * Returns out, always terminated.
+ */
+const char *admin_label_value(const char *s, char *out, size_t n);
 
 /* ring.c: shared-memory rings */
 int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes);
