@@ -230,22 +230,32 @@ static void metrics_text(struct server *srv, struct text *t)
 				    (unsigned long long)v);
 		}
 	}
-	text_printf(t, "# HELP kvpaged_namespace_query_blocks_total Prompt blocks looked up, per namespace.\n"
-		       "# TYPE kvpaged_namespace_query_blocks_total counter\n");
-	for (size_t i = 0; i < srv->npools; i++)
-		for (uint32_t j = 0; j < srv->pools[i].nns; j++)
-			text_printf(t, "kvpaged_namespace_query_blocks_total{pool=\"%s\",namespace=\"%s\"} %llu\n",
-				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
-				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
-				    (unsigned long long)srv->pools[i].ns[j].query_blocks);
-	text_printf(t, "# HELP kvpaged_namespace_hit_blocks_total Prompt blocks found cached, per namespace.\n"
-		       "# TYPE kvpaged_namespace_hit_blocks_total counter\n");
-	for (size_t i = 0; i < srv->npools; i++)
-		for (uint32_t j = 0; j < srv->pools[i].nns; j++)
-			text_printf(t, "kvpaged_namespace_hit_blocks_total{pool=\"%s\",namespace=\"%s\"} %llu\n",
-				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
-				    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
-				    (unsigned long long)srv->pools[i].ns[j].hit_blocks);
+	static const struct {
+		const char *name, *help;
+		size_t off;
+	} ns_counters[] = {
+		{ "query_blocks", "Prompt blocks looked up, per namespace.",
+		  offsetof(struct ns_stats, query_blocks) },
+		{ "hit_blocks", "Prompt blocks found cached, per namespace.",
+		  offsetof(struct ns_stats, hit_blocks) },
+	};
+	for (size_t k = 0; k < sizeof(ns_counters) / sizeof(ns_counters[0]); k++) {
+		text_printf(t, "# HELP kvpaged_namespace_%s_total %s\n"
+			       "# TYPE kvpaged_namespace_%s_total counter\n",
+			    ns_counters[k].name, ns_counters[k].help, ns_counters[k].name);
+		for (size_t i = 0; i < srv->npools; i++)
+			for (uint32_t j = 0; j < srv->pools[i].nns; j++) {
+				uint64_t v;
+
+				memcpy(&v, (const char *)&srv->pools[i].ns[j] + ns_counters[k].off,
+				       sizeof(v));
+				text_printf(t, "kvpaged_namespace_%s_total{pool=\"%s\",namespace=\"%s\"} "
+					       "%llu\n", ns_counters[k].name,
+					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+					    label(srv->pools[i].ns[j].name, nl, sizeof(nl)),
+					    (unsigned long long)v);
+			}
+	}
 }
 
 static const char *const tier_names[CORE_NTIERS] = { "pool", "host", "file" };

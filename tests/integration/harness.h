@@ -235,8 +235,11 @@ static inline void daemon_copy_ctl(struct daemon *d)
 	close(in);
 }
 
-/* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
-static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
+/*
+ * Runs the program at path with argv; returns its exit status (128 if a signal ended it), its
+ * stdout in out (if given, cut to out_len - 1 bytes).
+ */
+static inline int run_output(const char *path, char *const argv[], char *out, size_t out_len)
 {
 	int pipefd[2], status;
 	size_t got = 0;
@@ -247,8 +250,7 @@ static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		dup2(pipefd[1], 1);
-		execl(d->ctl[0] ? d->ctl : bin("KVPAGEDCTL_BIN", "./kvpagedctl"), "kvpagedctl",
-		      "--socket", d->admin, "--json", cmd, (char *)NULL);
+		execv(path, argv);
 		_exit(127);
 	}
 	close(pipefd[1]);
@@ -268,6 +270,15 @@ static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t
 		out[got] = '\0';
 	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+/* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
+static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
+{
+	char *argv[] = { "kvpagedctl", "--socket", (char *)d->admin, "--json", (char *)cmd, NULL };
+
+	return run_output(d->ctl[0] ? d->ctl : bin("KVPAGEDCTL_BIN", "./kvpagedctl"), argv, out,
+			  out_len);
 }
 
 /* The value of an integer field of kvpagedctl --json output (first occurrence). */

@@ -138,24 +138,9 @@ END_TEST
 /* This build says what it is: kvpaged --version names the test hooks. */
 START_TEST(test_version_names_the_hooks)
 {
-	char out[256] = "";
-	int pipefd[2];
-	ssize_t n;
-	pid_t pid;
+	char *argv[] = { "kvpaged", "--version", NULL }, out[256];
 
-	ck_assert_int_eq(pipe2(pipefd, O_CLOEXEC), 0);
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		dup2(pipefd[1], 1);
-		execl(bin("KVPAGED_BIN", "./kvpaged"), "kvpaged", "--version", (char *)NULL);
-		_exit(127);
-	}
-	close(pipefd[1]);
-	n = read(pipefd[0], out, sizeof(out) - 1);
-	out[n > 0 ? n : 0] = '\0';
-	close(pipefd[0]);
-	ck_assert_int_eq(wait_child(pid), 0);
+	ck_assert_int_eq(run_output(bin("KVPAGED_BIN", "./kvpaged"), argv, out, sizeof(out)), 0);
 	ck_assert_msg(strstr(out, "(test hooks"), "kvpaged --version: %s", out);
 }
 END_TEST
