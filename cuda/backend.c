@@ -29,12 +29,13 @@
  * ext_reserve() for when a call waits for one.
  *
  * A move goes through the copy engines (one cuMemcpyAsync per run of adjacent blocks) or
- * through kvpd_copy_blocks writing to or reading from pinned host memory directly;
- * KVPAGED_CUDA_SWAP=dma|kernel picks, else the size of a block does (small blocks: the kernel,
- * whose one launch beats many copies).
+ * through kvpd_copy_blocks writing to or reading from pinned host memory directly; the size
+ * of a block picks (small blocks: the kernel, whose one launch beats many copies).  In a build
+ * with test hooks (configure --enable-test-hooks), $KVPAGED_TEST_CUDA_SWAP=dma|kernel, read
+ * when a pool is created, forces one path, so that the tests cover both on any geometry.
  *
- * The device is the pool's device key, passed to probe() and create().  Environment (read when
- * a pool is created): KVPAGED_CUDA_SWAP as above.
+ * The device is the pool's device key, passed to probe() and create().  The module reads no
+ * other environment.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -331,14 +332,18 @@ static void cuda_destroy(struct backend_pool *p)
 
 static enum swap_mode swap_mode(uint64_t block_bytes, bool uva)
 {
-	const char *s = getenv("KVPAGED_CUDA_SWAP");
+#ifdef KVPAGED_TEST_HOOKS
+	const char *s = getenv("KVPAGED_TEST_CUDA_SWAP");
+#endif
 
 	if (!uva)
 		return SWAP_DMA; /* the kernel needs host memory at the same address */
+#ifdef KVPAGED_TEST_HOOKS
 	if (s && !strcmp(s, "dma"))
 		return SWAP_DMA;
 	if (s && !strcmp(s, "kernel"))
 		return SWAP_KERNEL;
+#endif
 	return block_bytes < KERNEL_SWAP_BELOW ? SWAP_KERNEL : SWAP_DMA;
 }
 

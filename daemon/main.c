@@ -27,7 +27,20 @@ static void usage(FILE *f)
 		   "\n"
 		   "Under systemd: Type=notify, the watchdog, and the sockets named 'client' and\n"
 		   "'admin' by socket activation; see kvpaged(8).\n");
+#ifdef KVPAGED_TEST_HOOKS
+	fprintf(f, "\n"
+		   "This is a test build (configure --enable-test-hooks), never for production:\n"
+		   "a pool with copy_thread = yes reads $KVPAGED_TEST_COPY_DELAY_MS,\n"
+		   "$KVPAGED_TEST_COPY_FAIL_AT and $KVPAGED_TEST_DEVICE_POOL, the CUDA module\n"
+		   "$KVPAGED_TEST_CUDA_SWAP, and SIGUSR2 corrupts the first pool's state.\n");
+#endif
 }
+
+#ifdef KVPAGED_TEST_HOOKS
+#define VERSION_NOTE " (test hooks: not for production)"
+#else
+#define VERSION_NOTE ""
+#endif
 
 int main(int argc, char **argv)
 {
@@ -65,7 +78,7 @@ int main(int argc, char **argv)
 			log_set_max_level(LOG_DEBUG);
 			break;
 		case 'V':
-			puts("kvpaged " PACKAGE_VERSION);
+			puts("kvpaged " PACKAGE_VERSION VERSION_NOTE);
 			return 0;
 		case 'D':
 			errno = 0;

@@ -343,7 +343,11 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 		return -ENOMEM;
 	c->fd = c->pool_fd = c->ring_fd = c->sq_efd = c->cq_efd = -1;
 	c->spin_us = o.spin_us;
-	path = o.socket_path ? o.socket_path : getenv("KVPAGED_SOCKET");
+	/*
+	 * secure_getenv: a setuid or setgid program (or one with file capabilities) linking us
+	 * must not be pointed at another daemon by whoever runs it.
+	 */
+	path = o.socket_path ? o.socket_path : secure_getenv("KVPAGED_SOCKET");
 	if (!path || !*path)
 		path = KVP_DEFAULT_SOCKET;
 	c->fd = kvp_unix_connect(path);

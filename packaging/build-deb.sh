@@ -7,7 +7,8 @@
 # The .deb, .changes and .buildinfo files land in OUTDIR (default: the current directory).
 # Needs dpkg-dev, debhelper and the Build-Depends of packaging/debian/control (scripts/deps.sh
 # installs them).  DEB_BUILD_OPTIONS is passed on (nocheck skips the test suite); the build
-# runs in parallel on every CPU unless it says otherwise.
+# runs in parallel on every CPU unless it says otherwise.  The packages are production builds:
+# debian/rules configures them without the test hooks, whatever the tree was configured with.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -8,6 +8,7 @@ packages=(
 	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
 	libprotobuf-c-dev protobuf-c-compiler fio
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
+	prometheus # promtool, which checks kvpagedctl metrics (tests/ops/metrics.test)
 )
 
 missing=()

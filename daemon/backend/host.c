@@ -57,30 +57,51 @@ struct host_state {
 	bool stop;
 	_Atomic uint64_t done; /* tickets completed: written by the thread, under mu */
 	/*
-	 * $KVPAGED_TEST_COPY_DELAY_MS, read at create: the thread sleeps this long before each
-	 * operation, so that tests meet the daemon's waits for the queue every time rather than
-	 * when the scheduler happens to make them needed.  Never set in production.
+	 * The test hooks (threaded only, read at create by test_hooks_read(); a build without
+	 * --enable-test-hooks has none, and these stay 0).
+	 *
+	 * $KVPAGED_TEST_COPY_DELAY_MS: the thread sleeps this long before each operation, so
+	 * that tests meet the daemon's waits for the queue every time rather than when the
+	 * scheduler happens to make them needed.
 	 */
 	unsigned delay_ms;
 	/*
-	 * $KVPAGED_TEST_COPY_FAIL_AT=N (threaded only, read at create): the Nth operation fails
-	 * as a device's stream does.  It and every later one never run and are never counted
-	 * done, and done(), wait() and new operations return -EIO.  done_fd is not written again:
-	 * the worst a device can do (a CUDA host function is skipped after an error; the CUDA
-	 * module's stream callbacks do run, and the daemon's 100 ms check covers the rest).  For
-	 * the daemon's handling of a device error, which no host can otherwise show.  Never set
-	 * in production.
+	 * $KVPAGED_TEST_COPY_FAIL_AT=N: the Nth operation fails as a device's stream does.  It
+	 * and every later one never run and are never counted done, and done(), wait() and new
+	 * operations return -EIO.  done_fd is not written again: the worst a device can do (a
+	 * CUDA host function is skipped after an error; the CUDA module's stream callbacks do
+	 * run, and the daemon's 100 ms check covers the rest).  For the daemon's handling of a
+	 * device error, which no host can otherwise show.
 	 */
 	uint64_t fail_at, ran;
 	int error; /* under mu */
 	/*
-	 * The pool's mapping, which the operations use.  $KVPAGED_TEST_DEVICE_POOL=1 (threaded
-	 * only, read at create) keeps it from the caller (base NULL): the daemon then takes the
-	 * paths of a pool on a device (staging, moves into a "pinned" host tier), which tests
-	 * can run on a machine without one.  Never set in production.
+	 * The pool's mapping, which the operations use.  $KVPAGED_TEST_DEVICE_POOL=1 keeps it
+	 * from the caller (base NULL): the daemon then takes the paths of a pool on a device
+	 * (staging, moves into a "pinned" host tier), which tests can run on a machine without
+	 * one.
 	 */
 	void *base;
 };
+
+#ifdef KVPAGED_TEST_HOOKS
+/* The threaded backend's test hooks (see struct host_state); whether to hide the mapping. */
+static bool test_hooks_read(struct host_state *st)
+{
+	const char *delay = getenv("KVPAGED_TEST_COPY_DELAY_MS");
+	const char *device = getenv("KVPAGED_TEST_DEVICE_POOL");
+	const char *fail = getenv("KVPAGED_TEST_COPY_FAIL_AT");
+
+	st->delay_ms = delay ? (unsigned)strtoul(delay, NULL, 10) : 0;
+	st->fail_at = fail ? strtoull(fail, NULL, 10) : 0;
+	return device && !strcmp(device, "1");
+}
+#else
+static bool test_hooks_read(struct host_state *st)
+{
+	return false;
+}
+#endif
 
 static void *worker(void *arg);
 
@@ -123,16 +144,10 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 	}
 	st->base = base;
 	if (threaded) {
-		const char *delay = getenv("KVPAGED_TEST_COPY_DELAY_MS");
-		const char *device = getenv("KVPAGED_TEST_DEVICE_POOL");
-		const char *fail = getenv("KVPAGED_TEST_COPY_FAIL_AT");
 		sigset_t all, saved;
 
-		hide = device && !strcmp(device, "1");
-
+		hide = test_hooks_read(st);
 		st->threaded = true;
-		st->delay_ms = delay ? (unsigned)strtoul(delay, NULL, 10) : 0;
-		st->fail_at = fail ? strtoull(fail, NULL, 10) : 0;
 		pthread_mutex_init(&st->mu, NULL);
 		pthread_cond_init(&st->work, NULL);
 		pthread_cond_init(&st->progress, NULL);

@@ -483,3 +483,13 @@ void core_get_usage(const struct core *c, struct core_usage *ret);
  * recompute; leaf-first LRU order.  Returns 0 or -EUCLEAN with a description in why.
  */
 int core_verify(const struct core *c, char *why, size_t why_len);
+
+#ifdef KVPAGED_TEST_HOOKS
+/*
+ * A test hook (configure --enable-test-hooks; the daemon calls it on SIGUSR2): breaks one
+ * invariant, for tests that core_verify() and `kvpagedctl verify` report it.  It gives a block
+ * one reference that no block table holds: the first block a sequence holds, else block 0.
+ * Returns that block.
+ */
+uint32_t core_test_corrupt(struct core *c);
+#endif

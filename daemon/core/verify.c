@@ -311,3 +311,18 @@ out:
 	free(v.on_free);
 	return r;
 }
+
+#ifdef KVPAGED_TEST_HOOKS
+uint32_t core_test_corrupt(struct core *c)
+{
+	uint32_t b = 0;
+
+	for (uint32_t i = 0; i < c->pool.capacity; i++)
+		if (c->pool.blocks[i].refcount) {
+			b = i;
+			break;
+		}
+	c->pool.blocks[b].refcount++;
+	return b;
+}
+#endif

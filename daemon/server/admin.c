@@ -74,27 +74,25 @@ __attribute__((format(printf, 2, 3))) static void text_printf(struct text *t, co
 	}
 }
 
-/*
- * Prometheus label values: backslash, quote and newline escaped as the text format says; any
- * other control character (none should get this far: names are checked at Hello) becomes '?'.
- */
-static const char *label(const char *s, char *out, size_t n)
+/* A Prometheus label value, written as the text format says. */
+const char *admin_label_value(const char *s, char *out, size_t n)
 {
 	size_t j = 0;
 
+	/* The text format's three escapes; a raw newline would end the sample's line. */
 	for (; *s && j + 3 < n; s++) {
-		if (*s == '\\' || *s == '"') {
+		if (*s == '\\' || *s == '"' || *s == '\n')
 			out[j++] = '\\';
-			out[j++] = *s;
-		} else if (*s == '\n') {
-			out[j++] = '\\';
-			out[j++] = 'n';
-		} else {
-			out[j++] = (unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s;
-		}
+		out[j++] = *s == '\n' ? 'n' : *s;
 	}
 	out[j] = '\0';
 	return out;
+}
+
+/* Short for the sample lines below. */
+static const char *label(const char *s, char *out, size_t n)
+{
+	return admin_label_value(s, out, n);
 }
 
 static void metrics_text(struct server *srv, struct text *t)

@@ -1216,13 +1216,12 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 
 /*
  * The pool's backend: host memory, or the CUDA module (backend = cuda must get it; auto falls
- * back to host memory).  The module's path: $KVPAGED_CUDA_MODULE (for tests), else the pool's
- * backend_module.
+ * back to host memory).  The module is the pool's backend_module, and nothing else: what the
+ * daemon loads into itself comes from the configuration it checked, never the environment.
  */
 static int backend_select(const struct kvpd_pool_config *cfg, const struct backend_ops **ret,
 			  const struct backend_module **ret_module)
 {
-	const char *path = getenv("KVPAGED_CUDA_MODULE");
 	const struct backend_module *m;
 	char why[512] = "";
 	int r;
@@ -1232,13 +1231,7 @@ static int backend_select(const struct kvpd_pool_config *cfg, const struct backe
 		*ret = cfg->copy_thread ? &backend_host_threaded : &backend_host;
 		return 0;
 	}
-	/* Earlier builds chose the GPU by this variable; the key replaced it (one source). */
-	if (getenv("KVPAGED_CUDA_DEVICE"))
-		log_warning("pool %s: $KVPAGED_CUDA_DEVICE is not read any more; the pool's device "
-			    "key chooses the GPU (here %u)", cfg->name, cfg->device);
-	if (!path || !*path)
-		path = cfg->backend_module;
-	r = backend_module_load(path, cfg->device, &m, why, sizeof(why));
+	r = backend_module_load(cfg->backend_module, cfg->device, &m, why, sizeof(why));
 	if (r == 0) {
 		*ret = m->ops;
 		*ret_module = m;

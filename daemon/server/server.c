@@ -265,6 +265,9 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 	sigaddset(&mask, SIGTERM);
 	sigaddset(&mask, SIGINT);
 	sigaddset(&mask, SIGHUP);
+#ifdef KVPAGED_TEST_HOOKS
+	sigaddset(&mask, SIGUSR2); /* the test hook that corrupts a pool: see on_signal() */
+#endif
 	sigprocmask(SIG_BLOCK, &mask, NULL);
 	signal(SIGPIPE, SIG_IGN);
 	srv->signal_fd = signalfd(-1, &mask, SFD_CLOEXEC);
@@ -318,6 +321,10 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 	arm_signal(srv);
 	srv->fd_base = count_fds();
 	check_fd_budget(srv);
+#ifdef KVPAGED_TEST_HOOKS
+	log_warning("a test build (configure --enable-test-hooks): KVPAGED_TEST_* variables and "
+		    "SIGUSR2 inject faults; not for production");
+#endif
 	for (size_t i = 0; i < srv->npools; i++)
 		log_info("pool %s: %u blocks of %u tokens, %llu bytes each (%s memory)",
 			 srv->pools[i].cfg->name, srv->pools[i].cfg->capacity_blocks,
@@ -897,6 +904,15 @@ static void on_signal(struct server *srv, struct io_uring_cqe *cqe)
 	case SIGHUP:
 		reload(srv);
 		break;
+#ifdef KVPAGED_TEST_HOOKS
+	case SIGUSR2:
+		/* For tests of verify: the first pool's state, broken on purpose. */
+		if (srv->npools)
+			log_warning("test hook: SIGUSR2: pool %s: block %u now has a reference no "
+				    "block table holds", srv->pools[0].cfg->name,
+				    core_test_corrupt(srv->pools[0].core));
+		break;
+#endif
 	default:
 		log_info("signal %u received", srv->siginfo.ssi_signo);
 		begin_stop(srv);

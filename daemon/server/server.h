@@ -550,6 +550,12 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 bool admin_peer_allowed(const struct server *srv, int fd, const struct ucred *cred);
 /* What a refusal or a close by the daemon is counted as, in words (a limit's name). */
 const char *server_refusal_name(enum server_refusal r);
+/*
+ * A Prometheus label value for the metrics text: s with backslash, double quote and newline
+ * escaped (\\ \" \n), cut short before an escape that would not fit in n bytes (n >= 1).
+ * Returns out, always terminated.
+ */
+const char *admin_label_value(const char *s, char *out, size_t n);
 
 /* ring.c: shared-memory rings */
 int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes);

@@ -128,6 +128,12 @@ field() {
 	python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"
 }
 
+# pool_stat KEY: the first pool's KEY in kvpagedctl stats.
+pool_stat() {
+	ctl --json stats |
+		python3 -c 'import json,sys; print(json.load(sys.stdin)["pools"][0][sys.argv[1]])' "$1"
+}
+
 # text JSON-LINE [I]: continuation I's text (default 0).
 text() {
 	python3 -c 'import json,sys; print(json.loads(sys.argv[1])["texts"][int(sys.argv[2])])' \

@@ -90,7 +90,7 @@ static struct backend_pool pool_new(uint32_t tokens, const char *swap)
 	struct backend_pool p = { .fd = -1, .done_fd = -1 };
 	int r;
 
-	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	setenv("KVPAGED_TEST_CUDA_SWAP", swap, 1);
 	r = module->ops->create("bench", POOL_BYTES / block * block, block, 0, &p);
 	if (r < 0)
 		die("create", r);
@@ -253,7 +253,7 @@ static int verdict(const char *what, uint32_t tokens, double got, double ref)
 int main(void)
 {
 	static const uint32_t sizes[] = { 16, 32, 64, 128, 256, 512 };
-	const char *path = getenv("KVPAGED_CUDA_MODULE");
+	const char *path = getenv("KVPAGED_TEST_CUDA_MODULE");
 	struct result res[6];
 	char why[512];
 	int misses = 0;
@@ -262,7 +262,7 @@ int main(void)
 		return GPU_SKIP;
 	if (!path || !*path || backend_module_load(path, 0, &module, why, sizeof(why)) < 0) {
 		fprintf(stderr, "bench: cannot load the module %s: %s\n", path ? path : "(unset)",
-			path ? why : "set KVPAGED_CUDA_MODULE");
+			path ? why : "set KVPAGED_TEST_CUDA_MODULE");
 		return 2;
 	}
 	gpu_use(0);

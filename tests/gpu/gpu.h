@@ -19,12 +19,22 @@
 
 #define GPU_SKIP 77
 
-/* 0 when a GPU can be used, else GPU_SKIP (and why, on stderr). */
+/*
+ * 0 when a GPU can be used, else GPU_SKIP (and why, on stderr).  The GPU tests and benchmark
+ * force each swap path through a test hook ($KVPAGED_TEST_CUDA_SWAP): a build without the
+ * hooks would run the automatic path twice and claim both, so it is skipped too.
+ */
 static inline int gpu_skip(void)
 {
 	int status = 0;
-	pid_t pid = fork();
+	pid_t pid;
 
+#ifndef KVPAGED_TEST_HOOKS
+	fprintf(stderr, "SKIP: the swap paths are forced through a test hook "
+			"(configure --enable-test-hooks)\n");
+	return GPU_SKIP;
+#endif
+	pid = fork();
 	if (pid < 0)
 		return GPU_SKIP;
 	if (pid == 0) {

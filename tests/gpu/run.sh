@@ -3,6 +3,7 @@
 # kvpaged with the CUDA backend (in build-gpu/, or $KVPAGED_GPU_BUILD), runs the GPU tests and
 # kvpaged-gpu-bench, and ends with a summary.  Meant to take well under 5 minutes.
 #   tests/gpu/run.sh [CONFIGURE FLAGS...]      (e.g. --with-cuda=/usr/local/cuda-13.0)
+# It builds with the test hooks (--enable-test-hooks): a test build, never one to install.
 # $KVPAGED_GPU_PREBUILT=1: $KVPAGED_GPU_BUILD is already built (tests/gpu/bundle.sh); nothing is
 # built, so the machine needs no compiler or -dev packages (tests/gpu/device.sh sets this).
 # $KVPAGED_GPU_BUILD_ONLY=1: builds, runs nothing (tests/gpu/bundle.sh).
@@ -28,7 +29,9 @@ else
 	flags=("$@")
 	printf '%s\n' "${flags[@]}" | grep -q -- '--with-cuda' || flags+=(--with-cuda)
 	echo "== build ($build: ${flags[*]})"
-	if ! scripts/build.sh "$build" --enable-werror "${flags[@]}" >"$top/gpu-build.log" 2>&1; then
+	# The test hooks: the GPU tests force each swap path through one.
+	if ! scripts/build.sh "$build" --enable-werror --enable-test-hooks "${flags[@]}" \
+		>"$top/gpu-build.log" 2>&1; then
 		tail -40 "$top/gpu-build.log"
 		echo "gpu: build failed"
 		exit 1
@@ -42,8 +45,8 @@ else
 	[ "${KVPAGED_GPU_BUILD_ONLY:-0}" = 1 ] && exit 0
 fi
 
-export KVPAGED_CUDA_MODULE=$build/.libs/kvpaged-cuda.so
-export KVPAGED_CUDA_MODULE_BUILT=$KVPAGED_CUDA_MODULE
+# The module the tests name in their pools' backend_module (the daemon reads no variable for it).
+export KVPAGED_TEST_CUDA_MODULE=$build/.libs/kvpaged-cuda.so
 export KVPAGED_BIN=$build/kvpaged KVPAGEDCTL_BIN=$build/kvpagedctl
 export abs_top_builddir=$build srcdir=$top CK_DEFAULT_TIMEOUT=120
 # Each test case gets 60 s (its 120 halved), and a daemon 30 s to start (a cold driver).

@@ -41,14 +41,14 @@ struct pools {
 
 static void pools_open(struct pools *p, const struct geometry *g, const char *swap)
 {
-	const char *path = getenv("KVPAGED_CUDA_MODULE");
+	const char *path = getenv("KVPAGED_TEST_CUDA_MODULE");
 	uint64_t slot = (uint64_t)g->kv_heads * g->head_dim * g->element_bytes;
 	char why[512];
 	uint8_t *init;
 	int r;
 
-	ck_assert_msg(path && *path, "KVPAGED_CUDA_MODULE is not set");
-	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	ck_assert_msg(path && *path, "KVPAGED_TEST_CUDA_MODULE is not set");
+	setenv("KVPAGED_TEST_CUDA_SWAP", swap, 1);
 	*p = (struct pools){ .dev = { .fd = -1, .done_fd = -1 }, .host = { .fd = -1, .done_fd = -1 } };
 	r = backend_module_load(path, 0, &p->module, why, sizeof(why));
 	ck_assert_msg(r == 0, "%s", why);
@@ -84,7 +84,7 @@ static void pools_close(struct pools *p)
 	p->module->ops->destroy(&p->dev);
 	backend_host.destroy(&p->host);
 	free(p->scratch);
-	unsetenv("KVPAGED_CUDA_SWAP");
+	unsetenv("KVPAGED_TEST_CUDA_SWAP");
 }
 
 /* A ticket the device pool issued: the next one, whatever the kind of operation. */
@@ -566,7 +566,7 @@ END_TEST
  */
 START_TEST(test_device_argument)
 {
-	const char *path = getenv("KVPAGED_CUDA_MODULE");
+	const char *path = getenv("KVPAGED_TEST_CUDA_MODULE");
 	const struct backend_module *module;
 	struct backend_pool pool = { .fd = -1, .done_fd = -1 };
 	CUmemGenericAllocationHandle h;
@@ -575,7 +575,7 @@ START_TEST(test_device_argument)
 	char why[512] = "", want[64];
 	int count = 0;
 
-	ck_assert_msg(path && *path, "KVPAGED_CUDA_MODULE is not set");
+	ck_assert_msg(path && *path, "KVPAGED_TEST_CUDA_MODULE is not set");
 	gpu_use(0);
 	GPU_OK(cu.cuDeviceGetCount(&count));
 	ck_assert_int_ge(count, 1);

@@ -341,7 +341,7 @@ static void swap_through_tiers(const char *swap)
 	struct kvp_client *c1, *c2;
 	uint64_t sa, sb, sc;
 
-	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	setenv("KVPAGED_TEST_CUDA_SWAP", swap, 1);
 	strcpy(dir, "/tmp/kvpaged-gpu-swap-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(dir));
 	snprintf(pool, sizeof(pool),
@@ -416,7 +416,7 @@ static void swap_through_host_tier(const char *swap)
 	struct kvp_client *c1, *c2;
 	uint64_t sa, sb, sc;
 
-	setenv("KVPAGED_CUDA_SWAP", swap, 1);
+	setenv("KVPAGED_TEST_CUDA_SWAP", swap, 1);
 	daemon_start(&d, GEOMETRY "capacity_blocks = 8\nhost_tier_blocks = 16\n"
 				  "host_tier_bandwidth = auto\n");
 	ck_assert_msg(daemon_log_has(&d, "pinned for direct moves"), "the host tier is not pinned");

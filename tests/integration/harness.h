@@ -32,6 +32,7 @@ struct daemon {
 	char admin[128];
 	char conf[128];
 	char log[128];
+	char ctl[128]; /* kvpagedctl copied into dir (daemon_copy_ctl), else "" */
 };
 
 static inline void msleep(unsigned ms)
@@ -61,15 +62,21 @@ static inline bool can_connect(const char *path)
 }
 
 /*
- * Starts kvpaged.  limits and pools are configuration text appended after the [daemon]
- * section (NULL: a [limits] default and one pool "main" of 512 blocks of 16 tokens).
+ * Makes d's directory (reachable by every user: tests run clients as others) and writes its
+ * configuration: a [daemon] section with the sockets and daemon_extra, then rest.  Every
+ * [pool] section in rest also gets what the test's environment asks of all pools, unless rest
+ * sets the key itself:
+ * - copy_thread = yes, with $KVPAGED_TEST_COPY_THREAD (threaded.test): the same tests run with
+ *   replies held for the backend's queue;
+ * - backend_module = $KVPAGED_TEST_CUDA_MODULE (the CUDA build's module, which make check and
+ *   tests/gpu/run.sh name): the daemon loads only what its configuration names.
  */
-static inline void daemon_start_with(struct daemon *d, const char *daemon_extra, const char *rest)
+static inline void daemon_prepare(struct daemon *d, const char *daemon_extra, const char *rest)
 {
-	static const char *default_rest = "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
-					  "element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 512\n";
+	const char *module = getenv("KVPAGED_TEST_CUDA_MODULE");
 	FILE *f;
 
+	*d = (struct daemon){ .pid = -1 };
 	snprintf(d->dir, sizeof(d->dir), "/tmp/kvpaged-test-XXXXXX");
 	ck_assert_ptr_nonnull(mkdtemp(d->dir));
 	chmod(d->dir, 0755);
@@ -81,20 +88,32 @@ static inline void daemon_start_with(struct daemon *d, const char *daemon_extra,
 	ck_assert_ptr_nonnull(f);
 	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s\n", d->sock, d->admin,
 		daemon_extra ? daemon_extra : "");
-	/*
-	 * $KVPAGED_TEST_COPY_THREAD (threaded.test): every pool copies on a helper thread, so the
-	 * same tests run with replies held for the backend's queue.
-	 */
-	rest = rest ? rest : default_rest;
 	for (const char *line = rest, *end; *line; line = end) {
 		end = strchr(line, '\n');
 		end = end ? end + 1 : line + strlen(line);
 		fwrite(line, 1, (size_t)(end - line), f);
-		if (getenv("KVPAGED_TEST_COPY_THREAD") && !strstr(rest, "copy_thread") &&
-		    !strncmp(line, "[pool ", 6))
+		if (end[-1] != '\n')
+			fputc('\n', f);
+		if (strncmp(line, "[pool ", 6))
+			continue;
+		if (getenv("KVPAGED_TEST_COPY_THREAD") && !strstr(rest, "copy_thread"))
 			fputs("copy_thread = yes\n", f);
+		if (module && *module && !strstr(rest, "backend_module"))
+			fprintf(f, "backend_module = %s\n", module);
 	}
 	fclose(f);
+}
+
+/*
+ * Starts kvpaged.  limits and pools are configuration text appended after the [daemon]
+ * section (NULL: a [limits] default and one pool "main" of 512 blocks of 16 tokens).
+ */
+static inline void daemon_start_with(struct daemon *d, const char *daemon_extra, const char *rest)
+{
+	static const char *default_rest = "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
+					  "element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 512\n";
+
+	daemon_prepare(d, daemon_extra, rest ? rest : default_rest);
 	setenv("KVPAGED_SOCKET", d->sock, 1);
 
 	d->pid = fork();
@@ -128,6 +147,15 @@ static inline void daemon_start(struct daemon *d, const char *rest)
 	daemon_start_with(d, NULL, rest);
 }
 
+static inline void daemon_remove_files(struct daemon *d)
+{
+	if (d->ctl[0])
+		unlink(d->ctl);
+	unlink(d->conf);
+	unlink(d->log);
+	rmdir(d->dir);
+}
+
 /*
  * Runs kvpaged on a configuration (appended to a [daemon] section) that it must refuse at start:
  * its exit status, and its log in log.
@@ -138,18 +166,8 @@ static inline int daemon_refuses(const char *rest, char *log, size_t log_len)
 	int status = 0, fd;
 	pid_t r = 0;
 	ssize_t n;
-	FILE *f;
 
-	snprintf(d.dir, sizeof(d.dir), "/tmp/kvpaged-test-XXXXXX");
-	ck_assert_ptr_nonnull(mkdtemp(d.dir));
-	snprintf(d.sock, sizeof(d.sock), "%s/kvpaged.sock", d.dir);
-	snprintf(d.admin, sizeof(d.admin), "%s/admin.sock", d.dir);
-	snprintf(d.conf, sizeof(d.conf), "%s/kvpaged.conf", d.dir);
-	snprintf(d.log, sizeof(d.log), "%s/kvpaged.log", d.dir);
-	f = fopen(d.conf, "w");
-	ck_assert_ptr_nonnull(f);
-	fprintf(f, "[daemon]\nsocket = %s\nadmin_socket = %s\n%s", d.sock, d.admin, rest);
-	fclose(f);
+	daemon_prepare(&d, NULL, rest);
 	d.pid = fork();
 	ck_assert_int_ge(d.pid, 0);
 	if (d.pid == 0) {
@@ -170,9 +188,7 @@ static inline int daemon_refuses(const char *rest, char *log, size_t log_len)
 	n = read(fd, log, log_len - 1);
 	log[n > 0 ? n : 0] = '\0';
 	close(fd);
-	unlink(d.conf);
-	unlink(d.log);
-	rmdir(d.dir);
+	daemon_remove_files(&d);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
@@ -191,8 +207,39 @@ static inline bool daemon_log_has(const struct daemon *d, const char *text)
 	return strstr(buf, text) != NULL;
 }
 
-/* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
-static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
+/*
+ * Copies kvpagedctl into the daemon's directory and makes ctl() run the copy: a test that runs
+ * it as another user must not depend on that user reaching the build tree, which a checkout in
+ * a private directory (a home of mode 0700) is not.  The copy is the program itself.
+ */
+static inline void daemon_copy_ctl(struct daemon *d)
+{
+	const char *src = bin("KVPAGEDCTL_BIN", "./kvpagedctl");
+	char buf[65536], magic[4];
+	int in, out;
+	ssize_t n;
+
+	in = open(src, O_RDONLY | O_CLOEXEC);
+	ck_assert_msg(in >= 0, "%s: %s", src, strerror(errno));
+	/* A libtool wrapper script would still run the program in the build tree. */
+	ck_assert_msg(pread(in, magic, sizeof(magic), 0) == 4 && !memcmp(magic, "\177ELF", 4),
+		      "%s is not a program (a libtool wrapper?)", src);
+	snprintf(d->ctl, sizeof(d->ctl), "%s/kvpagedctl", d->dir);
+	out = open(d->ctl, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+	ck_assert_msg(out >= 0, "%s: %s", d->ctl, strerror(errno));
+	while ((n = read(in, buf, sizeof(buf))) > 0)
+		ck_assert_int_eq(write(out, buf, (size_t)n), n);
+	ck_assert_int_eq(n, 0);
+	ck_assert_int_eq(fchmod(out, 0755), 0); /* whatever the umask */
+	ck_assert_int_eq(close(out), 0);
+	close(in);
+}
+
+/*
+ * Runs the program at path with argv; returns its exit status (128 if a signal ended it), its
+ * stdout in out (if given, cut to out_len - 1 bytes).
+ */
+static inline int run_output(const char *path, char *const argv[], char *out, size_t out_len)
 {
 	int pipefd[2], status;
 	size_t got = 0;
@@ -203,8 +250,7 @@ static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
 		dup2(pipefd[1], 1);
-		execl(bin("KVPAGEDCTL_BIN", "./kvpagedctl"), "kvpagedctl", "--socket", d->admin,
-		      "--json", cmd, (char *)NULL);
+		execv(path, argv);
 		_exit(127);
 	}
 	close(pipefd[1]);
@@ -226,6 +272,15 @@ static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
+/* Runs kvpagedctl with one command; returns its exit status, its stdout in out (if given). */
+static inline int ctl(const struct daemon *d, const char *cmd, char *out, size_t out_len)
+{
+	char *argv[] = { "kvpagedctl", "--socket", (char *)d->admin, "--json", (char *)cmd, NULL };
+
+	return run_output(d->ctl[0] ? d->ctl : bin("KVPAGEDCTL_BIN", "./kvpagedctl"), argv, out,
+			  out_len);
+}
+
 /* The value of an integer field of kvpagedctl --json output (first occurrence). */
 static inline long long json_int(const char *text, const char *key)
 {
@@ -236,6 +291,15 @@ static inline long long json_int(const char *text, const char *key)
 	p = strstr(text, pat);
 	ck_assert_msg(p != NULL, "no %s in %s", key, text);
 	return strtoll(p + strlen(pat), NULL, 10);
+}
+
+/* A child's exit status, 128 + the signal that killed it. */
+static inline int wait_child(pid_t pid)
+{
+	int status;
+
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
 static inline void assert_verified(const struct daemon *d)
@@ -259,13 +323,6 @@ static inline int daemon_wait_exit(struct daemon *d)
 		ck_abort_msg("kvpaged did not exit within 5 s");
 	}
 	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-static inline void daemon_remove_files(struct daemon *d)
-{
-	unlink(d->conf);
-	unlink(d->log);
-	rmdir(d->dir);
 }
 
 /* Waits up to 5 s for a daemon that was told to stop; it must exit 0.  Removes its files. */

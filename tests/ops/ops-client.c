@@ -3,9 +3,10 @@
  * ops-client: the client side of the operations tests (tests/ops/).  Each mode prints one line
  * per step on stdout, flushed, so a test can wait for it:
  *
- *   ops-client open SOCKET TOKENS [TIMES [FIRST]]
+ *   ops-client open SOCKET TOKENS [TIMES [FIRST [POOL [NAMESPACE]]]]
  *                                           open, commit and close a TOKENS-token prompt
- *                                           (FIRST, FIRST + 1, ...; default 1) TIMES times;
+ *                                           (FIRST, FIRST + 1, ...; default 1) TIMES times,
+ *                                           in POOL (default: the first) and NAMESPACE;
  *                                           prints "cached=N" for the last one
  *   ops-client hold SOCKET TOKENS           keep a committed sequence open until stdin ends
  *   ops-client loop SOCKET                  open/commit/close until the daemon goes away; a
@@ -33,10 +34,10 @@ static double now_ms(void)
 	return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static struct kvp_client *connect_to(const char *path)
+static struct kvp_client *connect_in(const char *path, const char *pool, const char *ns)
 {
 	struct kvp_connect_options o = { .size = sizeof(o), .socket_path = path,
-					 .client_name = "ops-client" };
+					 .client_name = "ops-client", .pool = pool, .ns = ns };
 	struct kvp_client *c = NULL;
 	char err[256] = "";
 	int r;
@@ -49,6 +50,11 @@ static struct kvp_client *connect_to(const char *path)
 		exit(1);
 	}
 	return c;
+}
+
+static struct kvp_client *connect_to(const char *path)
+{
+	return connect_in(path, NULL, NULL);
 }
 
 static uint32_t *prompt(uint32_t n, uint32_t first)
@@ -80,9 +86,10 @@ out:
 	return r < 0 ? r : 0;
 }
 
-static int mode_open(const char *path, uint32_t n, unsigned times, uint32_t first)
+static int mode_open(const char *path, uint32_t n, unsigned times, uint32_t first,
+		     const char *pool, const char *ns)
 {
-	struct kvp_client *c = connect_to(path);
+	struct kvp_client *c = connect_in(path, pool, ns);
 	uint32_t *tokens = prompt(n, first), cached = 0;
 	int r = 0;
 
@@ -190,7 +197,8 @@ int main(int argc, char **argv)
 	if (argc >= 4 && !strcmp(argv[1], "open"))
 		return mode_open(argv[2], (uint32_t)atoi(argv[3]),
 				 argc > 4 ? (unsigned)atoi(argv[4]) : 1,
-				 argc > 5 ? (uint32_t)atoi(argv[5]) : 1);
+				 argc > 5 ? (uint32_t)atoi(argv[5]) : 1, argc > 6 ? argv[6] : NULL,
+				 argc > 7 ? argv[7] : NULL);
 	if (argc == 4 && !strcmp(argv[1], "hold"))
 		return mode_hold(argv[2], (uint32_t)atoi(argv[3]));
 	if (argc == 3 && !strcmp(argv[1], "loop"))

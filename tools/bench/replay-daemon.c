@@ -335,9 +335,7 @@ static void print_json(const struct replay_daemon_options *o, const struct repla
 	json_object_object_add(j, "ns_per_op",
 			       json_object_new_double(res->ops ? (double)res->core_ns /
 								 (double)res->ops : 0));
-	if (local->belady_hit_fraction >= 0)
-		json_object_object_add(j, "belady_hit_fraction",
-				       json_object_new_double(local->belady_hit_fraction));
+	replay_json_belady(j, local);
 	json_object_object_add(j, "clients", json_object_new_int64(o->clients));
 	json_object_object_add(j, "transport", json_object_new_string(o->ring ? "ring" : "socket"));
 	json_object_object_add(j, "ordered", json_object_new_boolean(o->ordered));
@@ -405,8 +403,7 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	/* The same replay in-process at the same capacity, for comparison in the same run. */
 	r = replay_core(w, B, pool.capacity_blocks, o->prompt_only, &local);
 	if (r == 0 && o->belady)
-		r = replay_belady(w, B, pool.capacity_blocks, o->prompt_only,
-				  &local.belady_hit_fraction);
+		r = replay_belady(w, B, pool.capacity_blocks, o->prompt_only, &local);
 	if (r < 0) {
 		fprintf(stderr, "kvpaged-bench: in-process replay: %s\n", strerror(-r));
 		return r;

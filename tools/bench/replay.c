@@ -296,7 +296,7 @@ int cmd_replay(int argc, char **argv)
 		}
 		r = replay_core_tiers(&w, B, caps[i], host, file, prompt_only, &res);
 		if (r == 0 && belady)
-			r = replay_belady(&w, B, caps[i], prompt_only, &res.belady_hit_fraction);
+			r = replay_belady(&w, B, caps[i], prompt_only, &res);
 		if (r < 0) {
 			fprintf(stderr, "kvpaged-bench: replay at capacity %u: %s\n", caps[i], strerror(-r));
 			break;

@@ -297,15 +297,50 @@ static struct heap_ent heap_pop(struct heap *h)
 
 #define NEVER UINT32_MAX
 
+struct belady {
+	struct bnode *nodes;
+	struct heap heap;
+	uint32_t cached; /* cached blocks, the current request's hits among them */
+};
+
+/*
+ * Evicts what is used farthest in the future until at most target blocks are cached, never a
+ * block request r uses (its hits, pinned while it runs, as in the live pool).
+ */
+static void belady_evict(struct belady *b, uint32_t r, uint32_t target)
+{
+	while (b->cached > target && b->heap.n) {
+		struct heap_ent e = heap_pop(&b->heap);
+		struct bnode *n = &b->nodes[e.node];
+
+		if (!n->cached || n->next_use != e.next_use)
+			continue; /* stale */
+		if (e.next_use == r) {
+			heap_push(&b->heap, e); /* only this request's blocks are left */
+			break;
+		}
+		n->cached = false;
+		b->cached--;
+	}
+}
+
+/*
+ * Each request is admitted and rejected by the live replay's rule (replay_core_tiers): its open
+ * needs the prompt's blocks beyond its hits, and fails, counting nothing, when even an empty
+ * pool could not hold them (ENOSPC before anything is taken).  Once open, its hits and blocks
+ * count; the output, appended a token at a time, needs the rest of its blocks, and where they do
+ * not fit the request stops there (rejected, its hits kept), after the pool gave up every
+ * cached block trying.  Either way its committed prompt blocks stay cached.  Only which cached
+ * block goes first differs from the live pool.
+ */
 int replay_belady(const struct workload *w, uint32_t B, uint32_t capacity, bool prompt_only,
-		  double *ret)
+		  struct replay_result *res)
 {
 	uint64_t total_full = 0, hits = 0, blocks = 0;
-	uint32_t *node_of, *next_use, *first;
-	struct bnode *nodes;
+	uint32_t *node_of, *next_use, *first, rejected = 0;
 	struct u64map ids, last_use;
-	struct heap heap = { 0 };
-	uint32_t nnodes = 0, cached = 0;
+	struct belady b = { 0 };
+	uint32_t nnodes = 0;
 
 	/* Node per distinct full-block prefix; next use of every (request, block) access. */
 	first = malloc(((size_t)w->nreqs + 1) * sizeof(*first));
@@ -338,60 +373,68 @@ int replay_belady(const struct workload *w, uint32_t B, uint32_t capacity, bool 
 			next_use[first[r] + j] = ins ? NEVER : *nu;
 			*nu = r;
 		}
-	nodes = calloc(nnodes + 1, sizeof(*nodes));
-	if (!nodes)
+	b.nodes = calloc(nnodes + 1, sizeof(*b.nodes));
+	if (!b.nodes)
 		abort();
 
 	for (uint32_t r = 0; r < w->nreqs; r++) {
 		const struct wreq *q = &w->reqs[r];
-		uint32_t nfull = q->input_len / B, nhit = 0, need;
-		uint64_t ntok = q->input_len + (prompt_only ? 0 : q->output_len);
+		uint32_t nfull = q->input_len / B, nhit = 0;
+		uint32_t nprompt = (q->input_len + B - 1) / B;
+		uint64_t nall = ((uint64_t)q->input_len + (prompt_only ? 0 : q->output_len) + B - 1) / B;
 
-		while (nhit < nfull && nodes[node_of[first[r] + nhit]].cached)
+		while (nhit < nfull && b.nodes[node_of[first[r] + nhit]].cached)
 			nhit++;
-		need = (uint32_t)((ntok + B - 1) / B) - nhit;
-		blocks += (q->input_len + B - 1) / B;
-		/* Make room: evict what is used farthest in the future, never this request's. */
-		while (cached + need > capacity) {
-			struct heap_ent e;
-			struct bnode *n;
-
-			if (heap.n == 0)
-				break;
-			e = heap_pop(&heap);
-			n = &nodes[e.node];
-			if (!n->cached || n->next_use != e.next_use)
-				continue; /* stale */
-			if (e.next_use == r) {
-				heap_push(&heap, e); /* only this request's blocks are left */
-				break;
-			}
-			n->cached = false;
-			cached--;
+		/* The open: rejected before anything is taken or counted. */
+		if (nprompt > capacity) {
+			rejected++;
+			continue;
 		}
-		if (cached + need > capacity)
-			continue; /* rejected, as the live pool would */
+		belady_evict(&b, r, capacity - (nprompt - nhit));
 		hits += nhit;
+		blocks += nprompt;
+		/* The output: its blocks, or every cached block but the hits, then the end. */
+		if (nall > capacity) {
+			rejected++;
+			belady_evict(&b, r, nhit);
+		} else {
+			belady_evict(&b, r, capacity - (uint32_t)(nall - nhit));
+		}
 		for (uint32_t j = 0; j < nfull; j++) {
-			struct bnode *n = &nodes[node_of[first[r] + j]];
+			struct bnode *n = &b.nodes[node_of[first[r] + j]];
 
 			if (!n->cached) {
 				n->cached = true;
-				cached++;
+				b.cached++;
 			}
 			n->next_use = next_use[first[r] + j];
-			heap_push(&heap, (struct heap_ent){ n->next_use, j, node_of[first[r] + j] });
+			heap_push(&b.heap, (struct heap_ent){ n->next_use, j, node_of[first[r] + j] });
 		}
 	}
-	*ret = blocks ? (double)hits / (double)blocks : 0;
+	res->belady_hit_fraction = blocks ? (double)hits / (double)blocks : 0;
+	res->belady_blocks = blocks;
+	res->belady_hit_blocks = hits;
+	res->belady_rejected = rejected;
 	free(first);
 	free(node_of);
 	free(next_use);
-	free(nodes);
-	free(heap.v);
+	free(b.nodes);
+	free(b.heap.v);
 	u64map_free(&ids);
 	u64map_free(&last_use);
 	return 0;
+}
+
+void replay_json_belady(json_object *o, const struct replay_result *res)
+{
+	if (res->belady_hit_fraction < 0)
+		return;
+	json_object_object_add(o, "belady_hit_fraction",
+			       json_object_new_double(res->belady_hit_fraction));
+	json_object_object_add(o, "belady_hit_blocks",
+			       json_object_new_int64((int64_t)res->belady_hit_blocks));
+	json_object_object_add(o, "belady_blocks", json_object_new_int64((int64_t)res->belady_blocks));
+	json_object_object_add(o, "belady_rejected", json_object_new_int64(res->belady_rejected));
 }
 
 void replay_print_header(bool with_belady)
@@ -422,9 +465,7 @@ void replay_print(const struct replay_result *res, bool json)
 		json_object_object_add(o, "core_ms", json_object_new_double((double)res->core_ns / 1e6));
 		json_object_object_add(o, "wall_ms", json_object_new_double((double)res->wall_ns / 1e6));
 		json_object_object_add(o, "ns_per_op", json_object_new_double(ns_op));
-		if (res->belady_hit_fraction >= 0)
-			json_object_object_add(o, "belady_hit_fraction",
-					       json_object_new_double(res->belady_hit_fraction));
+		replay_json_belady(o, res);
 		if (res->tier_capacity[1] || res->tier_capacity[2]) {
 			static const char *const names[] = { "pool", "host", "file" };
 			json_object *tiers = json_object_new_object();

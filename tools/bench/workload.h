@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <json-c/json.h>
+
 #include "daemon/core/core.h"
 #include "tools/bench/u64map.h"
 
@@ -63,7 +65,10 @@ struct replay_result {
 	uint64_t ops;     /* core calls */
 	uint64_t core_ns; /* time inside core calls */
 	uint64_t wall_ns; /* whole replay, prompts built included */
+	/* The offline optimum at the same capacity (replay_belady). */
 	double belady_hit_fraction; /* < 0: not computed */
+	uint64_t belady_blocks, belady_hit_blocks;
+	uint32_t belady_rejected;
 };
 
 /* Replays w through a fresh core (in-process). */
@@ -75,11 +80,13 @@ int replay_core_tiers(const struct workload *w, uint32_t block_tokens, uint32_t 
 		      struct replay_result *res);
 
 /*
- * The hit fraction of the offline-optimal policy (Belady's MIN: evict the cached block used
- * farthest in the future; deeper blocks first on ties, so never a parent before its child).
+ * The offline-optimal policy (Belady's MIN: evict the cached block used farthest in the future;
+ * deeper blocks first on ties, so never a parent before its child) on the replay's requests,
+ * admitted and rejected as the live pool does them (see workload.c): fills res's belady_*
+ * fields.  With the same requests counted, its hit fraction bounds the live one from above.
  */
 int replay_belady(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
-		  bool prompt_only, double *ret);
+		  bool prompt_only, struct replay_result *res);
 
 struct replay_daemon_options {
 	const char *socket; /* the daemon's client socket */
@@ -103,3 +110,5 @@ int replay_daemon(const struct workload *w, uint32_t block_tokens,
 
 void replay_print_header(bool with_belady);
 void replay_print(const struct replay_result *res, bool json);
+/* Adds the belady_* keys to a replay's JSON object, when they were computed. */
+void replay_json_belady(json_object *o, const struct replay_result *res);
