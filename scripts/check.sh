@@ -91,6 +91,20 @@ echo "== build (-Werror)"
 scripts/build.sh build --enable-werror --enable-test-hooks || exit 1
 run_suite "tests" build || status=1
 
+# The reliability script's short mode, on the build just tested: 1,000 clients SIGKILLed under
+# load, an idle flood from another uid, fds running out (tests/stress/stress.sh; by hand it
+# does more kills, or a soak).
+echo "== stress (tests/stress/stress.sh --short)"
+if tests/stress/stress.sh --short build 2>&1 | tee build/stress.log; then
+	passed=$((passed + 1))
+else
+	failed=$((failed + 1))
+	status=1
+fi
+while read -r phase; do
+	skip stress "tests/stress/stress.sh" "$phase"
+done < <(sed -n 's/^== \(.*SKIPPED.*\)$/\1/p' build/stress.log)
+
 # The CUDA backend compiles and links wherever nvcc is (no GPU or driver needed); its tests
 # here prove the no-driver paths (the GPU tests skip), then run the GPU tests under the driver
 # emulation (fakecuda.test).  On a GPU: tests/gpu/run.sh.
