@@ -178,6 +178,7 @@ static int flood(const char *socket, int n, double seconds, const char *user)
 		if (!pw || setgroups(0, NULL) < 0 || setgid(pw->pw_gid) < 0 ||
 		    setuid(pw->pw_uid) < 0) {
 			fprintf(stderr, "stress-client: cannot become %s\n", user);
+			free(pfd);
 			return 77;
 		}
 	}
@@ -187,8 +188,10 @@ static int flood(const char *socket, int n, double seconds, const char *user)
 		made += pfd[i].fd >= 0;
 	}
 	while (now_s() < end) {
-		if (poll(pfd, (nfds_t)n, 50) < 0)
+		if (poll(pfd, (nfds_t)n, 50) < 0) {
+			free(pfd);
 			return 1;
+		}
 		for (int i = 0; i < n; i++) {
 			char buf[512];
 
@@ -203,6 +206,10 @@ static int flood(const char *socket, int n, double seconds, const char *user)
 		}
 	}
 	printf("%lu\n", made);
+	for (int i = 0; i < n; i++)
+		if (pfd[i].fd >= 0)
+			close(pfd[i].fd);
+	free(pfd);
 	return 0;
 }
 

@@ -132,6 +132,8 @@ for i in $(seq 0 $((nworkers - 1))); do start_worker "$i"; done
 sleep 1
 t0=$(date +%s%N)
 cpu0=$(cpu_s)
+# bash says "Killed" of every worker it reaps: the shell's own stderr is quiet meanwhile.
+exec 3>&2 2>/dev/null
 for k in $(seq 1 "$kills"); do
 	i=$((RANDOM % nworkers))
 	kill -9 "${workers[$i]}" 2>/dev/null || true
@@ -142,6 +144,7 @@ done
 t1=$(date +%s%N)
 for i in $(seq 0 $((nworkers - 1))); do kill -9 "${workers[$i]}" 2>/dev/null || true; done
 { wait "${workers[@]}"; } 2>/dev/null || true
+exec 2>&3 3>&-
 workers=()
 storm_ms=$(((t1 - t0) / 1000000))
 # The daemon sees every hang-up; then nothing may be left.
@@ -210,6 +213,7 @@ echo "== fds out: $made connections in 5 s at the limit; $emfile_lines log lines
 if [ "$soak_min" -gt 0 ]; then
 	echo "== soak: $soak_min minutes of load, a client killed every 100 ms; RSS every minute"
 	for i in $(seq 0 $((nworkers - 1))); do start_worker "$i"; done
+	exec 3>&2 2>/dev/null
 	samples=()
 	end=$(($(date +%s) + soak_min * 60))
 	next=$(($(date +%s) + 60))
@@ -229,6 +233,7 @@ if [ "$soak_min" -gt 0 ]; then
 	done
 	for i in $(seq 0 $((nworkers - 1))); do kill -9 "${workers[$i]}" 2>/dev/null || true; done
 	{ wait "${workers[@]}"; } 2>/dev/null || true
+	exec 2>&3 3>&-
 	workers=()
 	for _ in $(seq 100); do [ "$(json in_use)" = 0 ] && break; sleep 0.05; done
 	[ "$(json in_use)" = 0 ] || fail "$(json in_use) blocks in use after the soak"
