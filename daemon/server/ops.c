@@ -277,16 +277,24 @@ int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t
 		return r;
 	if ((uint64_t)info.ntokens + n > s->pool->cfg->max_seq_tokens)
 		return -E2BIG; /* as the core would say, before a quota speaks of it */
+	/*
+	 * Within its last block an append changes neither the sequence's blocks nor its charge
+	 * (an active sequence's core_seq_bytes counts blocks): the decode step's common case.
+	 */
 	grow = blocks_for(s, (uint64_t)info.ntokens + n) - info.nblocks;
-	r = account_check(s, more_bytes(s, seq, &info, info.ntokens + n, CORE_SEQ_ACTIVE), grow, 0,
-			  why);
-	if (r < 0)
-		return r;
+	if (grow) {
+		r = account_check(s, more_bytes(s, seq, &info, info.ntokens + n, CORE_SEQ_ACTIVE),
+				  grow, 0, why);
+		if (r < 0)
+			return r;
+	}
 	r = core_seq_append(s->pool->core, seq, tokens, n);
 	if (r < 0)
 		return r;
-	account_blocks(s, grow);
-	ops_recharge(s, seq);
+	if (grow) {
+		account_blocks(s, grow);
+		ops_recharge(s, seq);
+	}
 	res->seq = seq;
 	res->first_changed = (uint32_t)r;
 	fill_table(s, seq, (uint32_t)r, res);
