@@ -663,7 +663,9 @@ static enum server_refusal admission(struct server *srv, int fd, bool admin,
 		return REFUSED_UID_SESSIONS;
 	}
 	/* The admin slots' fds stay free, so the operator can always get in. */
-	if (fds + FDS_PER_CLIENT + (c->max_admin_sessions - srv->nadmin) > srv->fd_limit) {
+	if (fds + FDS_PER_CLIENT +
+		    (srv->nadmin < c->max_admin_sessions ? c->max_admin_sessions - srv->nadmin : 0) >
+	    srv->fd_limit) {
 		*code = EMFILE;
 		snprintf(msg, len, "the daemon is out of file descriptors");
 		return REFUSED_FDS;
