@@ -217,26 +217,26 @@ void server_resume_paused(struct server *srv)
  */
 static void grow_rbuf(struct session *s, size_t want, uint32_t seq)
 {
+	const size_t cap = (want + 4095) & ~(size_t)4095;
 	const char *why = NULL;
 	uint8_t *b;
 
-	want = (want + 4095) & ~(size_t)4095;
-	if (account_check(s, want - s->rcap, 0, 0, &why) < 0) {
+	if (account_check(s, cap - s->rcap, 0, 0, &why) < 0) {
 		session_reply_error(s, seq, EDQUOT, "no memory to receive a frame of this size: %s",
 				    why);
 		s->skip = want - s->rlen;
 		s->rlen = 0;
 		return;
 	}
-	b = realloc(s->rbuf, want);
+	b = realloc(s->rbuf, cap);
 	if (!b) {
 		session_reply_error(s, seq, ENOMEM, "out of memory for a frame of this size");
 		session_close(s, "out of memory");
 		return;
 	}
-	account_bytes(s, (int64_t)(want - s->rcap));
+	account_bytes(s, (int64_t)(cap - s->rcap));
 	s->rbuf = b;
-	s->rcap = want;
+	s->rcap = cap;
 }
 
 /*
@@ -382,7 +382,8 @@ void session_dispatch(struct session *s)
 		memmove(s->rbuf, s->rbuf + off, s->rlen - off);
 		s->rlen -= off;
 	}
-	if (!s->closing && want > s->rcap)
+	/* (Never with a receive in flight: no caller dispatches then, and it reads into rbuf.) */
+	if (!s->closing && !s->recv_armed && want > s->rcap)
 		grow_rbuf(s, want, want_seq);
 	else if (!s->closing && off > 0)
 		shrink_rbuf(s);

@@ -341,6 +341,7 @@ START_TEST(test_memory_caps)
 	struct kvp_client *a = NULL, *b, *c;
 	uint64_t seq;
 	unsigned kept = 0;
+	uint32_t cached;
 	char why[256];
 	int r = 0;
 
@@ -358,6 +359,8 @@ START_TEST(test_memory_caps)
 	}
 	ck_assert_int_eq(r, -EDQUOT);
 	ck_assert_msg(strstr(kvp_last_error(a), "max_session_bytes"), "%s", kvp_last_error(a));
+	/* Refused, the request's bytes were dropped, and only them: the session goes on. */
+	ck_assert_int_eq(kvp_lookup(a, t, 16, 0, 0, &cached), 0);
 	ck_assert_uint_ge(kept, 2);
 	ck_assert_uint_le(kept, 4);
 	ck_assert_int_le(session_bytes("hoarder"), 1 << 20);
