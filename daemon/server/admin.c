@@ -487,6 +487,10 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 			use[rep.n_pools].indexed = u.indexed;
 			use[rep.n_pools].sequences = u.sequences;
 			use[rep.n_pools].sessions = srv->pools[i].sessions;
+			use[rep.n_pools].n_allow_uids = srv->pools[i].cfg->n_allow_uids;
+			use[rep.n_pools].allow_uids = srv->pools[i].cfg->allow_uids;
+			use[rep.n_pools].n_allow_gids = srv->pools[i].cfg->n_allow_gids;
+			use[rep.n_pools].allow_gids = srv->pools[i].cfg->allow_gids;
 			use[rep.n_pools].swap_files = &filep[nfiles];
 			for (uint32_t f = 0; srv->pools[i].file && f < srv->pools[i].cfg->n_swap_files;
 			     f++) {
@@ -746,6 +750,24 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 				rep.freed_blocks += core_drop_cache(srv->pools[i].core);
 		log_info("drop-cache: %u cached blocks freed", rep.freed_blocks);
 		REPLY(ADMIN_DROP_CACHE_REPLY, rep);
+		break;
+	}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_RELOAD: {
+		Kvpaged__V1__ReloadReply rep = KVPAGED__V1__RELOAD_REPLY__INIT;
+		struct server_reload_report r = { .keep = true };
+		int err = server_reload(srv, "kvpagedctl reload", &r);
+
+		if (err < 0) {
+			session_reply_error(s, h->seq, err == -ESHUTDOWN || err == -ENOENT ? -err : EINVAL,
+					    "%s", r.error);
+		} else {
+			rep.applied = r.applied;
+			rep.n_applied = r.napplied;
+			rep.refused = r.refused;
+			rep.n_refused = r.nrefused;
+			REPLY(ADMIN_RELOAD_REPLY, rep);
+		}
+		server_reload_report_free(&r);
 		break;
 	}
 	default:

@@ -516,63 +516,98 @@ static void begin_stop(struct server *srv)
 	arm_timer(srv, &srv->drain_op, &srv->drain_ts, srv->opts.drain_timeout_ms * 1000000ull);
 }
 
-static void on_reload_difference(void *ctx, bool applied, const char *what)
+/* Counts one difference the reload found, and keeps it if the caller asked for them. */
+static void report_add(struct server_reload_report *rep, bool applied, const char *what)
 {
-	unsigned *refused = ctx;
+	char ***list = applied ? &rep->applied : &rep->refused;
+	size_t *n = applied ? &rep->napplied : &rep->nrefused;
+	char **grown, *copy;
 
-	if (applied) {
-		log_notice("reload: %s", what);
+	if (!applied)
+		rep->refused_count++;
+	if (!rep->keep)
+		return;
+	copy = strdup(what);
+	grown = copy ? realloc(*list, (*n + 1) * sizeof(**list)) : NULL;
+	if (!grown) {
+		free(copy);
+		rep->truncated = true; /* the log has them all */
 		return;
 	}
-	log_warning("reload: %s: cannot change while kvpaged runs; restart to apply (the running "
-		    "value stays)", what);
-	(*refused)++;
+	grown[(*n)++] = copy;
+	*list = grown;
+}
+
+static void on_reload_difference(void *ctx, bool applied, const char *what)
+{
+	if (applied)
+		log_notice("reload: %s", what);
+	else
+		log_warning("reload: %s: cannot change while kvpaged runs; restart to apply (the "
+			    "running value stays)", what);
+	report_add(ctx, applied, what);
+}
+
+void server_reload_report_free(struct server_reload_report *rep)
+{
+	for (size_t i = 0; i < rep->napplied; i++)
+		free(rep->applied[i]);
+	for (size_t i = 0; i < rep->nrefused; i++)
+		free(rep->refused[i]);
+	free(rep->applied);
+	free(rep->refused);
+	rep->applied = rep->refused = NULL;
+	rep->napplied = rep->nrefused = 0;
 }
 
 /*
- * SIGHUP: read the configuration file again and apply, in place, what can change live (see
- * config_apply_live()); everything else keeps its running value, each with a logged reason.  A
- * file that does not load changes nothing.
+ * SIGHUP and kvpagedctl reload: read the configuration file again and apply, in place, what
+ * can change live (see config_apply_live()); everything else keeps its running value, each
+ * with a logged reason.  A file that does not load changes nothing.
  */
-static void reload(struct server *srv)
+int server_reload(struct server *srv, const char *trigger, struct server_reload_report *rep)
 {
 	struct kvpd_config next = { 0 };
-	unsigned refused = 0;
-	char err[512];
 	int applied, r;
 
+	rep->error[0] = '\0';
+	rep->refused_count = 0;
 	if (srv->stopping) {
-		log_notice("SIGHUP while stopping: nothing reloaded");
-		return;
+		log_notice("%s while stopping: nothing reloaded", trigger);
+		snprintf(rep->error, sizeof(rep->error), "kvpaged is stopping: nothing reloaded");
+		return -ESHUTDOWN;
 	}
 	if (!srv->opts.config_path) {
-		log_notice("SIGHUP: no configuration file to reload");
-		return;
+		log_notice("%s: no configuration file to reload", trigger);
+		snprintf(rep->error, sizeof(rep->error), "kvpaged runs without a configuration file");
+		return -ENOENT;
 	}
 	systemd_notify_reloading("reloading the configuration");
-	log_info("SIGHUP: reloading %s", srv->opts.config_path);
-	r = config_load_file(srv->opts.config_path, &next, err, sizeof(err));
+	log_info("%s: reloading %s", trigger, srv->opts.config_path);
+	r = config_load_file(srv->opts.config_path, &next, rep->error, sizeof(rep->error));
 	if (r < 0) {
-		log_error("reload failed, the running configuration stays: %s", err);
+		log_error("reload failed, the running configuration stays: %s", rep->error);
 		snprintf(srv->reload_note, sizeof(srv->reload_note), "last reload failed: %.130s",
-			 err);
+			 rep->error);
 	} else {
-		applied = config_apply_live(srv->cfg, &next, on_reload_difference, &refused);
+		applied = config_apply_live(srv->cfg, &next, on_reload_difference, rep);
 		config_free(&next);
 		/* What the daemon keeps from the configuration rather than reading it afresh. */
 		log_set_rate_limit(srv->cfg->log_rate_limit_interval_ms,
 				   srv->cfg->log_rate_limit_burst);
 		check_fd_budget(srv);
 		server_schedule_sweep(srv, server_now_ns()); /* the timeouts may have changed */
-		log_info("reload: %d changes applied, %u need a restart", applied, refused);
-		if (refused)
+		log_info("reload: %d changes applied, %u need a restart", applied,
+			 rep->refused_count);
+		if (rep->refused_count)
 			snprintf(srv->reload_note, sizeof(srv->reload_note),
-				 "last reload: %u changes need a restart", refused);
+				 "last reload: %u changes need a restart", rep->refused_count);
 		else
 			srv->reload_note[0] = '\0';
 	}
 	status_text(srv, srv->status, sizeof(srv->status));
 	systemd_notify_ready(srv->status);
+	return r < 0 ? r : 0;
 }
 
 static const char *const refusal_names[SERVER_NREFUSALS] = {
@@ -903,9 +938,12 @@ static void on_signal(struct server *srv, struct io_uring_cqe *cqe)
 		return;
 	}
 	switch (srv->siginfo.ssi_signo) {
-	case SIGHUP:
-		reload(srv);
+	case SIGHUP: {
+		struct server_reload_report rep = { 0 };
+
+		server_reload(srv, "SIGHUP", &rep);
 		break;
+	}
 #ifdef KVPAGED_TEST_HOOKS
 	case SIGUSR2:
 		/* For tests of verify: the first pool's state, broken on purpose. */

@@ -382,6 +382,24 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
  */
 int server_run(struct server *srv);
 void server_done(struct server *srv);
+/* What a reload found: the differences it applied and refused (kept when keep is set). */
+struct server_reload_report {
+	bool keep;
+	bool truncated; /* out of memory: some differences are only in the log */
+	char **applied;
+	size_t napplied;
+	char **refused;
+	size_t nrefused;
+	unsigned refused_count; /* every refused difference, kept or not */
+	char error[512];        /* why the file did not load, or why nothing was reloaded */
+};
+/*
+ * Reads the configuration file again and applies what can change live (SIGHUP, kvpagedctl
+ * reload; trigger names which in the log).  0 when the file loaded, whatever was refused;
+ * -errno with rep->error set when nothing changed.  server_reload_report_free() after.
+ */
+int server_reload(struct server *srv, const char *trigger, struct server_reload_report *rep);
+void server_reload_report_free(struct server_reload_report *rep);
 /* The sweep (hello and idle timeouts) runs by when at the latest. */
 void server_schedule_sweep(struct server *srv, uint64_t when);
 struct io_uring_sqe *server_sqe(struct server *srv);

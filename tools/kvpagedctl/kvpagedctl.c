@@ -5,7 +5,9 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
 #include <inttypes.h>
+#include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,8 @@ static void usage(FILE *f)
 	      "  metrics      Prometheus text exposition\n"
 	      "  verify       run the full invariant check (exit 1 if anything is wrong)\n"
 	      "  drop-cache   free every cached block\n"
+	      "  reload       read the configuration file again (as SIGHUP), wait for it, show\n"
+	      "               what changed and what needs a restart (exit 1 if it did not load)\n"
 	      "  plan ...     the cost model's arithmetic (prefix, swa, swap); needs no daemon\n"
 	      "  plan pool NAME  the cost model with a running pool's parameters and decisions\n"
 	      "\n"
@@ -213,6 +217,44 @@ static const char *file_tier_io(const Kvpaged__V1__PoolUsage *u)
 	return direct == u->n_swap_files ? "direct" : direct ? "mixed" : "buffered";
 }
 
+/* A pool's ACL in words: "users alice (1000); groups kvpaged (998)", or who may use it. */
+static void print_access(const Kvpaged__V1__PoolUsage *u)
+{
+	printf("  access        ");
+	if (!u->n_allow_uids && !u->n_allow_gids) {
+		printf("anyone who can connect to the socket\n");
+		return;
+	}
+	if (u->n_allow_uids) {
+		printf("users");
+		for (size_t i = 0; i < u->n_allow_uids; i++) {
+			const struct passwd *pw = getpwuid(u->allow_uids[i]);
+
+			printf("%s %s%s%u%s", i ? "," : "", pw ? pw->pw_name : "", pw ? " (" : "",
+			       u->allow_uids[i], pw ? ")" : "");
+		}
+	}
+	if (u->n_allow_gids) {
+		printf("%sgroups", u->n_allow_uids ? "; " : "");
+		for (size_t i = 0; i < u->n_allow_gids; i++) {
+			const struct group *gr = getgrgid(u->allow_gids[i]);
+
+			printf("%s %s%s%u%s", i ? "," : "", gr ? gr->gr_name : "", gr ? " (" : "",
+			       u->allow_gids[i], gr ? ")" : "");
+		}
+	}
+	printf(" (and root)\n");
+}
+
+static json_object *id_array(const uint32_t *ids, size_t n)
+{
+	json_object *a = json_object_new_array();
+
+	for (size_t i = 0; i < n; i++)
+		json_object_array_add(a, json_object_new_int64(ids[i]));
+	return a;
+}
+
 static int cmd_pools(int fd, const char *pool)
 {
 	Kvpaged__V1__Pools *ps = (Kvpaged__V1__Pools *)request(
@@ -245,6 +287,8 @@ static int cmd_pools(int fd, const char *pool)
 			jadd_u(p, "indexed", u->indexed);
 			jadd_u(p, "sequences", u->sequences);
 			jadd_u(p, "sessions", u->sessions);
+			json_object_object_add(p, "allow_uids", id_array(u->allow_uids, u->n_allow_uids));
+			json_object_object_add(p, "allow_gids", id_array(u->allow_gids, u->n_allow_gids));
 			if (u->n_swap_files) {
 				json_object *files = json_object_new_array();
 
@@ -276,6 +320,7 @@ static int cmd_pools(int fd, const char *pool)
 			printf("  usage         %u in use, %u cached, %u free (%u findable)\n", u->in_use,
 			       u->cached, u->free, u->indexed);
 			printf("  clients       %u sessions, %u sequences\n", u->sessions, u->sequences);
+			print_access(u);
 			for (size_t f = 0; f < u->n_swap_files; f++)
 				printf("  swap file     %s: %s\n", u->swap_files[f]->path,
 				       u->swap_files[f]->direct
@@ -633,6 +678,38 @@ static int cmd_drop_cache(int fd, const char *pool)
 	return 0;
 }
 
+static int cmd_reload(int fd, const char *pool)
+{
+	Kvpaged__V1__ReloadReply *r = (Kvpaged__V1__ReloadReply *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_RELOAD, pool,
+		&kvpaged__v1__reload_reply__descriptor);
+
+	/* request() said why: the file did not load (nothing changed), or no daemon. */
+	if (!r)
+		return 1;
+	if (json) {
+		json_object *o = json_object_new_object(), *a = json_object_new_array(),
+			    *f = json_object_new_array();
+
+		for (size_t i = 0; i < r->n_applied; i++)
+			json_object_array_add(a, json_object_new_string(r->applied[i]));
+		for (size_t i = 0; i < r->n_refused; i++)
+			json_object_array_add(f, json_object_new_string(r->refused[i]));
+		json_object_object_add(o, "applied", a);
+		json_object_object_add(o, "needs_restart", f);
+		print_json(o);
+	} else {
+		for (size_t i = 0; i < r->n_applied; i++)
+			printf("applied: %s\n", r->applied[i]);
+		for (size_t i = 0; i < r->n_refused; i++)
+			printf("needs a restart: %s (the running value stays)\n", r->refused[i]);
+		printf("reloaded: %zu changes applied, %zu need a restart\n", r->n_applied,
+		       r->n_refused);
+	}
+	kvpaged__v1__reload_reply__free_unpacked(r, NULL);
+	return 0;
+}
+
 static void plan_tier_line(const char *tier, uint32_t blocks, double bw, bool promotes,
 			   double block_bytes, double recompute_ms)
 {
@@ -745,6 +822,7 @@ int main(int argc, char **argv)
 		{ "status", cmd_status },	  { "pools", cmd_pools },     { "sessions", cmd_sessions },
 		{ "sequences", cmd_sequences }, { "stats", cmd_stats },     { "metrics", cmd_metrics },
 		{ "verify", cmd_verify },	  { "drop-cache", cmd_drop_cache },
+		{ "reload", cmd_reload },
 	};
 	const char *path = getenv("KVPAGED_ADMIN_SOCKET"), *pool = NULL;
 	int opt, fd, r;
