@@ -81,3 +81,34 @@ wait_exit() {
 sub_make() {
 	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL ${MAKE:-make} -s -C "$top_builddir" "$@"
 }
+
+# dist_tree: the release tree, as make dist would pack it, in $dist ($tmp/dist/kvpaged-VERSION);
+# sets version.  Skips when the packages' build dependencies are missing.
+dist_tree() {
+	version=$("$KVPAGED" --version | awk '{ print $2 }')
+	dist=$tmp/dist/kvpaged-$version
+	mkdir -p "$tmp/dist"
+	sub_make distdir distdir="$dist" >"$tmp/dist.log" 2>&1 ||
+		fail "make distdir: $(tail -20 "$tmp/dist.log")"
+	cp -a "$dist/packaging/debian" "$dist/debian"
+	(cd "$dist" && dpkg-checkbuilddeps) >"$tmp/deps.log" 2>&1 ||
+		skip "build dependencies missing: $(cat "$tmp/deps.log")"
+	rm -rf "$dist/debian"
+}
+
+# build_debs: the Debian packages from $dist (packaging/build-deb.sh, without their test suite)
+# in $tmp/out; sets debs to kvpaged's, libkvpaged1's and libkvpaged-dev's .deb files.
+build_debs() {
+	local p deb
+
+	env -u MAKEFLAGS -u MFLAGS -u MAKELEVEL DEB_BUILD_OPTIONS=nocheck \
+		"$top_srcdir/packaging/build-deb.sh" "$dist" "$tmp/out" >"$tmp/build.log" 2>&1 || {
+		tail -60 "$tmp/build.log" >&2
+		fail "dpkg-buildpackage"
+	}
+	debs=()
+	for p in kvpaged libkvpaged1 libkvpaged-dev; do
+		deb=$(ls "$tmp/out/${p}_${version}-"*.deb 2>/dev/null) || fail "no $p package was built"
+		debs+=("$deb")
+	done
+}
