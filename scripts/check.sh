@@ -86,6 +86,10 @@ run_suite() { # NAME DIR MAKE-ARGS...: build and test in DIR
 	count "$name" "$dir"
 }
 
+# boot.test's root file system (debootstrap, about a minute) is built once, under build/, and
+# shared by every suite below.
+export KVPAGED_BOOT_CACHE="$top/build/tests/ops/boot-root"
+
 status=0
 echo "== build (-Werror)"
 scripts/build.sh build --enable-werror --enable-test-hooks || exit 1

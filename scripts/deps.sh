@@ -9,6 +9,7 @@ packages=(
 	libprotobuf-c-dev protobuf-c-compiler fio
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
 	prometheus # promtool, which checks kvpagedctl metrics (tests/ops/metrics.test)
+	debootstrap systemd-container # a Debian 12 root booted under systemd (tests/ops/boot.test)
 )
 
 missing=()
