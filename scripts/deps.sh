@@ -5,10 +5,11 @@ set -euo pipefail
 
 packages=(
 	autoconf automake libtool pkg-config make gcc clang python3
-	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
+	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev libmicrohttpd-dev
 	libprotobuf-c-dev protobuf-c-compiler fio
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
-	prometheus # promtool, which checks kvpagedctl metrics (tests/ops/metrics.test)
+	prometheus # promtool and a real server scraping the daemon (tests/ops/metrics.test, prometheus.test)
+	curl       # plain HTTP requests to the metrics endpoint (tests/ops/prometheus.test)
 )
 
 missing=()
