@@ -8,8 +8,7 @@ packages=(
 	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev libmicrohttpd-dev
 	libprotobuf-c-dev protobuf-c-compiler fio
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
-	prometheus # promtool and a real server scraping the daemon (tests/ops/metrics.test, prometheus.test)
-	curl       # plain HTTP requests to the metrics endpoint (tests/ops/prometheus.test)
+	prometheus # promtool, and a real server (tests/ops/metrics.test, prometheus.test)
 )
 
 missing=()
