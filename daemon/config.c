@@ -24,6 +24,8 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -65,6 +67,7 @@ enum config_type {
 	TYPE_FILES,     /* absolute paths, comma separated; aux_offset is the size_t count */
 	TYPE_NUMBER,    /* a non-negative real number, optionally with a K, M, G, T or P suffix
 			   (powers of 1000): 7e9, 7G and 7000M are the same */
+	TYPE_LISTEN,    /* a TCP address, IPV4:PORT or [IPV6]:PORT; empty: off (NULL) */
 };
 
 #define KEY_REQUIRED (1u << 0)
@@ -117,6 +120,11 @@ static const struct config_key schema[] = {
 	DAEMON_NUMBER(TYPE_U32, log_rate_limit_burst, 200, 0, 1000000),
 	DAEMON_NUMBER(TYPE_SIZE, max_frame_bytes, 8 * MiB, 4 * KiB, 256 * MiB),
 	DAEMON_NUMBER(TYPE_U32, ring_poll_us, 0, 0, 1000000),
+	{ .name = "metrics_listen", .section = SECTION_DAEMON, .type = TYPE_LISTEN,
+	  .offset = offsetof(struct kvpd_config, metrics_listen) },
+	DAEMON_NUMBER(TYPE_U32, metrics_max_connections, 8, 1, 1024),
+	DAEMON_NUMBER(TYPE_SIZE, metrics_max_request_bytes, 8 * KiB, 4 * KiB, 1 * MiB),
+	DAEMON_NUMBER(TYPE_U32, metrics_timeout_ms, 10000, 100, 600000),
 
 	LIMIT(TYPE_U32, max_sequences, 1024, 1, 1048576, 0),
 	LIMIT(TYPE_U32, max_blocks, 0, 0, UINT64_C(1) << 31, 0),
@@ -513,6 +521,7 @@ static int apply_defaults(enum config_section section, void *base)
 		case TYPE_BOOL:
 		case TYPE_FILES:
 		case TYPE_NUMBER:
+		case TYPE_LISTEN:
 			break; /* unset, false, empty, 0: zeroed already */
 		}
 	}
@@ -875,6 +884,81 @@ static int add_files(struct parse *p, const struct config_key *key, void *base,
 	return 0;
 }
 
+int config_parse_listen(const char *s, struct sockaddr_storage *ret, socklen_t *ret_len)
+{
+	struct sockaddr_storage ss = { 0 };
+	char host[INET6_ADDRSTRLEN + 1];
+	const char *colon, *h = s;
+	size_t hlen;
+	uint64_t port;
+
+	if (*s == '[') {
+		const char *end = strchr(s, ']');
+
+		if (!end || end[1] != ':')
+			return -EINVAL;
+		h = s + 1;
+		hlen = (size_t)(end - h);
+		colon = end + 1;
+	} else {
+		colon = strrchr(s, ':');
+		if (!colon || memchr(s, ':', (size_t)(colon - s)))
+			return -EINVAL; /* an IPv6 address needs its brackets */
+		hlen = (size_t)(colon - s);
+	}
+	if (hlen == 0 || hlen >= sizeof(host) || parse_u64(colon + 1, &port) < 0 || port == 0 ||
+	    port > 65535)
+		return -EINVAL;
+	memcpy(host, h, hlen);
+	host[hlen] = '\0';
+	if (*s == '[') {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)&ss;
+
+		if (inet_pton(AF_INET6, host, &a->sin6_addr) != 1)
+			return -EINVAL;
+		a->sin6_family = AF_INET6;
+		a->sin6_port = htons((uint16_t)port);
+		*ret_len = sizeof(*a);
+	} else {
+		struct sockaddr_in *a = (struct sockaddr_in *)&ss;
+
+		if (inet_pton(AF_INET, host, &a->sin_addr) != 1)
+			return -EINVAL;
+		a->sin_family = AF_INET;
+		a->sin_port = htons((uint16_t)port);
+		*ret_len = sizeof(*a);
+	}
+	*ret = ss;
+	return 0;
+}
+
+/* Checked at load, so that a start fails only when the address cannot be bound. */
+static int set_listen(struct parse *p, const struct config_key *key, char **field,
+		      const char *value)
+{
+	struct sockaddr_storage ss;
+	socklen_t len;
+	char *copy;
+
+	if (!*value) {
+		free(*field);
+		*field = NULL;
+		return 0;
+	}
+	if (config_parse_listen(value, &ss, &len) < 0)
+		return fail_key(p, key->name,
+				"'%s' is not an address to listen on: write IPV4:PORT "
+				"(127.0.0.1:9464) or [IPV6]:PORT ([::1]:9464), a numeric address "
+				"and a port from 1 to 65535, or nothing for no endpoint",
+				value);
+	copy = strdup(value);
+	if (!copy)
+		return oom(p);
+	free(*field);
+	*field = copy;
+	return 0;
+}
+
 static int set_value(struct parse *p, const struct config_key *key, const char *value)
 {
 	void *base = current_base(p);
@@ -929,6 +1013,8 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 		return set_real(p, key, field, value);
 	case TYPE_FILES:
 		return add_files(p, key, base, value);
+	case TYPE_LISTEN:
+		return set_listen(p, key, field, value);
 	}
 	return fail_key(p, key->name, "internal error: no parser for this type");
 }
@@ -1300,6 +1386,7 @@ void config_free(struct kvpd_config *c)
 		return;
 	free(c->socket_path);
 	free(c->admin_socket_path);
+	free(c->metrics_listen);
 	for (size_t i = 0; i < c->npools; i++) {
 		for (size_t k = 0; k < c->pools[i].n_swap_files; k++)
 			free(c->pools[i].swap_files[k]);
@@ -1398,6 +1485,12 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			fprintf(f, "%s = %s\n", key->name,
 				*(char *const *)field ? *(char *const *)field : "");
 			break;
+		case TYPE_LISTEN:
+			if (*(char *const *)field)
+				fprintf(f, "%s = %s\n", key->name, *(char *const *)field);
+			else
+				fprintf(f, "# %s is not set: no HTTP endpoint\n", key->name);
+			break;
 		case TYPE_GROUP:
 			if (*(const bool *)cfield_at(base, key->aux_offset))
 				fprintf(f, "%s = %" PRIu32 "\n", key->name,
@@ -1457,6 +1550,8 @@ static const struct {
 	{ SECTION_DAEMON, "log_rate_limit_burst" },
 	{ SECTION_DAEMON, "ring_poll_us" },
 	{ SECTION_DAEMON, "max_frame_bytes" },
+	{ SECTION_DAEMON, "metrics_max_connections" }, /* read at each accept */
+	{ SECTION_DAEMON, "metrics_timeout_ms" },      /* read at each accept */
 	{ SECTION_LIMITS, "max_sequences" },
 	{ SECTION_LIMITS, "max_blocks" },
 	{ SECTION_LIMITS, "max_inflight" },
@@ -1511,7 +1606,8 @@ static bool key_equal(const struct config_key *key, const void *a, const void *b
 		return *(const enum kvpd_policy *)fa == *(const enum kvpd_policy *)fb;
 	case TYPE_BACKEND:
 		return *(const enum kvpd_backend *)fa == *(const enum kvpd_backend *)fb;
-	case TYPE_PATH: {
+	case TYPE_PATH:
+	case TYPE_LISTEN: {
 		const char *pa = *(char *const *)fa, *pb = *(char *const *)fb;
 
 		return (!pa && !pb) || (pa && pb && !strcmp(pa, pb));
@@ -1586,6 +1682,9 @@ static const char *format_value(const struct config_key *key, const void *base, 
 	case TYPE_PATH:
 		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
 		break;
+	case TYPE_LISTEN:
+		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "(not set)");
+		break;
 	case TYPE_GROUP:
 		if (*(const bool *)cfield_at(base, key->aux_offset))
 			snprintf(buf, len, "%" PRIu32, *(const uint32_t *)field);
@@ -1652,7 +1751,8 @@ static void take_value(const struct config_key *key, void *live, void *next)
 		*(bool *)field_at(live, key->aux_offset) =
 			*(const bool *)field_at(next, key->aux_offset);
 		break;
-	case TYPE_PATH: {
+	case TYPE_PATH:
+	case TYPE_LISTEN: {
 		char *t = *(char **)fl;
 
 		*(char **)fl = *(char **)fn;

@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <sys/socket.h>
 
 #define KVPD_CONFIG_PATH "/etc/kvpaged/kvpaged.conf"
 
@@ -112,6 +113,11 @@ struct kvpd_config {
 	uint32_t log_rate_limit_burst; /* lines per call site per interval; 0: no limit */
 	uint32_t ring_poll_us; /* busy-poll active rings this long before sleeping; 0: never */
 	uint64_t max_frame_bytes;
+	/* The HTTP metrics endpoint (daemon/server/http.c); NULL: none. */
+	char *metrics_listen;		   /* IPV4:PORT or [IPV6]:PORT, checked at load */
+	uint32_t metrics_max_connections;  /* connections at once; more are closed at accept */
+	uint64_t metrics_max_request_bytes; /* request line and headers */
+	uint32_t metrics_timeout_ms;	   /* from accept to the last byte of the reply */
 	struct kvpd_limits limits;
 	struct kvpd_pool_config *pools; /* in file order; at least one */
 	size_t npools;
@@ -149,10 +155,16 @@ const struct kvpd_pool_config *config_find_pool(const struct kvpd_config *c, con
 int config_parse_size(const char *s, uint64_t *ret);
 
 /*
+ * Parses a TCP address to listen on: IPV4:PORT or [IPV6]:PORT, numeric (no name is looked
+ * up), port 1 to 65535.  Returns 0 and fills *ret and *ret_len, or -EINVAL (untouched).
+ */
+int config_parse_listen(const char *s, struct sockaddr_storage *ret, socklen_t *ret_len);
+
+/*
  * Reloading (SIGHUP): applies next, a freshly loaded configuration, to the running one in place,
  * so that pointers into live (a pool's config, the limits) stay valid.  Keys the daemon reads
- * afresh wherever it uses them take next's values: [daemon] max_sessions, ring_poll_us and
- * max_frame_bytes, every [limits] key, a pool's allow_users, allow_groups,
+ * afresh wherever it uses them take next's values: [daemon] max_sessions, ring_poll_us,
+ * max_frame_bytes, metrics_max_connections and metrics_timeout_ms, every [limits] key, a pool's allow_users, allow_groups,
  * file_tier_blocking_reads and file_tier_persist_stop_ms.  Every other key
  * whose value differs keeps its running value.  Pools are matched by name; a pool added,
  * removed or moved changes nothing.  report (may be NULL) is called once per difference, with

@@ -5,10 +5,10 @@ set -euo pipefail
 
 packages=(
 	autoconf automake libtool pkg-config make gcc clang python3
-	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev
+	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev libmicrohttpd-dev
 	libprotobuf-c-dev protobuf-c-compiler fio
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
-	prometheus # promtool, which checks kvpagedctl metrics (tests/ops/metrics.test)
+	prometheus # promtool, and a real server (tests/ops/metrics.test, prometheus.test)
 	debootstrap systemd-container # a Debian 12 root booted under systemd (tests/ops/boot.test)
 )
 

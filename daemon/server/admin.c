@@ -97,6 +97,7 @@ static const char *label(const char *s, char *out, size_t n)
 
 static void metrics_text(struct server *srv, struct text *t)
 {
+	struct http_stats hs;
 	char pl[160], nl[160];
 
 	text_printf(t, "# HELP kvpaged_sessions Client and admin sessions connected.\n"
@@ -121,6 +122,18 @@ static void metrics_text(struct server *srv, struct text *t)
 		       "limit.\n# TYPE kvpaged_log_lines_dropped_total counter\n"
 		       "kvpaged_log_lines_dropped_total %llu\n",
 		    (unsigned long long)log_suppressed_total());
+	http_stats(srv, &hs);
+	text_printf(t, "# HELP kvpaged_http_connections Connections open to the metrics endpoint "
+		       "(metrics_listen).\n# TYPE kvpaged_http_connections gauge\n"
+		       "kvpaged_http_connections %u\n", hs.connections);
+	text_printf(t, "# HELP kvpaged_http_requests_total Requests the metrics endpoint "
+		       "answered.\n# TYPE kvpaged_http_requests_total counter\n"
+		       "kvpaged_http_requests_total %llu\n", (unsigned long long)hs.requests);
+	text_printf(t, "# HELP kvpaged_http_refusals_total Metrics endpoint connections closed by "
+		       "a limit.\n# TYPE kvpaged_http_refusals_total counter\n"
+		       "kvpaged_http_refusals_total{reason=\"metrics_max_connections\"} %llu\n"
+		       "kvpaged_http_refusals_total{reason=\"metrics_timeout_ms\"} %llu\n",
+		    (unsigned long long)hs.refused_connections, (unsigned long long)hs.timed_out);
 	text_printf(t, "# HELP kvpaged_pool_blocks Blocks of each pool by state.\n"
 		       "# TYPE kvpaged_pool_blocks gauge\n");
 	for (size_t i = 0; i < srv->npools; i++) {
@@ -284,6 +297,20 @@ static void metrics_text(struct server *srv, struct text *t)
 			}
 		}
 	}
+}
+
+int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len)
+{
+	struct text t = { 0 };
+
+	metrics_text(srv, &t);
+	if (t.failed || !t.buf) {
+		free(t.buf);
+		return -ENOMEM;
+	}
+	*ret_text = t.buf;
+	*ret_len = t.len;
+	return 0;
 }
 
 static const char *const tier_names[CORE_NTIERS] = { "pool", "host", "file" };
@@ -690,16 +717,16 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 	}
 	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_METRICS: {
 		Kvpaged__V1__Metrics rep = KVPAGED__V1__METRICS__INIT;
-		struct text t = { 0 };
+		char *text;
+		size_t len;
 
-		metrics_text(srv, &t);
-		if (t.failed) {
+		if (admin_metrics_text(srv, &text, &len) < 0) {
 			session_reply_error(s, h->seq, ENOMEM, "out of memory");
 		} else {
-			rep.text = t.buf ? t.buf : "";
+			rep.text = text;
 			REPLY(ADMIN_METRICS_REPLY, rep);
+			free(text);
 		}
-		free(t.buf);
 		break;
 	}
 	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_VERIFY: {

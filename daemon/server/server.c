@@ -197,7 +197,7 @@ static void check_fd_budget(struct server *srv)
 {
 	const struct kvpd_config *c = srv->cfg;
 	uint64_t need = srv->fd_base + FDS_SPARE + (uint64_t)c->max_sessions * FDS_PER_CLIENT +
-			c->max_admin_sessions;
+			c->max_admin_sessions + (srv->http ? c->metrics_max_connections : 0);
 	struct rlimit rl;
 
 	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY)
@@ -315,6 +315,11 @@ int server_init(struct server *srv, struct kvpd_config *cfg, const struct server
 	    chown(cfg->admin_socket_path, (uid_t)-1, cfg->admin_gid) < 0)
 		return log_error_errno(errno, "cannot give %s to group %u: %m",
 				       cfg->admin_socket_path, cfg->admin_gid);
+
+	/* Before READY=1: an address that cannot be bound stops the start, with the reason. */
+	r = http_start(srv);
+	if (r < 0)
+		return r;
 
 	arm_accept(srv, &srv->client_listener);
 	arm_accept(srv, &srv->admin_listener);
@@ -927,6 +932,7 @@ static void on_sweep(struct server *srv)
 	}
 	if (next)
 		server_schedule_sweep(srv, next);
+	http_sweep(srv); /* the metrics endpoint's deadlines share this timer */
 }
 
 static void on_signal(struct server *srv, struct io_uring_cqe *cqe)
@@ -1031,6 +1037,9 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 	case OP_SWEEP:
 		if (cqe->res != -ECANCELED)
 			on_sweep(srv);
+		break;
+	case OP_HTTP:
+		http_on_poll(srv, cqe);
 		break;
 	case OP_ACCEPT_RETRY:
 		if (cqe->res != -ECANCELED)
@@ -1178,6 +1187,7 @@ void server_done(struct server *srv)
 		close(srv->signal_fd);
 	if (srv->ring.ring_fd > 0)
 		io_uring_queue_exit(&srv->ring);
+	http_done(srv);
 	for (size_t i = 0; i < srv->npools; i++)
 		dpool_done(&srv->pools[i]);
 	free(srv->pools);

@@ -36,6 +36,7 @@ enum op_kind {
 	OP_BACKEND, /* a pool's backend completed queued copies or moves (its done_fd) */
 	OP_SWEEP,   /* the timer that closes silent and idle sessions */
 	OP_ACCEPT_RETRY, /* a listener's pause after failed accepts is over */
+	OP_HTTP,         /* the metrics endpoint's epoll fd is readable (http.c) */
 };
 
 struct op {
@@ -326,6 +327,8 @@ struct listener {
 	uint64_t failures;   /* failed accepts in the current episode */
 };
 
+struct http_endpoint;
+
 struct server {
 	struct kvpd_config *cfg;
 	struct server_options opts;
@@ -365,6 +368,7 @@ struct server {
 	uint64_t requests;
 	uint64_t started_ns;
 	uint64_t poll_until_ns; /* busy-poll the polled rings until then */
+	struct http_endpoint *http; /* the metrics endpoint (metrics_listen), or NULL */
 	bool stopping;
 	int exit_status;
 };
@@ -574,6 +578,30 @@ const char *server_refusal_name(enum server_refusal r);
  * Returns out, always terminated.
  */
 const char *admin_label_value(const char *s, char *out, size_t n);
+
+/*
+ * The Prometheus text of every metric (kvpagedctl metrics, GET /metrics): 0 and a malloc'ed
+ * *ret_text of *ret_len bytes (the caller frees it), or -ENOMEM.
+ */
+int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len);
+
+/* http.c: the HTTP metrics endpoint, driven by the loop (no thread of its own) */
+/*
+ * Binds metrics_listen and starts the endpoint when it is set (else does nothing): 0, or a
+ * logged -errno, and the daemon does not start.  http_done() undoes it, also after a failure.
+ */
+int http_start(struct server *srv);
+void http_done(struct server *srv);
+/* Its epoll fd polled readable (OP_HTTP). */
+void http_on_poll(struct server *srv, struct io_uring_cqe *cqe);
+/* The sweep timer fired: its connections' deadlines and libmicrohttpd's own. */
+void http_sweep(struct server *srv);
+struct http_stats {
+	uint32_t connections;
+	uint64_t requests, refused_connections, timed_out;
+};
+/* What the endpoint did since start (zeros when there is none). */
+void http_stats(const struct server *srv, struct http_stats *ret);
 
 /* ring.c: shared-memory rings */
 int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes);

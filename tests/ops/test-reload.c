@@ -70,12 +70,15 @@ START_TEST(live_keys_apply_in_place)
 	load("[daemon]\nmax_sessions = 10\n" POOL("main", 64, "allow_groups = 5\n"), &live);
 	pool = &live.pools[0];
 	load("[daemon]\nmax_sessions = 3\nring_poll_us = 50\nmax_frame_bytes = 1MiB\n"
+	     "metrics_max_connections = 2\nmetrics_timeout_ms = 500\n"
 	     "[limits]\nmax_sequences = 8\nmax_wait_ms = 0\nmax_queued_bytes = 128KiB\n"
 	     POOL("main", 64, "allow_users = 7\nallow_groups = 5, 6\n"),
 	     &next);
-	ck_assert_int_eq(config_apply_live(&live, &next, record, &r), 8);
-	ck_assert_uint_eq(r.n, 8);
+	ck_assert_int_eq(config_apply_live(&live, &next, record, &r), 10);
+	ck_assert_uint_eq(r.n, 10);
 	ck_assert_ptr_eq(&live.pools[0], pool); /* sessions point here */
+	ck_assert_uint_eq(live.metrics_max_connections, 2);
+	ck_assert_uint_eq(live.metrics_timeout_ms, 500);
 	ck_assert_uint_eq(live.max_sessions, 3);
 	ck_assert_uint_eq(live.ring_poll_us, 50);
 	ck_assert_uint_eq(live.max_frame_bytes, 1 << 20);
@@ -103,11 +106,16 @@ START_TEST(other_keys_keep_running_values)
 	struct reports r = { 0 };
 
 	load("[daemon]\nsocket = /run/a.sock\n" POOL("main", 64, "policy = lru\n"), &live);
-	load("[daemon]\nsocket = /run/b.sock\nadmin_group = 0\n"
+	load("[daemon]\nsocket = /run/b.sock\nadmin_group = 0\nmetrics_listen = 127.0.0.1:9464\n"
+	     "metrics_max_request_bytes = 16K\n"
 	     POOL("main", 128, "policy = cost\nnamespace = shared\nmodel_params = 7e9\n"),
 	     &next);
 	ck_assert_int_eq(config_apply_live(&live, &next, record, &r), 0);
-	ck_assert_uint_eq(r.n, 6);
+	ck_assert_uint_eq(r.n, 8);
+	ck_assert(reported(&r, "[daemon] metrics_listen: (not set) -> 127.0.0.1:9464", false));
+	ck_assert(reported(&r, "[daemon] metrics_max_request_bytes: 8KiB -> 16KiB", false));
+	ck_assert_ptr_null(live.metrics_listen);
+	ck_assert_uint_eq(live.metrics_max_request_bytes, 8192);
 	ck_assert(reported(&r, "[daemon] socket: /run/a.sock -> /run/b.sock", false));
 	ck_assert(reported(&r, "[daemon] admin_group: (not set) -> 0", false));
 	ck_assert(reported(&r, "[pool main] capacity_blocks: 64 -> 128", false));

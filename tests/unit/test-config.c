@@ -2,6 +2,7 @@
 /* kvpaged.conf: defaults, the round trip through config_print, and every kind of error. */
 #include <errno.h>
 #include <stdio.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include "daemon/config.h"
@@ -1222,6 +1223,70 @@ START_TEST(test_load_file)
 }
 END_TEST
 
+/* The HTTP metrics endpoint: off unless set; numeric addresses with a port, nothing else. */
+START_TEST(test_metrics_listen)
+{
+	static const char *const good[] = { "127.0.0.1:9464", "0.0.0.0:1", "[::1]:9464",
+					    "[::]:65535", "[fe80::1:2]:80" };
+	static const char *const bad[] = {
+		"127.0.0.1",	  "127.0.0.1:",	      "127.0.0.1:0",  "127.0.0.1:65536",
+		"localhost:9464", "::1:9464",	      "[::1]",	      "[::1]9464",
+		"[127.0.0.1]:80", "1.2.3.4:80x",      ":9464",	      "[]:80",
+		"127.0.0.1:-1",	  "127.0.0.1:+80",    "1.2.3:80",
+	};
+	struct sockaddr_storage ss;
+	struct kvpd_config c;
+	socklen_t len;
+	char text[512], *printed;
+
+	load_ok(POOL_MAIN, &c);
+	ck_assert_ptr_null(c.metrics_listen);
+	ck_assert_uint_eq(c.metrics_max_connections, 8);
+	ck_assert_uint_eq(c.metrics_max_request_bytes, 8192);
+	ck_assert_uint_eq(c.metrics_timeout_ms, 10000);
+	printed = print_to_string(&c);
+	ck_assert_msg(strstr(printed, "# metrics_listen is not set: no HTTP endpoint\n"), "%s",
+		      printed);
+	free(printed);
+	config_free(&c);
+	load_ok("[daemon]\nmetrics_listen =\n" POOL_MAIN, &c);
+	ck_assert_ptr_null(c.metrics_listen);
+	config_free(&c);
+
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		struct kvpd_config again;
+
+		snprintf(text, sizeof(text), "[daemon]\nmetrics_listen = %s\n" POOL_MAIN, good[i]);
+		load_ok(text, &c);
+		ck_assert_str_eq(c.metrics_listen, good[i]);
+		ck_assert_int_eq(config_parse_listen(good[i], &ss, &len), 0);
+		ck_assert_int_eq(ss.ss_family, good[i][0] == '[' ? AF_INET6 : AF_INET);
+		ck_assert_uint_eq(len, good[i][0] == '[' ? sizeof(struct sockaddr_in6)
+							 : sizeof(struct sockaddr_in));
+		printed = print_to_string(&c);
+		load_ok(printed, &again);
+		ck_assert_str_eq(again.metrics_listen, good[i]);
+		free(printed);
+		config_free(&again);
+		config_free(&c);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		snprintf(text, sizeof(text), "[daemon]\nmetrics_listen = %s\n" POOL_MAIN, bad[i]);
+		expect_error(text, ":2: [daemon] metrics_listen: '");
+		expect_error(text, "is not an address to listen on");
+		ss.ss_family = AF_UNIX;
+		ck_assert_int_eq(config_parse_listen(bad[i], &ss, &len), -EINVAL);
+		ck_assert_int_eq(ss.ss_family, AF_UNIX);
+	}
+	expect_error("[daemon]\nmetrics_max_connections = 0\n" POOL_MAIN,
+		     "metrics_max_connections: 0 is out of range 1..1024");
+	expect_error("[daemon]\nmetrics_max_request_bytes = 2K\n" POOL_MAIN,
+		     "metrics_max_request_bytes: 2K is out of range 4KiB..1MiB");
+	expect_error("[daemon]\nmetrics_timeout_ms = 99\n" POOL_MAIN,
+		     "metrics_timeout_ms: 99 is out of range 100..600000");
+}
+END_TEST
+
 START_TEST(test_free_accepts_zeroed)
 {
 	struct kvpd_config c = { 0 };
@@ -1269,6 +1334,7 @@ int main(void)
 	tcase_add_test(tc, test_error_buffer);
 	tcase_add_test(tc, test_load_file);
 	tcase_add_test(tc, test_free_accepts_zeroed);
+	tcase_add_test(tc, test_metrics_listen);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -7,12 +7,15 @@
 #include <getopt.h>
 #include <grp.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <pwd.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -38,6 +41,8 @@ static void usage(FILE *f)
 	      "  sequences    open sequences\n"
 	      "  stats        prefix-cache hit rates, per pool and per namespace\n"
 	      "  metrics      Prometheus text exposition\n"
+	      "  metrics --textfile DIR  write it to DIR/kvpaged.prom, atomically (for\n"
+	      "               node_exporter's textfile collector)\n"
 	      "  verify       run the full invariant check (exit 1 if anything is wrong)\n"
 	      "  drop-cache   free every cached block\n"
 	      "  reload       read the configuration file again (as SIGHUP), wait for it, show\n"
@@ -612,6 +617,87 @@ static int cmd_stats(int fd, const char *pool)
 	return 0;
 }
 
+/* The file node_exporter's textfile collector reads: it reads only names ending in .prom. */
+#define TEXTFILE_NAME "kvpaged.prom"
+
+/* --textfile DIR: DIR must be a directory we can write in, checked before asking the daemon. */
+static int check_textfile_dir(const char *dir)
+{
+	struct stat st;
+
+	if (stat(dir, &st) < 0) {
+		fprintf(stderr, "kvpagedctl: --textfile %s: %s\n", dir, strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode)) {
+		fprintf(stderr, "kvpagedctl: --textfile %s: not a directory\n", dir);
+		return -1;
+	}
+	if (access(dir, W_OK | X_OK) < 0) {
+		fprintf(stderr, "kvpagedctl: --textfile %s: cannot write there: %s\n", dir,
+			strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/*
+ * Writes text to DIR/kvpaged.prom so that a reader sees the old file or the new one, never
+ * half of one: a temporary file in DIR (a name without .prom, which the collector skips),
+ * synced, then renamed over it, and the directory synced so the rename lasts a crash.
+ */
+static int write_textfile(const char *dir, const char *text)
+{
+	size_t len = strlen(text), off = 0;
+	char tmp[PATH_MAX], final[PATH_MAX];
+	int fd, dfd, saved;
+
+	if ((size_t)snprintf(final, sizeof(final), "%s/%s", dir, TEXTFILE_NAME) >= sizeof(final) ||
+	    (size_t)snprintf(tmp, sizeof(tmp), "%s/.%s.XXXXXX", dir, TEXTFILE_NAME) >= sizeof(tmp)) {
+		fprintf(stderr, "kvpagedctl: --textfile %s: path too long\n", dir);
+		return -1;
+	}
+	fd = mkostemp(tmp, O_CLOEXEC);
+	if (fd < 0) {
+		fprintf(stderr, "kvpagedctl: cannot create a file in %s: %s\n", dir, strerror(errno));
+		return -1;
+	}
+	/* mkostemp makes it 0600; node_exporter runs as a user of its own. */
+	if (fchmod(fd, 0644) < 0)
+		goto fail;
+	while (off < len) {
+		ssize_t n = write(fd, text + off, len - off);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			goto fail;
+		off += (size_t)n;
+	}
+	if (fsync(fd) < 0 || close(fd) < 0) {
+		fd = -1;
+		goto fail;
+	}
+	fd = -1;
+	if (rename(tmp, final) < 0)
+		goto fail;
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (dfd >= 0) {
+		(void)fsync(dfd); /* the new file is in place either way; this makes it last */
+		close(dfd);
+	}
+	return 0;
+fail:
+	saved = errno;
+	fprintf(stderr, "kvpagedctl: cannot write %s: %s\n", final, strerror(saved));
+	if (fd >= 0)
+		close(fd);
+	unlink(tmp);
+	return -1;
+}
+
+static const char *textfile_dir; /* metrics --textfile DIR */
+
 static int cmd_metrics(int fd, const char *pool)
 {
 	Kvpaged__V1__Metrics *m = (Kvpaged__V1__Metrics *)request(
@@ -619,6 +705,12 @@ static int cmd_metrics(int fd, const char *pool)
 
 	if (!m)
 		return 1;
+	if (textfile_dir) {
+		int r = write_textfile(textfile_dir, m->text);
+
+		kvpaged__v1__metrics__free_unpacked(m, NULL);
+		return r < 0 ? 1 : 0;
+	}
 	if (json) {
 		json_object *o = json_object_new_object();
 
@@ -863,6 +955,22 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc && !strcmp(argv[optind], "plan"))
 		return cmd_plan(argc - optind, argv + optind);
+	if (optind + 1 < argc && !strcmp(argv[optind], "metrics") &&
+	    !strncmp(argv[optind + 1], "--textfile", 10)) {
+		const char *arg = argv[optind + 1] + 10;
+
+		if (*arg == '=' && optind + 2 == argc)
+			textfile_dir = arg + 1;
+		else if (!*arg && optind + 3 == argc)
+			textfile_dir = argv[optind + 2];
+		if (!textfile_dir || !*textfile_dir) {
+			fprintf(stderr, "kvpagedctl: metrics --textfile needs a directory\n");
+			return 2;
+		}
+		if (check_textfile_dir(textfile_dir) < 0)
+			return 1;
+		argc = optind + 1;
+	}
 	if (optind + 1 != argc) {
 		usage(stderr);
 		return 2;
