@@ -218,6 +218,32 @@ out=$(in_ns "ls /home/engine") && bad "the daemon sees /home: $out" || ok "/home
 grep -q "^CapEff:	0*$" /proc/"$pid"/status && ok "no effective capability" ||
 	bad "capabilities: $(grep ^Cap /proc/"$pid"/status | xargs)"
 
+# 10b. The metrics endpoint under systemd: refused by the sandbox as packaged; with the
+# drop-in docs/operations.md gives, scraped over loopback (the container's own).
+scrape() { # prints the HTTP answer to GET /metrics on 127.0.0.1:9464
+	timeout 10 bash -c 'exec 3<>/dev/tcp/127.0.0.1/9464 &&
+		printf "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n" >&3 && cat <&3' 2>&1
+}
+cp $conf /out/kvpaged.conf.before-metrics
+sed -i 's/^\[daemon\]$/[daemon]\nmetrics_listen = 127.0.0.1:9464/' $conf
+grep -q "^metrics_listen = 127.0.0.1:9464" $conf || fatal "the shipped configuration has no [daemon] section"
+systemctl restart kvpaged 2>/dev/null && bad "kvpaged started with metrics_listen inside the packaged sandbox" ||
+	ok "as packaged, the sandbox keeps the metrics endpoint from binding: $(journal -p err | grep metrics_listen | tail -1)"
+mkdir -p /etc/systemd/system/kvpaged.service.d
+printf '[Service]\nPrivateNetwork=no\nRestrictAddressFamilies=AF_UNIX AF_INET AF_INET6\n' \
+	>/etc/systemd/system/kvpaged.service.d/metrics.conf
+systemctl daemon-reload
+systemctl reset-failed kvpaged
+systemctl restart kvpaged || bad "kvpaged with the metrics drop-in: $(journal -p err | tail -3)"
+out=$(scrape)
+grep -q "^HTTP/1.1 200" <<<"$out" && grep -q "^kvpaged_pool_blocks{" <<<"$out" &&
+	ok "with the drop-in, GET /metrics answers: $(grep -c '^kvpaged_' <<<"$out") samples" ||
+	bad "GET /metrics with the drop-in: $(head -5 <<<"$out")"
+rm /etc/systemd/system/kvpaged.service.d/metrics.conf
+cp /out/kvpaged.conf.before-metrics $conf
+systemctl daemon-reload
+systemctl restart kvpaged || bad "restart without the metrics endpoint"
+
 # 11. Stop: a graceful drain, exit status 0, a connected client sees a clean close.
 engine engine loop $sock >/out/loop.out 2>&1 &
 loop=$!
