@@ -100,8 +100,9 @@ cc -Wall -o /usr/local/bin/boot-engine /kvtest/boot-engine.c $flags >>/out/guest
 ok "an engine builds against libkvpaged-dev: cc ... $flags"
 out=$(engine engine open $sock 64 1)
 [ "$out" = cached=0 ] && ok "the first client's first call succeeds ($out)" || bad "first call: $out"
+# What follows needs a daemon that systemd sees running.
 wait_until 10 is_state kvpaged.service active && ok "systemd started kvpaged through socket activation" ||
-	bad "kvpaged.service is $(systemctl is-active kvpaged.service) after the first client"
+	fatal "kvpaged.service is $(systemctl is-active kvpaged.service) after the first client: $(systemctl status kvpaged --no-pager 2>&1 | tail -4)"
 journal | grep -q "listening on $sock (clients, from systemd)" && ok "the daemon took the client socket from systemd" ||
 	bad "the journal does not say the socket came from systemd"
 out=$(engine engine open $sock 64 1)
