@@ -25,7 +25,9 @@ fi
 [ $rc -eq 77 ] || { cat "$log"; fail "device.sh exited $rc, not 77 (no GPU)"; }
 grep -q '^gpu: no GPU here: 2 passed (nodriver nolink), 0 failed' "$log" || { cat "$log"; fail "the no-GPU tests did not both pass"; }
 [ -L "$dir/a/.gpu/build" ] || fail "the build path was not linked to the moved bundle"
-tar tzf "$dir/out/gpu-logs.tar.gz" | grep -q gpu-nodriver.log || fail "no logs in gpu-logs.tar.gz"
+# Listed first: grep -q stopping early would kill tar with SIGPIPE, and pipefail would fail.
+logs=$(tar tzf "$dir/out/gpu-logs.tar.gz") || fail "gpu-logs.tar.gz does not list"
+grep -q gpu-nodriver.log <<<"$logs" || fail "no logs in gpu-logs.tar.gz: $logs"
 what="moved, no driver"
 
 # Then as on a GPU: the driver emulation (tests/fakecuda, built by the CUDA build's make check)
@@ -43,7 +45,8 @@ if [ -f "$fake/libcuda.so.1" ]; then
 	[ $rc -eq 0 ] || { cat "$log"; fail "emulated: device.sh exited $rc"; }
 	grep -q '^gpu: 4 passed (nodriver nolink gpu-backend gpu-share), 0 failed' "$log" ||
 		{ cat "$log"; fail "emulated: not every GPU test passed"; }
-	tar tzf "$dir/out/gpu-logs.tar.gz" | grep -q gpu-gpu-share.tap || fail "emulated: no TAP files in gpu-logs.tar.gz"
+	logs=$(tar tzf "$dir/out/gpu-logs.tar.gz") || fail "emulated: gpu-logs.tar.gz does not list"
+	grep -q gpu-gpu-share.tap <<<"$logs" || fail "emulated: no TAP files in gpu-logs.tar.gz: $logs"
 	what="$what, and on the driver emulation"
 else
 	echo "bundle: no driver emulation at $fake (build-cuda's make check builds it): not run on it"
