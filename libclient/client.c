@@ -326,6 +326,11 @@ static void cuda_unmap(struct kvp_client *c)
 	*cu = (struct client_cuda){ 0 };
 }
 
+KVP_EXPORT uint32_t kvp_version(void)
+{
+	return KVP_VERSION_NUMBER;
+}
+
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret)
 {
 	struct kvp_connect_options o = { 0 };

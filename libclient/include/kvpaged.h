@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvpaged-version.h" /* KVP_VERSION_*, KVP_CHECK_VERSION(): installed beside this one */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -30,6 +32,13 @@ extern "C" {
 #endif
 
 #define KVP_DEFAULT_SOCKET "/run/kvpaged/kvpaged.sock"
+
+/*
+ * The release of the library loaded at run time, KVP_VERSION_ENCODE(major, minor, patch): at
+ * least the KVP_VERSION_NUMBER the caller was built with.  Thread-safe; needs no client.
+ * Since 0.2.0 (check for it with KVP_CHECK_VERSION(0, 2, 0)).
+ */
+KVP_EXPORT uint32_t kvp_version(void);
 
 /* Open flag: leave the last prompt token uncached, so its logits can be computed. */
 #define KVP_OPEN_RECOMPUTE_LAST (1u << 0)
