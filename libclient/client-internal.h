@@ -63,6 +63,7 @@ struct kvp_client {
 	char ns[96];
 	char err[256];
 	uint32_t wait_ms; /* kvp_set_wait */
+	struct kvp_probe_info probe; /* from the Welcome */
 
 	/* rings */
 	int ring_fd, sq_efd, cq_efd;

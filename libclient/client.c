@@ -326,6 +326,20 @@ static void cuda_unmap(struct kvp_client *c)
 	*cu = (struct client_cuda){ 0 };
 }
 
+/* The public feature bits are the wire's (proto/frame.h), under the names engines build with. */
+_Static_assert(KVP_FEATURE_RINGS == KVP_PROTO_FEATURE_RINGS, "feature: rings");
+_Static_assert(KVP_FEATURE_WAIT == KVP_PROTO_FEATURE_WAIT, "feature: wait");
+_Static_assert(KVP_FEATURE_PARK == KVP_PROTO_FEATURE_PARK, "feature: park");
+_Static_assert(KVP_FEATURE_SINKS == KVP_PROTO_FEATURE_SINKS, "feature: sinks");
+_Static_assert(KVP_FEATURE_H2O == KVP_PROTO_FEATURE_H2O, "feature: h2o");
+_Static_assert(KVP_FEATURE_HOST_TIER == KVP_PROTO_FEATURE_HOST_TIER, "feature: host tier");
+_Static_assert(KVP_FEATURE_FILE_TIER == KVP_PROTO_FEATURE_FILE_TIER, "feature: file tier");
+
+KVP_EXPORT uint32_t kvp_version(void)
+{
+	return KVP_VERSION_NUMBER;
+}
+
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret)
 {
 	struct kvp_connect_options o = { 0 };
@@ -356,6 +370,7 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 		goto fail;
 	}
 	hello.protocol_version = KVP_PROTOCOL_VERSION;
+	hello.min_protocol_version = KVP_PROTOCOL_MIN_VERSION;
 	hello.client_name = (char *)(o.client_name ? o.client_name : "");
 	hello.pool = (char *)(o.pool ? o.pool : "");
 	hello.namespace_ = (char *)(o.ns ? o.ns : "");
@@ -365,7 +380,8 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 		 (ProtobufCMessage **)&w, fds, 4, &nfds);
 	if (r < 0)
 		goto fail;
-	if (w->protocol_version != KVP_PROTOCOL_VERSION || !w->pool ||
+	if (w->protocol_version < KVP_PROTOCOL_MIN_VERSION ||
+	    w->protocol_version > KVP_PROTOCOL_VERSION || !w->pool ||
 	    nfds != (w->ring_entries ? 4u : 1u)) {
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
@@ -379,6 +395,14 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 		c->cq_efd = fds[3];
 	}
 	c->session_id = w->session_id;
+	c->probe = (struct kvp_probe_info){
+		.size = sizeof(c->probe),
+		.protocol_version = w->protocol_version,
+		.min_protocol_version = w->min_protocol_version,
+		.max_protocol_version = w->max_protocol_version,
+		.features = w->features,
+		.opcodes = w->opcodes,
+	};
 	copy_str(c->ns, sizeof(c->ns), w->namespace_);
 	copy_str(c->pool.name, sizeof(c->pool.name), w->pool->name);
 	copy_str(c->pool.backend, sizeof(c->pool.backend), w->pool->backend);
@@ -446,6 +470,19 @@ KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c)
 		close(c->fd);
 	free(c);
 	return NULL;
+}
+
+KVP_EXPORT int kvp_probe(const struct kvp_client *c, struct kvp_probe_info *ret)
+{
+	/* 0.2.0's struct, the smallest a caller may pass; later fields are filled if there is room. */
+	const uint32_t oldest = offsetof(struct kvp_probe_info, opcodes) + sizeof(ret->opcodes);
+	struct kvp_probe_info p = c->probe;
+
+	if (ret->size < oldest)
+		return -EINVAL;
+	p.size = ret->size < sizeof(p) ? ret->size : (uint32_t)sizeof(p);
+	memcpy(ret, &p, p.size);
+	return 0;
 }
 
 KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c)

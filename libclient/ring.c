@@ -7,7 +7,6 @@
  */
 #include <errno.h>
 #include <poll.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -16,15 +15,34 @@
 
 #include "libclient/client-internal.h"
 
-static inline uint32_t load_acquire(const uint32_t *p)
-{
-	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-}
-
-static inline void store_release(uint32_t *p, uint32_t v)
-{
-	__atomic_store_n(p, v, __ATOMIC_RELEASE);
-}
+/*
+ * The public names (kvpaged.h, the ABI engines are built against) and the ring's (proto/ring.h,
+ * what the daemon reads) are two spellings of one thing: a value changed on one side only
+ * does not build.
+ */
+#define SAME_OPCODE(name) _Static_assert((int)KVP_##name == (int)KVP_OP_##name, "opcode " #name)
+SAME_OPCODE(NOP);
+SAME_OPCODE(OPEN);
+SAME_OPCODE(APPEND);
+SAME_OPCODE(COMMIT);
+SAME_OPCODE(FORK);
+SAME_OPCODE(CLOSE);
+SAME_OPCODE(LOOKUP);
+SAME_OPCODE(SEQ_INFO);
+SAME_OPCODE(PARK);
+SAME_OPCODE(RESUME);
+SAME_OPCODE(SCORES);
+SAME_OPCODE(PACKED);
+/* A new ring opcode needs its public name (and the reverse): the last of both must agree. */
+_Static_assert((int)KVP_PACKED + 1 == (int)KVP_OP_MAX, "every ring opcode has a public name");
+_Static_assert(KVP_OPEN_RECOMPUTE_LAST == KVP_RING_OPEN_RECOMPUTE_LAST, "open flag");
+_Static_assert(KVP_OPEN_SINKS == KVP_RING_OPEN_SINKS, "open flag: sinks");
+_Static_assert(KVP_OPEN_H2O == KVP_RING_OPEN_H2O, "open flag: h2o");
+_Static_assert(KVP_OPEN_PRIORITY(1) == 1u << KVP_RING_OPEN_PRIORITY_SHIFT, "open priority");
+_Static_assert(KVP_OPEN_PRIORITY(0xffffff) >> KVP_RING_OPEN_PRIORITY_SHIFT == 0xffffff &&
+	       !(KVP_OPEN_PRIORITY(0xffffff) & KVP_RING_OPEN_FLAGS), "priority above the flags");
+_Static_assert(KVP_SINKS(1, 2) == ((uint64_t)1 << 32 | 2), "sinks: n_sink << 32 | recent in seq");
+_Static_assert(KVP_H2O(3, 4) == ((uint64_t)3 << 32 | 4), "h2o: budget << 32 | recent in seq");
 
 static uint64_t now_us(void)
 {
@@ -124,7 +142,7 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 		uint32_t held = 0;
 		int64_t off;
 
-		if (op->opcode > KVP_PACKED)
+		if (op->opcode >= KVP_OP_MAX)
 			return i ? (int)i : client_fail(c, -EINVAL, "unknown opcode %u", op->opcode);
 		/* At most one ring's worth in flight, so the completion ring never overflows. */
 		if (c->sq_tail - c->slot_head == c->entries)
@@ -158,9 +176,9 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 	if (i == 0)
 		return 0;
 	/* Entries before the tail (release); then see whether the daemon sleeps. */
-	store_release(&c->sq->tail, c->sq_tail);
-	atomic_thread_fence(memory_order_seq_cst);
-	if (load_acquire(&c->sq->flags) & KVP_SQ_NEED_WAKEUP) {
+	kvp_ring_store_release(&c->sq->tail, c->sq_tail);
+	kvp_ring_fence();
+	if (kvp_ring_load_acquire(&c->sq->flags) & KVP_SQ_NEED_WAKEUP) {
 		uint64_t one = 1;
 
 		if (write(c->sq_efd, &one, sizeof(one)) < 0)
@@ -172,7 +190,7 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 /* Moves completions out of the ring; returns how many. */
 static unsigned reap(struct kvp_client *c, struct kvp_completion *out, unsigned max)
 {
-	uint32_t tail = load_acquire(&c->cq->tail);
+	uint32_t tail = kvp_ring_load_acquire(&c->cq->tail);
 	unsigned n = 0;
 
 	while (c->cq_head != tail && n < max) {
@@ -196,7 +214,7 @@ static unsigned reap(struct kvp_client *c, struct kvp_completion *out, unsigned 
 	}
 	/* Only when something was reaped: a spinning client must not bounce the daemon's line. */
 	if (n)
-		store_release(&c->cq->head, c->cq_head);
+		kvp_ring_store_release(&c->cq->head, c->cq_head);
 	/* Free data in submission order, as far as everything is reaped. */
 	while (c->slot_head != c->sq_tail && c->slots[c->slot_head & c->mask].done) {
 		struct ring_slot *slot = &c->slots[c->slot_head & c->mask];
@@ -226,9 +244,9 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 			continue;
 
 		/* Sleep: raise the flag, then look once more so a completion is never missed. */
-		store_release(&c->cq->flags, KVP_CQ_NEED_WAKEUP);
-		atomic_thread_fence(memory_order_seq_cst);
-		if (load_acquire(&c->cq->tail) == c->cq_head) {
+		kvp_ring_store_release(&c->cq->flags, KVP_CQ_NEED_WAKEUP);
+		kvp_ring_fence();
+		if (kvp_ring_load_acquire(&c->cq->tail) == c->cq_head) {
 			struct pollfd p[2] = { { .fd = c->cq_efd, .events = POLLIN },
 					       { .fd = c->fd, .events = POLLIN } };
 			int wait = -1, r;
@@ -237,14 +255,14 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 				uint64_t spent = (now_us() - start) / 1000;
 
 				if (spent >= (uint64_t)timeout_ms) {
-					store_release(&c->cq->flags, 0);
+					kvp_ring_store_release(&c->cq->flags, 0);
 					return got ? (int)got : client_fail(c, -ETIMEDOUT, "timed out");
 				}
 				wait = timeout_ms - (int)spent;
 			}
 			r = poll(p, 2, wait);
 			if (r < 0 && errno != EINTR) {
-				store_release(&c->cq->flags, 0);
+				kvp_ring_store_release(&c->cq->flags, 0);
 				return client_fail(c, -errno, "poll");
 			}
 			if (p[0].revents & POLLIN) {
@@ -254,11 +272,11 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 			}
 			/* The socket only speaks when the daemon drops us (an error frame or EOF). */
 			if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
-			    load_acquire(&c->cq->tail) == c->cq_head) {
-				store_release(&c->cq->flags, 0);
+			    kvp_ring_load_acquire(&c->cq->tail) == c->cq_head) {
+				kvp_ring_store_release(&c->cq->flags, 0);
 				return client_fail(c, -ECONNRESET, "the daemon closed the session");
 			}
 		}
-		store_release(&c->cq->flags, 0);
+		kvp_ring_store_release(&c->cq->flags, 0);
 	}
 }

@@ -19,7 +19,27 @@
 
 #include <protobuf-c/protobuf-c.h>
 
-#define KVP_PROTOCOL_VERSION 1
+/*
+ * The protocol versions this tree speaks (proto/PROTOCOL.md, "Compatibility"): the daemon
+ * accepts a Hello of any version in [KVP_PROTOCOL_MIN_VERSION, KVP_PROTOCOL_VERSION]; libkvpaged
+ * says KVP_PROTOCOL_VERSION and accepts the same range.  2: the Hello's min_protocol_version,
+ * the Welcome's agreed version, range, features and opcodes.
+ */
+#define KVP_PROTOCOL_VERSION 2
+#define KVP_PROTOCOL_MIN_VERSION 1
+
+/*
+ * Welcome.features: what the daemon offers this session, beyond what every version-1 daemon
+ * did.  libkvpaged's public KVP_FEATURE_* (kvpaged.h) are asserted equal to these.  A bit is
+ * never reused; an unknown one is to be ignored.
+ */
+#define KVP_PROTO_FEATURE_RINGS (UINT64_C(1) << 0)     /* shared-memory rings (Hello.ring_*) */
+#define KVP_PROTO_FEATURE_WAIT (UINT64_C(1) << 1)      /* wait_ms: max_wait_ms > 0 */
+#define KVP_PROTO_FEATURE_PARK (UINT64_C(1) << 2)      /* PARK and RESUME */
+#define KVP_PROTO_FEATURE_SINKS (UINT64_C(1) << 3)     /* retention 1, sinks */
+#define KVP_PROTO_FEATURE_H2O (UINT64_C(1) << 4)       /* retention 2, SCORES, packed tables */
+#define KVP_PROTO_FEATURE_HOST_TIER (UINT64_C(1) << 5) /* the pool keeps blocks in host RAM */
+#define KVP_PROTO_FEATURE_FILE_TIER (UINT64_C(1) << 6) /* ... and in swap files */
 #define KVP_FRAME_MAGIC UINT32_C(0x3150564b) /* "KVP1" */
 #define KVP_FRAME_HEADER_BYTES 16
 #define KVP_FRAME_MAX_FDS 4

@@ -63,6 +63,34 @@ struct kvp_ring_indices {
 #define KVP_SQ_NEED_WAKEUP (1u << 0) /* in sq.flags, set by the daemon */
 #define KVP_CQ_NEED_WAKEUP (1u << 0) /* in cq.flags, set by the client */
 
+/*
+ * The only ways either side touches the indices and flags.  The mapping is written by another
+ * process: plain C accesses would let the compiler reload or tear them.
+ *
+ * Acquire: what the peer wrote before it published this index (entries, data) is visible
+ * after the load.
+ */
+static inline uint32_t kvp_ring_load_acquire(const uint32_t *p)
+{
+	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+/* Release: everything written before (an entry, its data; or the reading of consumed entries)
+ * is visible to a peer that loads the new value with acquire. */
+static inline void kvp_ring_store_release(uint32_t *p, uint32_t v)
+{
+	__atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+
+/*
+ * Full fence between publishing (a tail, or a NEED_WAKEUP flag) and reading the peer's flag
+ * or index: without it the load may be ordered before the store, and both sides sleep.
+ */
+static inline void kvp_ring_fence(void)
+{
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
+
 enum kvp_ring_op {
 	KVP_OP_NOP = 0,      /* completes with res 0: measures the round trip */
 	KVP_OP_OPEN = 1,     /* in: tokens; extra; arg: flags | priority << 8; out: table;
@@ -83,6 +111,17 @@ enum kvp_ring_op {
 				tokens); aux: packed blocks; value: positions */
 	KVP_OP_MAX
 };
+
+/*
+ * KVP_OP_OPEN's arg: flag bits 0..7, the priority in bits 8..31.  libkvpaged's public names
+ * (KVP_OPEN_*, kvpaged.h) are asserted equal to these where both are seen (libclient/ring.c).
+ */
+#define KVP_RING_OPEN_RECOMPUTE_LAST (1u << 0) /* leave the last token uncached */
+#define KVP_RING_OPEN_SINKS (1u << 1)          /* seq: n_sink << 32 | recent */
+#define KVP_RING_OPEN_H2O (1u << 2)            /* seq: budget << 32 | recent */
+#define KVP_RING_OPEN_RETENTION (KVP_RING_OPEN_SINKS | KVP_RING_OPEN_H2O) /* at most one */
+#define KVP_RING_OPEN_FLAGS 0xffu
+#define KVP_RING_OPEN_PRIORITY_SHIFT 8
 
 struct kvp_sqe {
 	uint8_t opcode; /* enum kvp_ring_op */

@@ -87,6 +87,40 @@ static void assign_namespace(struct session *s, const struct kvpd_pool_config *p
 	s->salt = XXH3_64bits_withSeed(key, (size_t)len, pc->namespace_seed);
 }
 
+/*
+ * The newest version both sides speak: the client speaks [min_protocol_version or
+ * protocol_version, protocol_version], this daemon [KVP_PROTOCOL_MIN_VERSION,
+ * KVP_PROTOCOL_VERSION].  0 when they do not meet (a version 0 Hello, one with no version, never
+ * does).
+ */
+static uint32_t agree_version(const Kvpaged__V1__Hello *hello)
+{
+	uint32_t newest = hello->protocol_version, oldest = hello->min_protocol_version;
+
+	if (!oldest)
+		oldest = newest;
+	if (oldest > newest)
+		return 0;
+	if (newest > KVP_PROTOCOL_VERSION)
+		newest = KVP_PROTOCOL_VERSION;
+	return newest >= oldest && newest >= KVP_PROTOCOL_MIN_VERSION ? newest : 0;
+}
+
+/* Welcome.features: what this daemon, and the pool the session joins, offer. */
+static uint64_t session_features(const struct server *srv, const struct dpool *pool)
+{
+	uint64_t f = KVP_PROTO_FEATURE_RINGS | KVP_PROTO_FEATURE_PARK | KVP_PROTO_FEATURE_SINKS |
+		     KVP_PROTO_FEATURE_H2O;
+
+	if (srv->cfg->limits.max_wait_ms)
+		f |= KVP_PROTO_FEATURE_WAIT;
+	if (pool->cfg->host_tier_blocks)
+		f |= KVP_PROTO_FEATURE_HOST_TIER;
+	if (pool->cfg->file_tier_blocks)
+		f |= KVP_PROTO_FEATURE_FILE_TIER;
+	return f;
+}
+
 static void on_hello(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
 {
 	const struct kvpd_config *cfg = s->srv->cfg;
@@ -97,6 +131,7 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	struct dpool *pool = NULL;
 	const char *why = NULL;
 	struct ns_stats *ns;
+	uint32_t version;
 	int fds[4];
 	unsigned nfds = 0;
 	int r;
@@ -107,10 +142,15 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 		session_close(s, "malformed Hello");
 		return;
 	}
-	if (hello->protocol_version != KVP_PROTOCOL_VERSION) {
+	version = agree_version(hello);
+	if (!version) {
+		/* Names both ranges, so whoever reads it knows which side to upgrade. */
 		session_reply_error(s, h->seq, EPROTONOSUPPORT,
-				    "protocol version %u not supported (this daemon speaks %u)",
-				    hello->protocol_version, KVP_PROTOCOL_VERSION);
+				    "protocol version %u..%u not supported (this daemon speaks %u..%u)",
+				    hello->min_protocol_version ? hello->min_protocol_version
+								: hello->protocol_version,
+				    hello->protocol_version, KVP_PROTOCOL_MIN_VERSION,
+				    KVP_PROTOCOL_VERSION);
 		session_close(s, "protocol version mismatch");
 		goto out;
 	}
@@ -202,7 +242,11 @@ static void on_hello(struct session *s, const struct kvp_frame_header *h, const 
 	lim.max_blocks = cfg->limits.max_blocks ? cfg->limits.max_blocks : pool->cfg->capacity_blocks;
 	lim.max_inflight = cfg->limits.max_inflight;
 	lim.max_tokens_per_request = cfg->limits.max_tokens_per_request;
-	w.protocol_version = KVP_PROTOCOL_VERSION;
+	w.protocol_version = version;
+	w.min_protocol_version = KVP_PROTOCOL_MIN_VERSION;
+	w.max_protocol_version = KVP_PROTOCOL_VERSION;
+	w.features = session_features(s->srv, pool);
+	w.opcodes = (UINT64_C(1) << KVP_OP_MAX) - 1; /* every opcode of proto/ring.h */
 	w.session_id = s->id;
 	w.pool = &desc;
 	w.limits = &lim;

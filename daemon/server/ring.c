@@ -8,7 +8,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,18 +19,6 @@
 #include "daemon/server/server.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
-
-/* Shared memory is written by another process: plain C accesses would let the compiler reload
- * or tear them.  These are the only ways the daemon touches the indices. */
-static inline uint32_t load_acquire(const uint32_t *p)
-{
-	return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-}
-
-static inline void store_release(uint32_t *p, uint32_t v)
-{
-	__atomic_store_n(p, v, __ATOMIC_RELEASE);
-}
 
 /* Where each part of the ring memory lies (proto/PROTOCOL.md). */
 struct ring_layout {
@@ -123,7 +110,7 @@ int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
 	r->mask = entries - 1;
 	r->data_bytes = data_bytes;
 	/* Until the first doorbell, the daemon sleeps: submitters must ring. */
-	store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
+	kvp_ring_store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
 	r->doorbell_op = (struct op){ .kind = OP_DOORBELL, .s = s };
 	s->ring = r;
 	s->nfds += 3;
@@ -275,28 +262,34 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	switch (e->opcode) {
 	case KVP_OP_NOP:
 		break;
-	case KVP_OP_OPEN:
-		/* Flag 2: sinks, n_sink << 32 | recent in seq; flag 4: h2o, budget << 32 | recent. */
-		if ((e->arg & 6) == 6) {
+	case KVP_OP_OPEN: {
+		const uint32_t retention = e->arg & KVP_RING_OPEN_RETENTION;
+		/* Sinks: n_sink << 32 | recent in seq; h2o: budget << 32 | recent. */
+		const struct core_open keep = {
+			.retention = retention == KVP_RING_OPEN_SINKS ? CORE_RETAIN_SINKS
+								      : CORE_RETAIN_H2O,
+			.n_sink = retention == KVP_RING_OPEN_SINKS ? (uint32_t)(e->seq >> 32) : 0,
+			.budget = retention == KVP_RING_OPEN_H2O ? (uint32_t)(e->seq >> 32) : 0,
+			.recent = (uint32_t)e->seq,
+		};
+
+		if (retention == KVP_RING_OPEN_RETENTION) {
 			rc = -EINVAL;
 			break;
 		}
-		/* Ring operations never wait: not for memory, and not for swap-file reads. */
-		rc = ops_open(s, tokens, ntok, e->extra, e->arg & 0xf9, e->arg >> 8,
-			      e->arg & 6 ? &(struct core_open){
-						   .retention = e->arg & 2 ? CORE_RETAIN_SINKS
-									   : CORE_RETAIN_H2O,
-						   .n_sink = e->arg & 2 ? (uint32_t)(e->seq >> 32) : 0,
-						   .budget = e->arg & 4 ? (uint32_t)(e->seq >> 32) : 0,
-						   .recent = (uint32_t)e->seq }
-					 : NULL,
-			      false, &res, &why);
+		/* Ring operations never wait: not for memory, and not for swap-file reads.  The
+		 * retention bits are taken here; any other unknown flag is refused by ops_open. */
+		rc = ops_open(s, tokens, ntok, e->extra,
+			      e->arg & KVP_RING_OPEN_FLAGS & ~KVP_RING_OPEN_RETENTION,
+			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL, false,
+			      &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
 			c->aux = res.cached;
 			put_table(r, e, c, res.table, res.table_len);
 		}
 		break;
+	}
 	case KVP_OP_APPEND:
 		rc = ops_append(s, e->seq, tokens, ntok, &res, &why);
 		if (rc == 0) {
@@ -390,7 +383,7 @@ bool ring_process(struct session *s, const char **why)
 	struct session_ring *r = s->ring;
 	uint32_t tail, cq_head, posted = 0;
 
-	tail = load_acquire(&r->sq->tail);
+	tail = kvp_ring_load_acquire(&r->sq->tail);
 	if (tail - r->sq_head > r->entries) {
 		*why = "submission tail is more than the ring size ahead of its head";
 		return false;
@@ -399,7 +392,7 @@ bool ring_process(struct session *s, const char **why)
 		struct kvp_sqe e;
 		struct kvp_cqe c = { 0 };
 
-		cq_head = load_acquire(&r->cq->head);
+		cq_head = kvp_ring_load_acquire(&r->cq->head);
 		if (r->cq_tail - cq_head > r->entries) {
 			*why = "completion head is not behind the daemon's tail";
 			return false;
@@ -424,7 +417,7 @@ bool ring_process(struct session *s, const char **why)
 	}
 	if (posted)
 		session_touch(s);
-	store_release(&r->sq->head, r->sq_head);
+	kvp_ring_store_release(&r->sq->head, r->sq_head);
 	/*
 	 * Completions that hand out blocks the pool's queue still works on wait for it, and the
 	 * ones after them too (the tail shows entries in order).
@@ -456,11 +449,11 @@ void ring_release(struct session *s)
 	if (r->cq_published == r->cq_tail)
 		return;
 	/* Publish: entries before indices (release), so the client never sees a torn entry. */
-	store_release(&r->cq->tail, r->cq_tail);
+	kvp_ring_store_release(&r->cq->tail, r->cq_tail);
 	r->cq_published = r->cq_tail;
 	/* Pairs with the client's flag store + fence before it sleeps. */
-	atomic_thread_fence(memory_order_seq_cst);
-	if (load_acquire(&r->cq->flags) & KVP_CQ_NEED_WAKEUP)
+	kvp_ring_fence();
+	if (kvp_ring_load_acquire(&r->cq->flags) & KVP_CQ_NEED_WAKEUP)
 		wake_client(s);
 }
 
@@ -484,11 +477,11 @@ static bool serve(struct session *s)
  */
 static bool try_sleep(struct session_ring *r)
 {
-	store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
-	atomic_thread_fence(memory_order_seq_cst);
-	if (load_acquire(&r->sq->tail) == r->sq_head)
+	kvp_ring_store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
+	kvp_ring_fence();
+	if (kvp_ring_load_acquire(&r->sq->tail) == r->sq_head)
 		return true;
-	store_release(&r->sq->flags, 0);
+	kvp_ring_store_release(&r->sq->flags, 0);
 	return false;
 }
 
@@ -506,7 +499,7 @@ void ring_on_doorbell(struct session *s, struct io_uring_cqe *cqe)
 		goto out;
 	}
 	/* Awake: submitters need not ring while we drain. */
-	store_release(&r->sq->flags, 0);
+	kvp_ring_store_release(&r->sq->flags, 0);
 	do {
 		if (!serve(s))
 			goto out;
@@ -533,7 +526,7 @@ bool ring_poll_all(struct server *srv, bool expire)
 		next = s->next;
 		if (!r || !r->polled || s->closing)
 			continue;
-		if (load_acquire(&r->sq->tail) != r->sq_head) {
+		if (kvp_ring_load_acquire(&r->sq->tail) != r->sq_head) {
 			busy = true;
 			s->refs++; /* serve() may close it; keep it alive for the loop */
 			serve(s);

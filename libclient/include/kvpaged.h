@@ -19,6 +19,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kvpaged-version.h" /* KVP_VERSION_*, KVP_CHECK_VERSION(): installed beside this one */
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -30,6 +32,13 @@ extern "C" {
 #endif
 
 #define KVP_DEFAULT_SOCKET "/run/kvpaged/kvpaged.sock"
+
+/*
+ * The release of the library loaded at run time, KVP_VERSION_ENCODE(major, minor, patch): at
+ * least the KVP_VERSION_NUMBER the caller was built with.  Thread-safe; needs no client.
+ * Since 0.2.0 (check for it with KVP_CHECK_VERSION(0, 2, 0)).
+ */
+KVP_EXPORT uint32_t kvp_version(void);
 
 /* Open flag: leave the last prompt token uncached, so its logits can be computed. */
 #define KVP_OPEN_RECOMPUTE_LAST (1u << 0)
@@ -239,6 +248,40 @@ KVP_EXPORT int kvp_park(struct kvp_client *c, uint64_t seq);
  */
 KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_recompute,
 			  struct kvp_table *table);
+
+/*
+ * What the daemon offers this session (struct kvp_probe_info.features).  A daemon announces
+ * them from protocol version 2 on (kvpaged 0.2.0); bits this header does not name may be set
+ * and are to be ignored.
+ */
+#define KVP_FEATURE_RINGS (UINT64_C(1) << 0)     /* rings: ring_entries in kvp_connect_options */
+#define KVP_FEATURE_WAIT (UINT64_C(1) << 1)      /* kvp_set_wait() (the daemon's max_wait_ms > 0) */
+#define KVP_FEATURE_PARK (UINT64_C(1) << 2)      /* kvp_park(), kvp_resume() */
+#define KVP_FEATURE_SINKS (UINT64_C(1) << 3)     /* KVP_RETAIN_SINKS */
+#define KVP_FEATURE_H2O (UINT64_C(1) << 4)       /* KVP_RETAIN_H2O, kvp_report_scores(), packed */
+#define KVP_FEATURE_HOST_TIER (UINT64_C(1) << 5) /* the pool swaps to host RAM */
+#define KVP_FEATURE_FILE_TIER (UINT64_C(1) << 6) /* the pool swaps to files */
+
+/* What the daemon told this client at connect time (kvp_probe()). */
+struct kvp_probe_info {
+	uint32_t size;             /* in: sizeof(struct kvp_probe_info); out: the bytes filled */
+	uint32_t protocol_version; /* the wire protocol version agreed for this session */
+	/* The versions the daemon speaks; both 0 from a version 1 daemon (it announces nothing). */
+	uint32_t min_protocol_version;
+	uint32_t max_protocol_version;
+	uint64_t features;         /* KVP_FEATURE_*; 0 from a version 1 daemon */
+	uint64_t opcodes;          /* bit 1 << op for each enum kvp_opcode the daemon's rings
+				      execute; 0 from a version 1 daemon */
+};
+
+/*
+ * What the daemon announced in its Welcome: the protocol version, the daemon's range, its
+ * feature bits and ring opcodes, so a client learns what it may use instead of assuming.
+ * Asks the daemon nothing (the Welcome is kept).  Fills at most ret->size bytes and sets
+ * ret->size to how many it filled (the struct may grow).  Returns 0, or -EINVAL when
+ * ret->size is smaller than the 0.2.0 struct.  Thread-safe (it only reads).  Since 0.2.0.
+ */
+KVP_EXPORT int kvp_probe(const struct kvp_client *c, struct kvp_probe_info *ret);
 
 /* ------------------------------------------------------------------ asynchronous rings */
 
