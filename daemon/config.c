@@ -1060,8 +1060,28 @@ static int on_key(void *user, const char *section, const char *name, const char 
 				 "allow_groups and swap_files may continue on indented lines");
 			goto fail;
 		}
-		if ((key->type == TYPE_FILES ? add_files(p, key, current_base(p), value)
-					     : add_ids(p, key, current_base(p), value)) < 0)
+		/*
+		 * libinih cuts an inline comment (" ;") from a key's first line only; cut it here
+		 * too, or "/b ; old disk" would become a path, one that --check-config prints on
+		 * the first line, where it then loads as "/b".
+		 */
+		char item[256];
+		size_t len = 0;
+
+		while (value[len] && !(value[len] == ';' &&
+				       (len == 0 || isspace((unsigned char)value[len - 1]))))
+			len++;
+		while (len && isspace((unsigned char)value[len - 1]))
+			len--;
+		if (len >= sizeof(item)) {
+			fail_key(p, name, "a continuation line longer than %zu characters",
+				 sizeof(item) - 1);
+			goto fail;
+		}
+		memcpy(item, value, len);
+		item[len] = '\0';
+		if ((key->type == TYPE_FILES ? add_files(p, key, current_base(p), item)
+					     : add_ids(p, key, current_base(p), item)) < 0)
 			goto fail;
 		return 1;
 	}

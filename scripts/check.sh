@@ -141,11 +141,16 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 echo "== fuzzers (libFuzzer, ${KVPAGED_FUZZ_SECONDS:=30} s each)"
 if scripts/build.sh build-fuzz CC=clang --enable-fuzzers --enable-werror; then
-	for target in fuzz-frame fuzz-ring; do
+	for target in fuzz-frame fuzz-ring fuzz-config; do
+		# Each run starts from the committed seeds (tests/fuzz/corpus/TARGET) and from what
+		# earlier runs here added: libFuzzer reads both and writes new inputs to the first,
+		# build-fuzz's, only.  (-max_len: a ring input is a tail, 16 entries and a 4 KiB data
+		# area.)
 		corpus=build-fuzz/corpus-$target
 		mkdir -p "$corpus"
 		if (cd build-fuzz && ./tests/fuzz/$target -max_total_time="$KVPAGED_FUZZ_SECONDS" \
-			-print_final_stats=1 "../$corpus" >"$target.log" 2>&1); then
+			-max_len=5124 -print_final_stats=1 "../$corpus" "../tests/fuzz/corpus/$target" \
+			>"$target.log" 2>&1); then
 			echo "PASS: $target ($(sed -n 's/^stat::number_of_executed_units: *//p' build-fuzz/$target.log) inputs)"
 			passed=$((passed + 1))
 		else

@@ -60,8 +60,10 @@ struct http_endpoint {
 	char address[80];
 };
 
-/* libmicrohttpd's messages are about one peer's connection (or our setup): debug lines.  The
- * format is libmicrohttpd's own (clang's -Wformat-nonliteral wants to be told). */
+/*
+ * libmicrohttpd's messages are about one peer's connection (or our setup): debug lines.  (The
+ * attribute tells clang's -Wformat-nonliteral that fmt is the library's printf format.)
+ */
 __attribute__((format(printf, 2, 0)))
 static void on_library_log(void *cls, const char *fmt, va_list ap)
 {

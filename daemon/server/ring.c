@@ -222,9 +222,12 @@ static void put_packed(struct session_ring *r, const struct kvp_sqe *e, struct k
 		c->flags |= KVP_CQE_TRUNCATED;
 		return;
 	}
-	memcpy(r->data + e->out_off, info->packed, (size_t)nblocks * sizeof(uint32_t));
-	memcpy(r->data + e->out_off + (size_t)nblocks * sizeof(uint32_t), info->packed_positions,
-	       (size_t)info->npacked * sizeof(uint32_t));
+	/* A sequence with nothing packed has no arrays: memcpy from NULL is undefined, even of 0. */
+	if (info->npacked) {
+		memcpy(r->data + e->out_off, info->packed, (size_t)nblocks * sizeof(uint32_t));
+		memcpy(r->data + e->out_off + (size_t)nblocks * sizeof(uint32_t),
+		       info->packed_positions, (size_t)info->npacked * sizeof(uint32_t));
+	}
 	c->out_len = (nblocks + info->npacked) * sizeof(uint32_t);
 }
 

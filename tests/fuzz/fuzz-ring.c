@@ -3,6 +3,13 @@
  * libFuzzer target: a hostile client's ring.  The input becomes the submission entries, the
  * data area and the indices of a real session's ring; the daemon's ring_process() runs them
  * against a real block manager.  Afterwards every invariant must hold, whatever happened.
+ *
+ * Each input gets a fresh pool, so that it runs the same way alone (replayed, minimized) as in
+ * a fuzzing run, and the sequence ids it names mean the same: the first OPEN answers
+ * 1 << 32 | 0, the next 1 << 32 | 1 (generation 1, slot 0, 1, ...).
+ *
+ * Built twice: with libFuzzer (configure --enable-fuzzers) and, with any compiler, as a replay
+ * program over the committed seeds (tests/fuzz/replay.c, tests/fuzz/replay.test).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -33,8 +40,6 @@ static void setup(void)
 	cfg.pools = &pool_cfg;
 	cfg.npools = 1;
 	srv.cfg = &cfg;
-	if (dpool_init(&pool, &pool_cfg) < 0)
-		abort();
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -51,6 +56,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		setup();
 	if (size < sizeof(tail))
 		return 0;
+	pool = (struct dpool){ 0 };
+	if (dpool_init(&pool, &pool_cfg) < 0)
+		abort();
 	memcpy(&tail, data, sizeof(tail));
 	data += sizeof(tail);
 	size -= sizeof(tail);
@@ -90,5 +98,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	}
 	free(s.seqs);
+	dpool_done(&pool);
 	return 0;
 }

@@ -1300,6 +1300,41 @@ START_TEST(test_free_accepts_zeroed)
 }
 END_TEST
 
+/*
+ * An inline comment on a continuation line is a comment, as on the key's first line (found by
+ * tests/fuzz/fuzz-config: "/b ; old disk" was a path, and --check-config's output then loaded
+ * as "/b").  A ';' inside a word stays.
+ */
+START_TEST(test_continuation_inline_comments)
+{
+	struct kvpd_config a, b;
+	char *text;
+
+	load_ok(POOL_MAIN "file_tier_blocks = 8\n"
+			  "swap_files = /var/lib/kvpaged/a, ; the first disk\n"
+			  "\t/var/lib/kvpaged/b    ; the second disk\n"
+			  "\t/var/lib/kvpaged/c;d\n"
+			  "allow_users = 0 ; root\n"
+			  "\t1000 ; alice\n"
+			  "\t; nobody on this line\n",
+		&a);
+	ck_assert_uint_eq(a.pools[0].n_swap_files, 3);
+	ck_assert_str_eq(a.pools[0].swap_files[0], "/var/lib/kvpaged/a");
+	ck_assert_str_eq(a.pools[0].swap_files[1], "/var/lib/kvpaged/b");
+	ck_assert_str_eq(a.pools[0].swap_files[2], "/var/lib/kvpaged/c;d");
+	ck_assert_uint_eq(a.pools[0].n_allow_uids, 2);
+	ck_assert_uint_eq(a.pools[0].allow_uids[0], 0);
+	ck_assert_uint_eq(a.pools[0].allow_uids[1], 1000);
+	/* What --check-config prints loads as the same configuration. */
+	text = print_to_string(&a);
+	load_ok(text, &b);
+	assert_config_equal(&a, &b);
+	free(text);
+	config_free(&a);
+	config_free(&b);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("config");
@@ -1326,6 +1361,7 @@ int main(void)
 	tcase_add_test(tc, test_ring_entries_power_of_two);
 	tcase_add_test(tc, test_users_and_groups);
 	tcase_add_test(tc, test_continuation_lines);
+	tcase_add_test(tc, test_continuation_inline_comments);
 	tcase_add_test(tc, test_namespace);
 	tcase_add_test(tc, test_backend_and_device);
 	tcase_add_test(tc, test_pool_memory_limit);
