@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "libclient/client-internal.h"
+#include "proto/cleanup.h"
 
 #define CLIENT_MAX_FRAME (64u << 20)
 
@@ -340,18 +341,42 @@ KVP_EXPORT uint32_t kvp_version(void)
 	return KVP_VERSION_NUMBER;
 }
 
+static void welcome_freep(Kvpaged__V1__Welcome **w)
+{
+	if (*w)
+		kvpaged__v1__welcome__free_unpacked(*w, NULL);
+}
+
+static void client_disconnectp(struct kvp_client **c)
+{
+	kvp_disconnect(*c);
+}
+
+/* The client goes away with its kvp_last_error(): hand the reason to the caller. */
+static int connect_fail(const struct kvp_connect_options *o, const struct kvp_client *c, int r)
+{
+	if (o->error_buf && o->error_len)
+		snprintf(o->error_buf, o->error_len, "%s", c->err[0] ? c->err : strerror(-r));
+	return r;
+}
+
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret)
 {
 	struct kvp_connect_options o = { 0 };
 	Kvpaged__V1__Hello hello = KVPAGED__V1__HELLO__INIT;
-	Kvpaged__V1__Welcome *w = NULL;
-	struct kvp_client *c;
+	_cleanup_(welcome_freep) Kvpaged__V1__Welcome *w = NULL;
+	_cleanup_(client_disconnectp) struct kvp_client *c = NULL;
 	const char *path;
 	int fds[4], r;
 	unsigned nfds = 0;
 
 	if (opts)
 		memcpy(&o, opts, opts->size && opts->size < sizeof(o) ? opts->size : sizeof(o));
+	if (!ret) {
+		if (o.error_buf && o.error_len)
+			snprintf(o.error_buf, o.error_len, "kvp_connect: ret is NULL");
+		return -EINVAL;
+	}
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return -ENOMEM;
@@ -367,7 +392,7 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 	c->fd = kvp_unix_connect(path);
 	if (c->fd < 0) {
 		r = client_fail(c, c->fd, "cannot connect to %s: %s", path, strerror(-c->fd));
-		goto fail;
+		return connect_fail(&o, c, r);
 	}
 	hello.protocol_version = KVP_PROTOCOL_VERSION;
 	hello.min_protocol_version = KVP_PROTOCOL_MIN_VERSION;
@@ -379,14 +404,14 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 	r = call(c, KVPAGED__V1__MESSAGE_TYPE__HELLO, &hello.base, &kvpaged__v1__welcome__descriptor,
 		 (ProtobufCMessage **)&w, fds, 4, &nfds);
 	if (r < 0)
-		goto fail;
+		return connect_fail(&o, c, r);
 	if (w->protocol_version < KVP_PROTOCOL_MIN_VERSION ||
 	    w->protocol_version > KVP_PROTOCOL_VERSION || !w->pool ||
 	    nfds != (w->ring_entries ? 4u : 1u)) {
 		for (unsigned i = 0; i < nfds; i++)
 			close(fds[i]);
 		r = client_fail(c, -EPROTO, "malformed Welcome");
-		goto fail;
+		return connect_fail(&o, c, r);
 	}
 	c->pool_fd = fds[0];
 	if (nfds == 4) {
@@ -427,33 +452,24 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 	if (!strcmp(c->pool.backend, "cuda")) {
 		r = cuda_map_blocked(c);
 		if (r < 0)
-			goto fail;
+			return connect_fail(&o, c, r);
 	} else {
 		c->pool_base = mmap(NULL, c->pool.pool_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
 				    c->pool_fd, 0);
 		if (c->pool_base == MAP_FAILED) {
 			c->pool_base = NULL;
 			r = client_fail(c, -errno, "cannot map the pool: %s", strerror(errno));
-			goto fail;
+			return connect_fail(&o, c, r);
 		}
 	}
 	if (c->ring_fd >= 0) {
 		r = client_ring_init(c, w->ring_entries, w->ring_data_bytes, w->ring_bytes);
 		if (r < 0)
-			goto fail;
+			return connect_fail(&o, c, r);
 	}
-	kvpaged__v1__welcome__free_unpacked(w, NULL);
 	c->err[0] = '\0';
-	*ret = c;
+	*ret = TAKE_PTR(c);
 	return 0;
-fail:
-	if (w)
-		kvpaged__v1__welcome__free_unpacked(w, NULL);
-	/* The client goes away with its kvp_last_error(): hand the reason to the caller. */
-	if (o.error_buf && o.error_len)
-		snprintf(o.error_buf, o.error_len, "%s", c->err[0] ? c->err : strerror(-r));
-	kvp_disconnect(c);
-	return r;
 }
 
 KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c)

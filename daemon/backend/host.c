@@ -26,6 +26,8 @@
 #include <unistd.h>
 
 #include "daemon/backend/backend.h"
+#include "proto/cleanup.h"
+#include "proto/memfd.h"
 
 enum job_kind { JOB_BLOCKS, JOB_SLOTS, JOB_MOVE };
 
@@ -109,11 +111,12 @@ static void *worker(void *arg);
 static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, bool threaded,
 		  const struct backend_ops *ops, struct backend_pool *ret)
 {
+	_cleanup_free_ struct host_state *st = NULL;
+	_cleanup_close_ int fd = -EBADF, done_fd = -EBADF;
 	char name[96];
-	struct host_state *st;
 	bool hide = false;
 	void *base;
-	int fd, done_fd, r;
+	int r;
 
 	if (bytes == 0 || block_bytes == 0 || bytes % block_bytes)
 		return -EINVAL;
@@ -121,27 +124,18 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 	if (!st)
 		return -ENOMEM;
 	done_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (done_fd < 0) {
-		r = -errno;
-		free(st);
-		return r;
-	}
+	if (done_fd < 0)
+		return -errno;
 	snprintf(name, sizeof(name), "kvpaged-pool-%s", pool_name);
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0) {
-		r = -errno;
-		goto fail;
-	}
+	fd = memfd_new_sealable(name);
+	if (fd < 0)
+		return fd;
 	if (ftruncate(fd, (off_t)bytes) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0) {
-		r = -errno;
-		goto fail;
-	}
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+		return -errno;
 	base = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-	if (base == MAP_FAILED) {
-		r = -errno;
-		goto fail;
-	}
+	if (base == MAP_FAILED)
+		return -errno;
 	st->base = base;
 	if (threaded) {
 		sigset_t all, saved;
@@ -161,20 +155,15 @@ static int create(const char *pool_name, uint64_t bytes, uint64_t block_bytes, b
 			pthread_cond_destroy(&st->work);
 			pthread_mutex_destroy(&st->mu);
 			munmap(base, bytes);
-			goto fail;
+			return r;
 		}
 	}
-	*ret = (struct backend_pool){ .ops = ops, .fd = fd, .base = base, .bytes = bytes,
-				      .block_bytes = block_bytes, .done_fd = done_fd, .priv = st };
+	*ret = (struct backend_pool){ .ops = ops, .fd = TAKE_FD(fd), .base = base, .bytes = bytes,
+				      .block_bytes = block_bytes, .done_fd = TAKE_FD(done_fd),
+				      .priv = TAKE_PTR(st) };
 	if (hide)
 		ret->base = NULL;
 	return 0;
-fail:
-	if (fd >= 0)
-		close(fd);
-	close(done_fd);
-	free(st);
-	return r;
 }
 
 static int host_create(const char *pool_name, uint64_t bytes, uint64_t block_bytes,

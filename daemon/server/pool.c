@@ -18,6 +18,7 @@
 
 #include "daemon/log.h"
 #include "daemon/server/server.h"
+#include "proto/cleanup.h"
 
 /* The core dropped a parked sequence for someone else's request: its owner holds less now. */
 static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
@@ -514,8 +515,9 @@ static bool load_is_direct(const struct dpool *p, const struct core_load *l)
  */
 static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t n)
 {
-	struct backend_move *moves = NULL;
-	uint32_t ndirect = 0, nmoves = 0, *which = NULL;
+	_cleanup_free_ struct backend_move *moves = NULL;
+	_cleanup_free_ uint32_t *which = NULL;
+	uint32_t ndirect = 0, nmoves = 0;
 	int r;
 
 	flush_demotions(p); /* a slot looked up below may be in the batch, its move to fail */
@@ -530,7 +532,7 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 		for (uint32_t i = 0; i < n; i++)
 			if (load_is_direct(p, &loads[i]))
 				loads[i].result = -ENOMEM;
-		goto out;
+		return;
 	}
 	for (uint32_t i = 0; i < n; i++) {
 		struct tier_key key = tier_key_of(&loads[i].key);
@@ -550,9 +552,6 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 	r = nmoves ? q_move(p, BACKEND_FROM_HOST, moves, nmoves, NULL) : 0;
 	for (uint32_t k = 0; k < nmoves; k++)
 		loads[which[k]].result = r;
-out:
-	free(moves);
-	free(which);
 }
 
 /*
@@ -641,11 +640,12 @@ static uint64_t file_loads_fence(struct dpool *p, const struct core_load *loads,
 static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 {
 	struct dpool *p = ctx;
-	uint32_t nfile = 0, *slots = NULL, *which = NULL;
-	struct tier_key *keys = NULL;
+	_cleanup_free_ uint32_t *slots = NULL, *which = NULL;
+	_cleanup_free_ struct tier_key *keys = NULL;
+	_cleanup_free_ void **dsts = NULL;
+	_cleanup_free_ int *results = NULL;
+	uint32_t nfile = 0;
 	uint64_t fence;
-	void **dsts = NULL;
-	int *results = NULL;
 
 	load_host_direct(p, loads, n);
 	if (!p->mem.base) {
@@ -666,7 +666,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 		for (uint32_t i = 0; i < n; i++)
 			if (loads[i].tier == CORE_TIER_FILE)
 				loads[i].result = -ENOMEM;
-		goto out;
+		return;
 	}
 	nfile = 0;
 	for (uint32_t i = 0; i < n; i++)
@@ -681,7 +681,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 	if (p->failed) {
 		for (uint32_t k = 0; k < nfile; k++)
 			loads[which[k]].result = p->failed;
-		goto out;
+		return;
 	}
 	file_tier_load(p->file, nfile, slots, keys, dsts, results);
 	for (uint32_t k = 0; k < nfile; k++) {
@@ -689,12 +689,6 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 		if (results[k] < 0)
 			warn_file_load(p, slots[k], results[k]);
 	}
-out:
-	free(slots);
-	free(which);
-	free(keys);
-	free(dsts);
-	free(results);
 }
 
 static const struct core_tier_ops dpool_tier_ops = { .store = tier_store, .load = tier_load };
@@ -1034,10 +1028,10 @@ static double measure_file_bandwidth(struct dpool *p)
 				       .block_tokens = c->block_tokens, .geometry = 1,
 				       .queue_depth = c->file_tier_queue_depth, .scratch = true };
 	struct file_tier *ft = NULL;
-	uint32_t *slots = NULL, *tokens = NULL;
-	struct tier_key *keys = NULL;
-	void **dsts = NULL;
-	int *results = NULL;
+	_cleanup_free_ uint32_t *slots = NULL, *tokens = NULL;
+	_cleanup_free_ struct tier_key *keys = NULL;
+	_cleanup_free_ void **dsts = NULL;
+	_cleanup_free_ int *results = NULL;
 	double bw = 0, t;
 	uint8_t *scratch = NULL; /* a device pool has no mapping of its own to read into */
 	uint32_t n;
@@ -1077,11 +1071,6 @@ static double measure_file_bandwidth(struct dpool *p)
 		bw = (double)n * (double)p->block_bytes / t;
 out:
 	file_tier_close(ft);
-	free(slots);
-	free(keys);
-	free(dsts);
-	free(results);
-	free(tokens);
 	if (scratch)
 		munmap(scratch, (size_t)n * p->block_bytes);
 	return bw;

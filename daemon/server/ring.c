@@ -17,6 +17,8 @@
 
 #include "daemon/log.h"
 #include "daemon/server/server.h"
+#include "proto/cleanup.h"
+#include "proto/memfd.h"
 
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 
@@ -49,17 +51,29 @@ uint64_t ring_bytes(uint32_t entries, uint32_t data_bytes)
 	return sizeof(struct session_ring) + l.bytes;
 }
 
+/* A mapping ring_setup() unmaps unless it was handed on. */
+struct ring_mapping {
+	void *mem;
+	uint64_t bytes;
+};
+
+static void ring_mapping_done(struct ring_mapping *m)
+{
+	if (m->mem)
+		munmap(m->mem, m->bytes);
+}
+
 int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
 {
-	struct session_ring *r = calloc(1, sizeof(*r));
+	_cleanup_free_ struct session_ring *r = calloc(1, sizeof(*r));
+	_cleanup_close_ int mem_fd = -EBADF, sq_event_fd = -EBADF, cq_event_fd = -EBADF;
+	_cleanup_(ring_mapping_done) struct ring_mapping map = { 0 };
 	uint64_t sq_off, cq_off, sqes_off, cqes_off, data_off;
 	struct ring_layout l;
 	char name[64];
-	int e;
 
 	if (!r)
 		return -ENOMEM;
-	r->mem_fd = r->sq_event_fd = r->cq_event_fd = -1;
 	layout_of(entries, data_bytes, &l);
 	sq_off = l.sq_off;
 	cq_off = l.cq_off;
@@ -69,22 +83,29 @@ int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
 	r->bytes = l.bytes;
 
 	snprintf(name, sizeof(name), "kvpaged-ring-%llu", (unsigned long long)s->id);
-	r->mem_fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (r->mem_fd < 0)
-		goto fail;
-	if (ftruncate(r->mem_fd, (off_t)r->bytes) < 0 ||
-	    fcntl(r->mem_fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
-		goto fail;
-	r->mem = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, r->mem_fd, 0);
-	if (r->mem == MAP_FAILED) {
-		r->mem = NULL;
-		goto fail;
+	mem_fd = memfd_new_sealable(name);
+	if (mem_fd < 0)
+		return mem_fd;
+	if (ftruncate(mem_fd, (off_t)r->bytes) < 0 ||
+	    fcntl(mem_fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
+		return errno ? -errno : -ENOMEM;
+	map.mem = mmap(NULL, r->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, mem_fd, 0);
+	if (map.mem == MAP_FAILED) {
+		map.mem = NULL;
+		return errno ? -errno : -ENOMEM;
 	}
-	r->sq_event_fd = eventfd(0, EFD_CLOEXEC);
-	r->cq_event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (r->sq_event_fd < 0 || r->cq_event_fd < 0)
-		goto fail;
+	map.bytes = r->bytes;
+	sq_event_fd = eventfd(0, EFD_CLOEXEC);
+	if (sq_event_fd < 0)
+		return errno ? -errno : -ENOMEM;
+	cq_event_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (cq_event_fd < 0)
+		return errno ? -errno : -ENOMEM;
 
+	r->mem = TAKE_PTR(map.mem);
+	r->mem_fd = TAKE_FD(mem_fd);
+	r->sq_event_fd = TAKE_FD(sq_event_fd);
+	r->cq_event_fd = TAKE_FD(cq_event_fd);
 	r->hdr = r->mem;
 	*r->hdr = (struct kvp_ring_header){
 		.magic = KVP_RING_MAGIC,
@@ -112,24 +133,12 @@ int ring_setup(struct session *s, uint32_t entries, uint32_t data_bytes)
 	/* Until the first doorbell, the daemon sleeps: submitters must ring. */
 	kvp_ring_store_release(&r->sq->flags, KVP_SQ_NEED_WAKEUP);
 	r->doorbell_op = (struct op){ .kind = OP_DOORBELL, .s = s };
-	s->ring = r;
+	s->ring = TAKE_PTR(r);
 	s->nfds += 3;
 	s->srv->session_fds += 3;
 	account_bytes(s, (int64_t)ring_bytes(entries, data_bytes));
 	ring_arm_doorbell(s);
 	return 0;
-fail:
-	e = -errno;
-	if (r->mem)
-		munmap(r->mem, r->bytes);
-	if (r->mem_fd >= 0)
-		close(r->mem_fd);
-	if (r->sq_event_fd >= 0)
-		close(r->sq_event_fd);
-	if (r->cq_event_fd >= 0)
-		close(r->cq_event_fd);
-	free(r);
-	return e ? e : -ENOMEM;
 }
 
 /*

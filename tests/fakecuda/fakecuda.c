@@ -41,6 +41,7 @@
 #include <unistd.h>
 
 #include "cuda/kernels.h"
+#include "proto/memfd.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -1426,7 +1427,7 @@ EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, size_t
 	/* The device rides in the name: an importer, maybe another process, reads it back. */
 	snprintf(name, sizeof(name), MEMFD_PREFIX "%d", prop->location.id);
 	p = calloc(1, sizeof(*p));
-	fd = memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	fd = memfd_new_sealable(name);
 	if (!p || fd < 0 || ftruncate(fd, (off_t)size) < 0 ||
 	    fcntl(fd, F_ADD_SEALS, F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) < 0)
 		goto oom;

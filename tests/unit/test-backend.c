@@ -30,6 +30,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sched.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,6 +40,7 @@
 #include <unistd.h>
 
 #include "daemon/backend/backend.h"
+#include "proto/memfd.h"
 #include "tests/check-runner.h"
 
 static const struct backend_ops *const backends[] = { &backend_host, &backend_host_threaded };
@@ -261,6 +263,22 @@ static void expect_pool(struct backend_pool *p, struct model *m, const char *wha
 
 /* ---- 1: a new pool ------------------------------------------------------------------------ */
 
+/*
+ * Whether this kernel has MFD_NOEXEC_SEAL (Linux 6.3); older ones refuse it with EINVAL, and
+ * their memfds cannot carry F_SEAL_EXEC.
+ */
+static bool kernel_has_noexec_seal(void)
+{
+	int fd = memfd_create("probe", MFD_CLOEXEC | MFD_NOEXEC_SEAL);
+
+	if (fd < 0) {
+		ck_assert_int_eq(errno, EINVAL);
+		return false;
+	}
+	close(fd);
+	return true;
+}
+
 /* _i: backend * NLAYOUTS + layout. */
 START_TEST(test_new_pool_is_zero)
 {
@@ -285,6 +303,13 @@ START_TEST(test_new_pool_is_zero)
 	ck_assert_uint_eq(seals & (F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
 			  F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
 	ck_assert_int_lt(ftruncate(p.fd, 4096), 0);
+	/* ...nor make it executable, where the kernel can promise that (MFD_NOEXEC_SEAL). */
+	if (kernel_has_noexec_seal())
+		ck_assert_msg(seals & F_SEAL_EXEC, "pool memfd: no F_SEAL_EXEC (seals %#llx)",
+			      (unsigned long long)seals);
+	else
+		fprintf(stderr, "pool memfd: this kernel has no MFD_NOEXEC_SEAL (Linux 6.3): "
+			"F_SEAL_EXEC not checked\n");
 	/* done_fd: an eventfd the event loop polls, non-blocking and close-on-exec. */
 	ck_assert(fcntl(p.done_fd, F_GETFL) & O_NONBLOCK);
 	ck_assert(fcntl(p.done_fd, F_GETFD) & FD_CLOEXEC);

@@ -12,18 +12,54 @@
  *     session's, the uid's, the namespace's and the daemon's level.
  */
 #include <check.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include "daemon/server/server.h"
+#include "proto/memfd.h"
 #include "tests/check-runner.h"
 
 static const char conf[] = "[daemon]\nsocket = /nonexistent/c.sock\nadmin_socket = /nonexistent/a.sock\n"
 			   "[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
 			   "block_tokens = 16\ncapacity_blocks = 64\n";
+
+/*
+ * Whether this kernel has MFD_NOEXEC_SEAL (Linux 6.3); older ones refuse it with EINVAL, and
+ * their memfds cannot carry F_SEAL_EXEC.
+ */
+static bool kernel_has_noexec_seal(void)
+{
+	int fd = memfd_create("probe", MFD_CLOEXEC | MFD_NOEXEC_SEAL);
+
+	if (fd < 0) {
+		ck_assert_int_eq(errno, EINVAL);
+		return false;
+	}
+	close(fd);
+	return true;
+}
+
+/* A shared memfd's seals: size fixed, seals final, and never executable where it can be said. */
+static void assert_shared_seals(int fd, const char *what)
+{
+	int seals = fcntl(fd, F_GET_SEALS);
+
+	ck_assert_int_ge(seals, 0);
+	ck_assert_int_eq(seals & (F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL),
+			 F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL);
+	if (kernel_has_noexec_seal())
+		ck_assert_msg(seals & F_SEAL_EXEC, "%s: no F_SEAL_EXEC (seals %#x)", what, seals);
+	else
+		fprintf(stderr, "%s: this kernel has no MFD_NOEXEC_SEAL (Linux 6.3): F_SEAL_EXEC "
+			"not checked\n", what);
+}
 
 START_TEST(test_ring_outlives_a_close_inside_ring_process)
 {
@@ -59,6 +95,8 @@ START_TEST(test_ring_outlives_a_close_inside_ring_process)
 	ck_assert_int_eq(ring_setup(s, 16, 4096), 0);
 	r = s->ring;
 	ck_assert(r->doorbell_armed);
+	/* The ring memory clients map: sealed as the pool is, and never executable. */
+	assert_shared_seals(r->mem_fd, "ring memfd");
 
 	/* One OPEN in the ring; its blocks look written by a queued copy of a failed device. */
 	uint32_t tokens[16];
