@@ -4,6 +4,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "daemon/log.h"
@@ -161,6 +162,51 @@ unsigned log_flush_suppressed(void)
 	return n;
 }
 
+/* What %m says in a call without an error: never strerror(0), "Success". */
+#define LOG_NO_ERROR "(no error given)"
+
+/*
+ * fmt with each %m (not %%m) replaced by LOG_NO_ERROR, into buf if it fits, else into memory
+ * the caller frees (*ret_alloc).  NULL when there is no memory for it.
+ */
+static const char *without_errno(const char *fmt, char *buf, size_t len, char **ret_alloc)
+{
+	size_t need = 1, j = 0;
+	char *out = buf;
+
+	for (const char *c = fmt; *c; c++) {
+		if (c[0] == '%' && c[1] == 'm') {
+			need += strlen(LOG_NO_ERROR);
+			c++;
+		} else if (c[0] == '%' && c[1] == '%') {
+			need += 2;
+			c++;
+		} else {
+			need++;
+		}
+	}
+	*ret_alloc = NULL;
+	if (need > len) {
+		out = *ret_alloc = malloc(need);
+		if (!out)
+			return NULL;
+	}
+	for (const char *c = fmt; *c; c++) {
+		if (c[0] == '%' && c[1] == 'm') {
+			memcpy(out + j, LOG_NO_ERROR, strlen(LOG_NO_ERROR));
+			j += strlen(LOG_NO_ERROR);
+			c++;
+		} else if (c[0] == '%' && c[1] == '%') {
+			out[j++] = *c++;
+			out[j++] = *c;
+		} else {
+			out[j++] = *c;
+		}
+	}
+	out[j] = '\0';
+	return out;
+}
+
 int log_full_errno(int level, int error, const char *fmt, ...)
 {
 	int saved = errno;
@@ -169,9 +215,29 @@ int log_full_errno(int level, int error, const char *fmt, ...)
 
 	error = abs(error);
 	if (level <= max_level && admit(fmt, level)) {
-		errno = error; /* for %m */
 		va_start(ap, fmt);
-		vsnprintf(line, sizeof(line), fmt, ap);
+		if (error) {
+			errno = error; /* for %m */
+			vsnprintf(line, sizeof(line), fmt, ap);
+		} else if (!strstr(fmt, "%m")) {
+			vsnprintf(line, sizeof(line), fmt, ap);
+		} else {
+			/*
+			 * %m is the _errno variants' (systemd's rule): here it has no error to
+			 * name, and errno, whatever it holds, is not this message's.
+			 */
+			char buf[1024], *alloc;
+			const char *f = without_errno(fmt, buf, sizeof(buf), &alloc);
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wformat-nonliteral"
+			if (f)
+				vsnprintf(line, sizeof(line), f, ap);
+			else
+				snprintf(line, sizeof(line), "%s", fmt); /* no memory: unexpanded */
+#pragma GCC diagnostic pop
+			free(alloc);
+		}
 		va_end(ap);
 		emit(level, line);
 	}

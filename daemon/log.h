@@ -38,6 +38,10 @@ uint64_t log_suppressed_total(void);
 /*
  * Logs at level; %m prints strerror(error).  Returns -abs(error), so error paths read
  * `return log_error_errno(r, "cannot bind %s: %m", path);`.  error 0 returns 0.
+ *
+ * %m belongs to the _errno variants: with error 0 (log_info() and the like) it prints
+ * "(no error given)", never strerror(0) ("Success") nor whatever errno happens to hold; pass
+ * the error (log_warning_errno(errno, ...)) to have it named.  errno is left as it was.
  */
 int log_full_errno(int level, int error, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 

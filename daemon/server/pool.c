@@ -1403,7 +1403,8 @@ void dpool_done(struct dpool *p)
 		}
 		if (r > 0 && read(pfd.fd, &p->tier_event, sizeof(p->tier_event)) < 0 &&
 		    errno != EAGAIN)
-			log_warning("pool %s: reading the file tier's eventfd: %m", p->cfg->name);
+			log_warning_errno(errno, "pool %s: reading the file tier's eventfd: %m",
+					  p->cfg->name);
 		file_tier_poll(p->file);
 	}
 	/* Writes still queued finish first: with persistence they are what comes back. */

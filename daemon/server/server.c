@@ -999,8 +999,8 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 		if (read(file_tier_event_fd(op->pool->file), &op->pool->tier_event,
 			 sizeof(op->pool->tier_event)) < 0 &&
 		    errno != EAGAIN)
-			log_warning("pool %s: reading the file tier's eventfd: %m",
-				    op->pool->cfg->name);
+			log_warning_errno(errno, "pool %s: reading the file tier's eventfd: %m",
+					  op->pool->cfg->name);
 		if (!(cqe->flags & IORING_CQE_F_MORE)) {
 			op->pool->tier_armed = false;
 			/*
@@ -1021,8 +1021,8 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 		if (read(op->pool->mem.done_fd, &op->pool->backend_event,
 			 sizeof(op->pool->backend_event)) < 0 &&
 		    errno != EAGAIN)
-			log_warning("pool %s: reading the backend's eventfd: %m",
-				    op->pool->cfg->name);
+			log_warning_errno(errno, "pool %s: reading the backend's eventfd: %m",
+					  op->pool->cfg->name);
 		if (!(cqe->flags & IORING_CQE_F_MORE)) {
 			op->pool->backend_armed = false;
 			if (cqe->res >= 0)

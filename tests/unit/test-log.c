@@ -7,6 +7,7 @@
  * to stderr back from a file.
  */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -139,6 +140,62 @@ START_TEST(test_level_before_limit)
 }
 END_TEST
 
+/*
+ * %m belongs to the _errno variants: a call without an error never prints strerror(0)
+ * ("Success"), nor whatever errno holds, and leaves errno alone; %%m stays a literal "%m".
+ */
+START_TEST(test_no_errno_no_success)
+{
+	const char *text;
+
+	capture();
+	errno = 0;
+	ck_assert_int_eq(log_warning("reading %s: %m", "the eventfd"), 0);
+	errno = EBADF;
+	log_info("again: %m, %d%%m", 5);
+	ck_assert_int_eq(errno, EBADF);
+	ck_assert_int_eq(log_warning_errno(0, "zero: %m"), 0);
+	errno = 0;
+	ck_assert_int_eq(log_error_errno(-EBADF, "with one: %m"), -EBADF);
+	ck_assert_int_eq(errno, 0);
+	text = logged(NULL);
+	ck_assert_ptr_null(strstr(text, "Success"));
+	ck_assert_ptr_nonnull(strstr(text, "<4>reading the eventfd: (no error given)\n"));
+	ck_assert_ptr_nonnull(strstr(text, "<6>again: (no error given), 5%m\n"));
+	ck_assert_ptr_nonnull(strstr(text, "<4>zero: (no error given)\n"));
+	ck_assert_ptr_nonnull(strstr(text, "<3>with one: Bad file descriptor\n"));
+	ck_assert_ptr_null(strstr(text, "again: Bad file descriptor"));
+}
+END_TEST
+
+/* A format longer than the line still loses its %m, not its arguments. */
+START_TEST(test_no_errno_long_format)
+{
+	const char *text;
+
+	capture();
+	errno = 0;
+	log_notice("%s %m "
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   "................................................................................"
+		   " %d", "start", 42);
+	text = logged(NULL);
+	ck_assert_ptr_null(strstr(text, "Success"));
+	ck_assert_ptr_nonnull(strstr(text, "<5>start (no error given) ...."));
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("log");
@@ -148,6 +205,8 @@ int main(void)
 	tcase_add_test(tc, test_rate_limited_per_site);
 	tcase_add_test(tc, test_burst_zero_is_unlimited);
 	tcase_add_test(tc, test_level_before_limit);
+	tcase_add_test(tc, test_no_errno_no_success);
+	tcase_add_test(tc, test_no_errno_long_format);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
