@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* libkvpaged: connection, handshake and the synchronous calls over the socket. */
 #include <dlfcn.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -65,6 +66,39 @@ static int table_set(struct kvp_table *t, uint32_t from, const uint32_t *v, size
 	t->len = from + (uint32_t)n;
 	return 0;
 }
+
+/* A table the library may write: NULL (not wanted), or zeroed / as the library left it. */
+static bool table_ok(const struct kvp_table *t)
+{
+	return !t || (t->len <= t->cap && (t->blocks || !t->cap));
+}
+
+/*
+ * Makes room for n entries in t without changing what it holds, so that a table_set(t, 0, ...,
+ * n) after it cannot fail: the caller's tables are then written only once all of them can be.
+ */
+static int table_reserve(struct kvp_table *t, size_t n)
+{
+	uint32_t *b;
+
+	if (!t || n <= t->cap)
+		return 0;
+	if (n > UINT32_MAX - 16)
+		return -EPROTO;
+	b = realloc(t->blocks, (n + 16) * sizeof(*b));
+	if (!b)
+		return -ENOMEM;
+	t->blocks = b;
+	t->cap = (uint32_t)n + 16;
+	return 0;
+}
+
+/*
+ * The argument checks of the entry points: -EINVAL instead of a NULL dereference.  With a
+ * client, kvp_last_error() says which argument.
+ */
+#define CHECK_CLIENT(c)                                                                        	do {                                                                                   		if (!(c))                                                                      			return -EINVAL;                                                        	} while (0)
+#define CHECK_ARG(c, cond, what)                                                               	do {                                                                                   		if (!(cond))                                                                   			return client_fail((c), -EINVAL, "%s: %s", __func__, (what));          	} while (0)
 
 /*
  * One request/response exchange on the socket.  On success *ret holds the unpacked reply
@@ -492,8 +526,11 @@ KVP_EXPORT int kvp_probe(const struct kvp_client *c, struct kvp_probe_info *ret)
 {
 	/* 0.2.0's struct, the smallest a caller may pass; later fields are filled if there is room. */
 	const uint32_t oldest = offsetof(struct kvp_probe_info, opcodes) + sizeof(ret->opcodes);
-	struct kvp_probe_info p = c->probe;
+	struct kvp_probe_info p;
 
+	if (!c || !ret)
+		return -EINVAL;
+	p = c->probe;
 	if (ret->size < oldest)
 		return -EINVAL;
 	p.size = ret->size < sizeof(p) ? ret->size : (uint32_t)sizeof(p);
@@ -503,17 +540,17 @@ KVP_EXPORT int kvp_probe(const struct kvp_client *c, struct kvp_probe_info *ret)
 
 KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c)
 {
-	return &c->pool;
+	return c ? &c->pool : NULL;
 }
 
 KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c)
 {
-	return c->pool_base;
+	return c ? c->pool_base : NULL;
 }
 
 KVP_EXPORT uint64_t kvp_pool_device_ptr(const struct kvp_client *c)
 {
-	return c->cuda.ptr;
+	return c ? c->cuda.ptr : 0;
 }
 
 KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t first,
@@ -523,6 +560,8 @@ KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t fi
 	Kvpaged__V1__ScoresReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, weights || !n, "weights is NULL");
 	req.seq = seq;
 	req.first = first;
 	req.weights = (float *)weights;
@@ -536,12 +575,13 @@ KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t fi
 
 KVP_EXPORT void kvp_set_wait(struct kvp_client *c, uint32_t ms)
 {
-	c->wait_ms = ms;
+	if (c)
+		c->wait_ms = ms;
 }
 
 KVP_EXPORT const char *kvp_namespace(const struct kvp_client *c)
 {
-	return c->ns;
+	return c ? c->ns : NULL;
 }
 
 KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
@@ -560,6 +600,10 @@ KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, u
 	Kvpaged__V1__OpenReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, tokens || !n, "tokens is NULL");
+	CHECK_ARG(c, ret_seq, "ret_seq is NULL");
+	CHECK_ARG(c, table_ok(table), "table is not a kvp_table the library filled");
 	if (retention) {
 		if (retention->size < sizeof(*retention))
 			return client_fail(c, -EINVAL, "struct kvp_retention: size not set");
@@ -579,8 +623,6 @@ KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, u
 	r = CALL(c, OPEN, req, open_reply, rep);
 	if (r < 0)
 		return r;
-	if (table)
-		table->len = 0;
 	r = table_set(table, 0, rep->table, rep->n_table);
 	if (r == 0) {
 		*ret_seq = rep->seq;
@@ -598,6 +640,9 @@ KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *to
 	Kvpaged__V1__AppendReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, tokens || !n, "tokens is NULL");
+	CHECK_ARG(c, table_ok(table), "table is not a kvp_table the library filled");
 	req.seq = seq;
 	req.tokens = (uint32_t *)tokens;
 	req.n_tokens = n;
@@ -617,6 +662,8 @@ KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
 	Kvpaged__V1__CommitReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, table_ok(table), "table is not a kvp_table the library filled");
 	req.seq = seq;
 	req.tokens = ntokens;
 	r = CALL(c, COMMIT, req, commit_reply, rep);
@@ -638,12 +685,13 @@ KVP_EXPORT int kvp_fork(struct kvp_client *c, uint64_t seq, uint64_t *ret_child,
 	Kvpaged__V1__ForkReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, ret_child, "ret_child is NULL");
+	CHECK_ARG(c, table_ok(child_table), "child_table is not a kvp_table the library filled");
 	req.seq = seq;
 	r = CALL(c, FORK, req, fork_reply, rep);
 	if (r < 0)
 		return r;
-	if (child_table)
-		child_table->len = 0;
 	r = table_set(child_table, 0, rep->table, rep->n_table);
 	if (r == 0)
 		*ret_child = rep->seq;
@@ -657,6 +705,7 @@ KVP_EXPORT int kvp_close(struct kvp_client *c, uint64_t seq)
 	Kvpaged__V1__CloseReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
 	req.seq = seq;
 	r = CALL(c, CLOSE, req, close_reply, rep);
 	if (r < 0)
@@ -672,6 +721,9 @@ KVP_EXPORT int kvp_lookup(struct kvp_client *c, const uint32_t *tokens, uint32_t
 	Kvpaged__V1__LookupReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, tokens || !n, "tokens is NULL");
+	CHECK_ARG(c, ret_cached, "ret_cached is NULL");
 	req.tokens = (uint32_t *)tokens;
 	req.n_tokens = n;
 	req.extra_key = extra_key;
@@ -691,12 +743,12 @@ KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_to
 	Kvpaged__V1__SeqInfoReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, table_ok(table), "table is not a kvp_table the library filled");
 	req.seq = seq;
 	r = CALL(c, SEQ_INFO, req, seq_info_reply, rep);
 	if (r < 0)
 		return r;
-	if (table)
-		table->len = 0;
 	r = table_set(table, 0, rep->table, rep->n_table);
 	if (r == 0) {
 		if (ret_tokens)
@@ -715,17 +767,23 @@ KVP_EXPORT int kvp_seq_packed(struct kvp_client *c, uint64_t seq, struct kvp_tab
 	Kvpaged__V1__SeqInfoReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, table_ok(blocks) && table_ok(positions),
+		  "a table is not a kvp_table the library filled");
 	req.seq = seq;
 	r = CALL(c, SEQ_INFO, req, seq_info_reply, rep);
 	if (r < 0)
 		return r;
-	if (blocks)
-		blocks->len = 0;
-	if (positions)
-		positions->len = 0;
-	r = table_set(blocks, 0, rep->packed_table, rep->n_packed_table);
+	/* Both tables replaced, or neither: room for both first. */
+	r = table_reserve(blocks, rep->n_packed_table);
 	if (r == 0)
-		r = table_set(positions, 0, rep->packed_positions, rep->n_packed_positions);
+		r = table_reserve(positions, rep->n_packed_positions);
+	if (r == 0) {
+		(void)table_set(blocks, 0, rep->packed_table, rep->n_packed_table);
+		(void)table_set(positions, 0, rep->packed_positions, rep->n_packed_positions);
+	}
+	if (r < 0)
+		client_fail(c, r, "no memory for the packed tables");
 	kvpaged__v1__seq_info_reply__free_unpacked(rep, NULL);
 	return r;
 }
@@ -736,6 +794,7 @@ KVP_EXPORT int kvp_park(struct kvp_client *c, uint64_t seq)
 	Kvpaged__V1__ParkReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
 	req.seq = seq;
 	r = CALL(c, PARK, req, park_reply, rep);
 	if (r < 0)
@@ -751,13 +810,13 @@ KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_reco
 	Kvpaged__V1__ResumeReply *rep;
 	int r;
 
+	CHECK_CLIENT(c);
+	CHECK_ARG(c, table_ok(table), "table is not a kvp_table the library filled");
 	req.seq = seq;
 	req.wait_ms = c->wait_ms;
 	r = CALL(c, RESUME, req, resume_reply, rep);
 	if (r < 0)
 		return r;
-	if (table)
-		table->len = 0;
 	r = table_set(table, 0, rep->table, rep->n_table);
 	if (r == 0 && ret_recompute)
 		*ret_recompute = rep->recompute_tokens;

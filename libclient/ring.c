@@ -131,6 +131,10 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 {
 	unsigned i;
 
+	if (!c)
+		return -EINVAL;
+	if (!ops && n)
+		return client_fail(c, -EINVAL, "kvp_submit: ops is NULL");
 	if (!c->ring_mem)
 		return client_fail(c, -ENOTSUP, "connected without rings");
 	for (i = 0; i < n; i++) {
@@ -144,6 +148,8 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 
 		if (op->opcode >= KVP_OP_MAX)
 			return i ? (int)i : client_fail(c, -EINVAL, "unknown opcode %u", op->opcode);
+		if (!op->tokens && op->ntokens)
+			return i ? (int)i : client_fail(c, -EINVAL, "kvp_submit: tokens is NULL");
 		/* At most one ring's worth in flight, so the completion ring never overflows. */
 		if (c->sq_tail - c->slot_head == c->entries)
 			break;
@@ -232,6 +238,10 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 	uint64_t start = now_us();
 	unsigned got = 0;
 
+	if (!c)
+		return -EINVAL;
+	if (!out && max)
+		return client_fail(c, -EINVAL, "kvp_complete: out is NULL");
 	if (!c->ring_mem)
 		return client_fail(c, -ENOTSUP, "connected without rings");
 	if (min > max)
@@ -263,7 +273,8 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 			r = poll(p, 2, wait);
 			if (r < 0 && errno != EINTR) {
 				kvp_ring_store_release(&c->cq->flags, 0);
-				return client_fail(c, -errno, "poll");
+				/* What was reaped is the caller's: a count, not lost to an error. */
+				return got ? (int)got : client_fail(c, -errno, "poll");
 			}
 			if (p[0].revents & POLLIN) {
 				uint64_t v;
@@ -274,7 +285,8 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 			if ((p[1].revents & (POLLIN | POLLHUP | POLLERR)) &&
 			    kvp_ring_load_acquire(&c->cq->tail) == c->cq_head) {
 				kvp_ring_store_release(&c->cq->flags, 0);
-				return client_fail(c, -ECONNRESET, "the daemon closed the session");
+				return got ? (int)got :
+					     client_fail(c, -ECONNRESET, "the daemon closed the session");
 			}
 		}
 		kvp_ring_store_release(&c->cq->flags, 0);

@@ -7,8 +7,16 @@
  * them.  Each call returns the block table the engine's attention kernels index the pool with.
  *
  * Conventions: functions that can fail return a negative errno (and 0 or a count on success);
- * results go out through ret_ parameters, untouched on failure.  After a failure
+ * results go out through ret_ parameters, untouched on failure, and so are the caller's
+ * struct kvp_table arguments (a table may have grown room it does not use).  After a failure
  * kvp_last_error() says why, in the daemon's words when the daemon refused.
+ *
+ * Arguments are checked first: a NULL client, a NULL pointer where a call needs one (tokens
+ * or weights with a nonzero count, ret_seq, ret_child, ret_cached, ops or out with a nonzero
+ * count; other ret_ pointers and tables may be NULL: not wanted), or a struct kvp_table whose
+ * blocks is NULL with a nonzero cap (or len above cap) make the call return -EINVAL, and
+ * kvp_last_error() names the argument.  The calls that return no int say below what they
+ * return for a NULL client.
  *
  * Threads: a struct kvp_client is not thread-safe.  Use it from one thread at a time (or one
  * client per thread); different clients are independent.
@@ -121,7 +129,8 @@ struct kvp_table {
 };
 
 /*
- * Connects, says Hello, maps the pool (and the rings when asked for).  Returns 0, or -errno:
+ * Connects, says Hello, maps the pool (and the rings when asked for).  opts may be NULL (all
+ * defaults); ret may not (-EINVAL).  Returns 0, or -errno:
  * -ENOENT no such socket or pool, -EACCES refused by the pool's ACL, -EUSERS too many sessions,
  * -EPROTO the daemon spoke something else; the reason goes to opts->error_buf if given (there
  * is no client to ask kvp_last_error()).  The client owns its fds and mappings until
@@ -133,19 +142,21 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
  * returns NULL. */
 KVP_EXPORT struct kvp_client *kvp_disconnect(struct kvp_client *c);
 
-/* The pool's description, owned by the client. */
+/* The pool's description, owned by the client.  NULL for a NULL client. */
 KVP_EXPORT const struct kvp_pool_info *kvp_pool(const struct kvp_client *c);
 
 /*
  * The pool memory mapped read-write in this process (pool_bytes long); NULL when the pool is
- * in GPU memory (kvp_pool()->backend is "cuda"): see kvp_pool_device_ptr().
+ * in GPU memory (kvp_pool()->backend is "cuda"): see kvp_pool_device_ptr().  NULL for a
+ * NULL client.
  */
 KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c);
 
 /*
  * A pool in GPU memory (backend "cuda"): its device address in this process, a CUdeviceptr
  * valid in the primary context of the GPU that holds the pool (the context the CUDA runtime
- * uses), read-write, pool_bytes long, with the layout kvp_pool() describes.  0 for a host pool.
+ * uses), read-write, pool_bytes long, with the layout kvp_pool() describes.  0 for a host pool
+ * (and for a NULL client).
  * The mapping belongs to the client until kvp_disconnect().  Thread-safe (it only reads).
  * Ordering: the daemon copies and moves blocks on a stream of its own, which nothing orders
  * against the engine's.  The engine's GPU writes to a block must have completed (its stream
@@ -156,13 +167,13 @@ KVP_EXPORT void *kvp_pool_base(const struct kvp_client *c);
  */
 KVP_EXPORT uint64_t kvp_pool_device_ptr(const struct kvp_client *c);
 
-/* The namespace the daemon assigned, e.g. "uid:1000/tenant-a". */
+/* The namespace the daemon assigned, e.g. "uid:1000/tenant-a".  NULL for a NULL client. */
 KVP_EXPORT const char *kvp_namespace(const struct kvp_client *c);
 
-/* Why the last call on this client failed ("" after a success). */
+/* Why the last call on this client failed ("" after a success); "no client" for NULL. */
 KVP_EXPORT const char *kvp_last_error(const struct kvp_client *c);
 
-/* Frees a table's entries; the struct can be reused. */
+/* Frees a table's entries; the struct can be reused.  Accepts NULL. */
 KVP_EXPORT void kvp_table_free(struct kvp_table *t);
 
 /*
@@ -231,6 +242,7 @@ KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_to
  * -ENOSPC; otherwise the daemon retries the request as blocks come free and fails it with
  * -ENOSPC after ms milliseconds.  At most the daemon's max_wait_ms (more: -EINVAL from the
  * call).  Operations on the rings never wait.  Not thread-safe with calls on the same client.
+ * Does nothing for a NULL client.
  */
 KVP_EXPORT void kvp_set_wait(struct kvp_client *c, uint32_t ms);
 
@@ -341,7 +353,8 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 /*
  * Reaps up to max completions, waiting until at least min are there: it spins for spin_us,
  * then sleeps on the completion eventfd.  timeout_ms < 0 waits forever.  Returns the number
- * reaped (>= 0), -ETIMEDOUT, -ECONNRESET if the daemon went away, or -errno.
+ * reaped (>= 0), -ETIMEDOUT, -ECONNRESET if the daemon went away, or -errno; completions
+ * already reaped into out are never lost to an error: the call returns their count.
  */
 KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, unsigned max,
 			    unsigned min, int timeout_ms);
