@@ -7,7 +7,33 @@
  * kvpaged.h: a call that fails, refused by the daemon or for a bad argument, leaves its ret_
  * outputs and the caller's tables as they were.
  */
+#include <dlfcn.h>
+
 #include "tests/integration/harness.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define HAVE_REALLOC_HOOK 0 /* AddressSanitizer has realloc to itself */
+#else
+#define HAVE_REALLOC_HOOK 1
+/*
+ * The next realloc() of exactly this many bytes fails (then the hook is off): an out-of-memory
+ * the library meets while it writes a reply into the caller's table.
+ */
+static size_t fail_realloc_bytes;
+
+void *realloc(void *p, size_t n)
+{
+	static void *(*next)(void *, size_t);
+
+	if (fail_realloc_bytes && n == fail_realloc_bytes) {
+		fail_realloc_bytes = 0;
+		return NULL;
+	}
+	if (!next)
+		next = (void *(*)(void *, size_t))dlsym(RTLD_NEXT, "realloc");
+	return next(p, n);
+}
+#endif
 
 static struct daemon d;
 
@@ -229,6 +255,65 @@ START_TEST(test_refused_leaves_outputs)
 }
 END_TEST
 
+#if HAVE_REALLOC_HOOK
+/*
+ * The library runs out of memory growing the caller's table for a reply: the call fails with
+ * -ENOMEM and the table (emptied first, before) and the ret_ values are as they were.
+ */
+START_TEST(test_enomem_leaves_table)
+{
+	struct kvp_client *c = connect_ns(NULL, 0);
+	struct kvp_table t = { 0 }, big = { 0 }, was;
+	uint32_t tokens[320], copy[8], cached = 77, ntok = 77, ncom = 77, rec = 77;
+	uint64_t seq, big_seq, child = 99, s2 = 99;
+	/* The library grows a table to the entries it needs plus 16. */
+	const size_t grown = (320 / 16 + 16) * sizeof(uint32_t);
+
+	prompt(tokens, 320, 3000);
+	ck_assert_int_eq(kvp_open(c, tokens, 40, 0, 0, &seq, &cached, &t), 0);
+	ck_assert_uint_eq(t.len, 3);
+	ck_assert_uint_lt(t.cap, 320 / 16);
+	ck_assert_int_eq(kvp_open(c, tokens, 320, 1, 0, &big_seq, NULL, &big), 0);
+	ck_assert_uint_eq(big.len, 320 / 16);
+	was = t;
+	table_copy(&t, copy);
+
+	cached = 77;
+	fail_realloc_bytes = grown;
+	ck_assert_int_eq(kvp_open(c, tokens, 320, 2, 0, &s2, &cached, &t), -ENOMEM);
+	ck_assert_uint_eq(fail_realloc_bytes, 0); /* the hook was met */
+	ck_assert_uint_eq(s2, 99);
+	ck_assert_uint_eq(cached, 77);
+	assert_table_is(&t, &was, copy);
+
+	fail_realloc_bytes = grown;
+	ck_assert_int_eq(kvp_seq_info(c, big_seq, &ntok, &ncom, &t), -ENOMEM);
+	ck_assert_uint_eq(ntok, 77);
+	ck_assert_uint_eq(ncom, 77);
+	assert_table_is(&t, &was, copy);
+
+	fail_realloc_bytes = grown;
+	ck_assert_int_eq(kvp_fork(c, big_seq, &child, &t), -ENOMEM);
+	ck_assert_uint_eq(child, 99);
+	assert_table_is(&t, &was, copy);
+
+	ck_assert_int_eq(kvp_park(c, big_seq), 0);
+	fail_realloc_bytes = grown;
+	ck_assert_int_eq(kvp_resume(c, big_seq, &rec, &t), -ENOMEM);
+	ck_assert_uint_eq(rec, 77);
+	assert_table_is(&t, &was, copy);
+
+	/* With memory, the same calls write it. */
+	ck_assert_int_eq(kvp_seq_info(c, big_seq, &ntok, &ncom, &t), 0);
+	ck_assert_uint_eq(t.len, 320 / 16);
+	ck_assert_uint_eq(ntok, 320);
+	kvp_table_free(&t);
+	kvp_table_free(&big);
+	kvp_disconnect(c);
+}
+END_TEST
+#endif
+
 int main(void)
 {
 	Suite *s = suite_create("args");
@@ -243,6 +328,9 @@ int main(void)
 	tcase_add_test(tc, test_connect_without_ret);
 	tcase_add_test(tc, test_bad_arguments);
 	tcase_add_test(tc, test_refused_leaves_outputs);
+#if HAVE_REALLOC_HOOK
+	tcase_add_test(tc, test_enomem_leaves_table);
+#endif
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
