@@ -97,8 +97,16 @@ static int table_reserve(struct kvp_table *t, size_t n)
  * The argument checks of the entry points: -EINVAL instead of a NULL dereference.  With a
  * client, kvp_last_error() says which argument.
  */
-#define CHECK_CLIENT(c)                                                                        	do {                                                                                   		if (!(c))                                                                      			return -EINVAL;                                                        	} while (0)
-#define CHECK_ARG(c, cond, what)                                                               	do {                                                                                   		if (!(cond))                                                                   			return client_fail((c), -EINVAL, "%s: %s", __func__, (what));          	} while (0)
+#define CHECK_CLIENT(c)                                                                        \
+	do {                                                                                   \
+		if (!(c))                                                                      \
+			return -EINVAL;                                                        \
+	} while (0)
+#define CHECK_ARG(c, cond, what)                                                               \
+	do {                                                                                   \
+		if (!(cond))                                                                   \
+			return client_fail((c), -EINVAL, "%s: %s", __func__, (what));          \
+	} while (0)
 
 /*
  * One request/response exchange on the socket.  On success *ret holds the unpacked reply
