@@ -421,6 +421,372 @@ static void tier_stats_free(Kvpaged__V1__PoolStats *x)
 
 #define REPLY(TYPE, msg) session_reply(s, KVPAGED__V1__MESSAGE_TYPE__##TYPE, h->seq, &(msg).base, NULL, 0)
 
+static void on_status(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__Status st = KVPAGED__V1__STATUS__INIT;
+
+	st.version = PACKAGE_VERSION;
+	st.uptime_ms = (server_now_ns() - srv->started_ns) / 1000000;
+	st.sessions = srv->nsessions;
+	st.pools = (uint32_t)srv->npools;
+	st.requests = srv->requests;
+	st.pid = (uint32_t)getpid();
+	st.admin_sessions = srv->nadmin;
+	st.client_bytes = srv->use.bytes;
+	st.log_lines_dropped = log_suppressed_total();
+	st.fd_limit = srv->fd_limit;
+	st.fds = srv->fd_base + srv->session_fds;
+	Kvpaged__V1__Refusal refusals[SERVER_NREFUSALS], *rp[SERVER_NREFUSALS];
+
+	for (int r = 0; r < SERVER_NREFUSALS; r++) {
+		kvpaged__v1__refusal__init(&refusals[r]);
+		refusals[r].reason = (char *)server_refusal_name(r);
+		refusals[r].count = srv->refused[r];
+		rp[r] = &refusals[r];
+	}
+	st.n_refusals = SERVER_NREFUSALS;
+	st.refusals = rp;
+	REPLY(ADMIN_STATUS_REPLY, st);
+}
+
+static void on_pools(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__Pools rep = KVPAGED__V1__POOLS__INIT;
+	Kvpaged__V1__PoolUsage *use = calloc(srv->npools, sizeof(*use));
+	Kvpaged__V1__PoolUsage **usep = calloc(srv->npools, sizeof(*usep));
+	Kvpaged__V1__PoolDescription *desc = calloc(srv->npools, sizeof(*desc));
+	Kvpaged__V1__SwapFile *files, **filep;
+	size_t nfiles = 0;
+
+	for (size_t i = 0; i < srv->npools; i++)
+		nfiles += srv->pools[i].file ? srv->pools[i].cfg->n_swap_files : 0;
+	files = calloc(nfiles + 1, sizeof(*files));
+	filep = calloc(nfiles + 1, sizeof(*filep));
+	if (!use || !usep || !desc || !files || !filep) {
+		free(use);
+		free(usep);
+		free(desc);
+		free(files);
+		free(filep);
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		return;
+	}
+	nfiles = 0;
+	for (size_t i = 0; i < srv->npools; i++) {
+		struct core_usage u;
+
+		if (!pool_selected(&srv->pools[i], pool))
+			continue;
+		core_get_usage(srv->pools[i].core, &u);
+		kvpaged__v1__pool_usage__init(&use[rep.n_pools]);
+		kvpaged__v1__pool_description__init(&desc[rep.n_pools]);
+		dpool_describe(&srv->pools[i], &desc[rep.n_pools]);
+		use[rep.n_pools].description = &desc[rep.n_pools];
+		use[rep.n_pools].free = u.free;
+		use[rep.n_pools].cached = u.cached;
+		use[rep.n_pools].in_use = u.in_use;
+		use[rep.n_pools].indexed = u.indexed;
+		use[rep.n_pools].sequences = u.sequences;
+		use[rep.n_pools].sessions = srv->pools[i].sessions;
+		use[rep.n_pools].n_allow_uids = srv->pools[i].cfg->n_allow_uids;
+		use[rep.n_pools].allow_uids = srv->pools[i].cfg->allow_uids;
+		use[rep.n_pools].n_allow_gids = srv->pools[i].cfg->n_allow_gids;
+		use[rep.n_pools].allow_gids = srv->pools[i].cfg->allow_gids;
+		use[rep.n_pools].swap_files = &filep[nfiles];
+		for (uint32_t f = 0; srv->pools[i].file && f < srv->pools[i].cfg->n_swap_files;
+		     f++) {
+			kvpaged__v1__swap_file__init(&files[nfiles]);
+			files[nfiles].path = srv->pools[i].cfg->swap_files[f];
+			files[nfiles].direct = file_tier_direct(srv->pools[i].file, f);
+			filep[nfiles] = &files[nfiles];
+			nfiles++;
+			use[rep.n_pools].n_swap_files++;
+		}
+		usep[rep.n_pools] = &use[rep.n_pools];
+		rep.n_pools++;
+	}
+	rep.pools = usep;
+	REPLY(ADMIN_POOLS_REPLY, rep);
+	free(use);
+	free(usep);
+	free(desc);
+	free(files);
+	free(filep);
+}
+
+static void on_sessions(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__Sessions rep = KVPAGED__V1__SESSIONS__INIT;
+	Kvpaged__V1__SessionInfo *infos = calloc(srv->nsessions + 1, sizeof(*infos));
+	Kvpaged__V1__SessionInfo **ptrs = calloc(srv->nsessions + 1, sizeof(*ptrs));
+
+	if (!infos || !ptrs) {
+		free(infos);
+		free(ptrs);
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		return;
+	}
+	for (struct session *o = srv->sessions; o; o = o->next) {
+		Kvpaged__V1__SessionInfo *si = &infos[rep.n_sessions];
+
+		if (o->admin || !o->welcomed || o->closing || !pool_selected(o->pool, pool))
+			continue;
+		kvpaged__v1__session_info__init(si);
+		si->id = o->id;
+		si->client_name = o->name;
+		si->pool = (char *)o->pool->cfg->name;
+		si->namespace_ = o->ns_name;
+		si->pid = (uint32_t)o->cred.pid;
+		si->uid = o->cred.uid;
+		si->gid = o->cred.gid;
+		si->sequences = o->nseqs;
+		si->blocks = (uint32_t)o->blocks;
+		si->requests = o->requests;
+		si->rings = o->ring != NULL;
+		si->bytes = o->bytes;
+		si->idle_ms = (server_now_ns() - o->active_ns) / 1000000u;
+		ptrs[rep.n_sessions++] = si;
+	}
+	rep.sessions = ptrs;
+	REPLY(ADMIN_SESSIONS_REPLY, rep);
+	free(infos);
+	free(ptrs);
+}
+
+static void on_sequences(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__Sequences rep = KVPAGED__V1__SEQUENCES__INIT;
+	size_t total = 0, n = 0;
+
+	for (size_t i = 0; i < srv->npools; i++) {
+		struct core_usage u;
+
+		core_get_usage(srv->pools[i].core, &u);
+		total += u.sequences;
+	}
+	Kvpaged__V1__SequenceInfo *infos = calloc(total + 1, sizeof(*infos));
+	Kvpaged__V1__SequenceInfo **ptrs = calloc(total + 1, sizeof(*ptrs));
+	if (!infos || !ptrs) {
+		free(infos);
+		free(ptrs);
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < srv->npools; i++) {
+		struct dpool *p = &srv->pools[i];
+
+		if (!pool_selected(p, pool))
+			continue;
+		for (uint32_t slot = 0; slot < p->cfg->max_sequences && n < total; slot++) {
+			struct seq_owner *ow = &p->owners[slot];
+			struct core_seq_info info;
+			uint64_t id;
+
+			if (!ow->s)
+				continue;
+			id = ow->s->seqs[ow->idx];
+			if (core_seq_info(p->core, id, &info) < 0)
+				continue;
+			kvpaged__v1__sequence_info__init(&infos[n]);
+			infos[n].seq = id;
+			infos[n].session = ow->s->id;
+			infos[n].pool = (char *)p->cfg->name;
+			infos[n].tokens = info.ntokens;
+			infos[n].committed = info.ncommitted;
+			infos[n].blocks = info.nblocks;
+			infos[n].retention = (char *)(info.retention == CORE_RETAIN_FULL ? "full"
+						      : p->cfg->window		     ? "window"
+						      : info.retention == CORE_RETAIN_H2O ? "h2o"
+										     : "sinks");
+			infos[n].held_blocks = info.held_blocks;
+			infos[n].freed_blocks = info.freed_blocks;
+			infos[n].n_sink = info.n_sink;
+			infos[n].recent = info.recent;
+			infos[n].retained_tokens = info.retained_tokens;
+			infos[n].budget = info.budget;
+			infos[n].granularity = info.granularity;
+			ptrs[n] = &infos[n];
+			n++;
+		}
+	}
+	rep.n_sequences = n;
+	rep.sequences = ptrs;
+	REPLY(ADMIN_SEQUENCES_REPLY, rep);
+	free(infos);
+	free(ptrs);
+}
+
+static void on_stats(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__Stats rep = KVPAGED__V1__STATS__INIT;
+	size_t np = srv->npools, nns = 0;
+
+	for (size_t i = 0; i < np; i++)
+		nns += srv->pools[i].nns + 1; /* and "(other)" */
+	Kvpaged__V1__PoolStats *ps = calloc(np + 1, sizeof(*ps)), **pp = calloc(np + 1, sizeof(*pp));
+	Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
+	if (!ps || !pp || !ns || !nsp) {
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+	} else {
+		for (size_t i = 0; i < np; i++) {
+			struct dpool *p = &srv->pools[i];
+			struct core_stats st;
+
+			if (!pool_selected(p, pool))
+				continue;
+			core_get_stats(p->core, &st);
+			Kvpaged__V1__PoolStats *x = &ps[rep.n_pools];
+			kvpaged__v1__pool_stats__init(x);
+			x->pool = (char *)p->cfg->name;
+			x->lookups = st.lookups;
+			x->query_blocks = st.query_blocks;
+			x->hit_blocks = st.hit_blocks;
+			x->hit_tokens = st.hit_tokens;
+			x->miss_blocks = st.miss_blocks;
+			x->collisions = st.collisions;
+			x->evictions = st.evictions;
+			x->cow_copies = st.cow_copies;
+			x->dedup_blocks = st.dedup_blocks;
+			x->commits = st.commits;
+			x->preemptions = st.preemptions;
+			x->dropped_tokens = st.dropped_tokens;
+			x->swaps = st.swaps;
+			x->pruned_blocks = st.pruned_blocks;
+			x->pruned_tokens = st.pruned_tokens;
+			x->compactions = st.compactions;
+			x->queued_ops = p->queued_ops;
+			x->held_replies = p->held_replies;
+			x->loop_waits = p->cpu_waits;
+			x->namespaces_folded = p->ns_folded;
+			tier_stats_fill(p, x);
+			pp[rep.n_pools++] = x;
+			for (uint32_t j = 0; j <= p->nns; j++) {
+				const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
+				Kvpaged__V1__NamespaceStats *y = &ns[rep.n_namespaces];
+
+				if (j == p->nns && !p->ns_folded)
+					continue; /* nothing was folded: no "(other)" */
+				kvpaged__v1__namespace_stats__init(y);
+				y->pool = (char *)p->cfg->name;
+				y->namespace_ = (char *)e->name;
+				y->lookups = e->lookups;
+				y->query_blocks = e->query_blocks;
+				y->hit_blocks = e->hit_blocks;
+				y->hit_tokens = e->hit_tokens;
+				y->sessions = e->use.sessions;
+				y->sequences = e->use.sequences;
+				y->blocks = e->use.blocks;
+				y->bytes = e->use.bytes;
+				nsp[rep.n_namespaces++] = y;
+			}
+		}
+		rep.pools = pp;
+		rep.namespaces = nsp;
+		REPLY(ADMIN_STATS_REPLY, rep);
+	}
+	for (size_t i = 0; ps && i < rep.n_pools; i++)
+		tier_stats_free(&ps[i]);
+	free(ps);
+	free(pp);
+	free(ns);
+	free(nsp);
+}
+
+static void on_metrics(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__Metrics rep = KVPAGED__V1__METRICS__INIT;
+	char *text;
+	size_t len;
+
+	if (admin_metrics_text(srv, &text, &len) < 0) {
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+	} else {
+		rep.text = text;
+		REPLY(ADMIN_METRICS_REPLY, rep);
+		free(text);
+	}
+}
+
+static void on_verify(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__VerifyReply rep = KVPAGED__V1__VERIFY_REPLY__INIT;
+	char (*why)[400] = calloc(srv->npools + 1, sizeof(*why));
+	char **problems = calloc(srv->npools + 1, sizeof(*problems));
+
+	if (!why || !problems) {
+		free(why);
+		free(problems);
+		session_reply_error(s, h->seq, ENOMEM, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < srv->npools; i++) {
+		char detail[256];
+
+		if (!pool_selected(&srv->pools[i], pool))
+			continue;
+		if (dpool_verify(&srv->pools[i], detail, sizeof(detail)) < 0) {
+			snprintf(why[rep.n_problems], sizeof(why[0]), "pool %s: %s",
+				 srv->pools[i].cfg->name, detail);
+			log_error("verify: %s", why[rep.n_problems]);
+			problems[rep.n_problems] = why[rep.n_problems];
+			rep.n_problems++;
+		}
+	}
+	if (!*pool) {
+		char detail[256];
+
+		if (account_verify(srv, detail, sizeof(detail)) < 0) {
+			snprintf(why[rep.n_problems], sizeof(why[0]), "accounting: %s", detail);
+			log_error("verify: %s", why[rep.n_problems]);
+			problems[rep.n_problems] = why[rep.n_problems];
+			rep.n_problems++;
+		}
+	}
+	rep.problems = problems;
+	REPLY(ADMIN_VERIFY_REPLY, rep);
+	free(why);
+	free(problems);
+}
+
+static void on_drop_cache(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__DropCacheReply rep = KVPAGED__V1__DROP_CACHE_REPLY__INIT;
+
+	for (size_t i = 0; i < srv->npools; i++)
+		if (pool_selected(&srv->pools[i], pool))
+			rep.freed_blocks += core_drop_cache(srv->pools[i].core);
+	log_info("drop-cache: %u cached blocks freed", rep.freed_blocks);
+	REPLY(ADMIN_DROP_CACHE_REPLY, rep);
+}
+
+static void on_reload(struct session *s, const struct kvp_frame_header *h, const char *pool)
+{
+	struct server *srv = s->srv;
+	Kvpaged__V1__ReloadReply rep = KVPAGED__V1__RELOAD_REPLY__INIT;
+	struct server_reload_report r = { .keep = true };
+	int err = server_reload(srv, "kvpagedctl reload", &r);
+
+	if (err < 0) {
+		session_reply_error(s, h->seq, err == -ESHUTDOWN || err == -ENOENT ? -err : EINVAL,
+				    "%s", r.error);
+	} else {
+		rep.applied = r.applied;
+		rep.n_applied = r.napplied;
+		rep.refused = r.refused;
+		rep.n_refused = r.nrefused;
+		REPLY(ADMIN_RELOAD_REPLY, rep);
+	}
+	server_reload_report_free(&r);
+}
+
 void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
 {
 	struct server *srv = s->srv;
@@ -449,354 +815,33 @@ void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const u
 	}
 
 	switch (h->type) {
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATUS: {
-		Kvpaged__V1__Status st = KVPAGED__V1__STATUS__INIT;
-
-		st.version = PACKAGE_VERSION;
-		st.uptime_ms = (server_now_ns() - srv->started_ns) / 1000000;
-		st.sessions = srv->nsessions;
-		st.pools = (uint32_t)srv->npools;
-		st.requests = srv->requests;
-		st.pid = (uint32_t)getpid();
-		st.admin_sessions = srv->nadmin;
-		st.client_bytes = srv->use.bytes;
-		st.log_lines_dropped = log_suppressed_total();
-		st.fd_limit = srv->fd_limit;
-		st.fds = srv->fd_base + srv->session_fds;
-		Kvpaged__V1__Refusal refusals[SERVER_NREFUSALS], *rp[SERVER_NREFUSALS];
-
-		for (int r = 0; r < SERVER_NREFUSALS; r++) {
-			kvpaged__v1__refusal__init(&refusals[r]);
-			refusals[r].reason = (char *)server_refusal_name(r);
-			refusals[r].count = srv->refused[r];
-			rp[r] = &refusals[r];
-		}
-		st.n_refusals = SERVER_NREFUSALS;
-		st.refusals = rp;
-		REPLY(ADMIN_STATUS_REPLY, st);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATUS:
+		on_status(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_POOLS: {
-		Kvpaged__V1__Pools rep = KVPAGED__V1__POOLS__INIT;
-		Kvpaged__V1__PoolUsage *use = calloc(srv->npools, sizeof(*use));
-		Kvpaged__V1__PoolUsage **usep = calloc(srv->npools, sizeof(*usep));
-		Kvpaged__V1__PoolDescription *desc = calloc(srv->npools, sizeof(*desc));
-		Kvpaged__V1__SwapFile *files, **filep;
-		size_t nfiles = 0;
-
-		for (size_t i = 0; i < srv->npools; i++)
-			nfiles += srv->pools[i].file ? srv->pools[i].cfg->n_swap_files : 0;
-		files = calloc(nfiles + 1, sizeof(*files));
-		filep = calloc(nfiles + 1, sizeof(*filep));
-		if (!use || !usep || !desc || !files || !filep) {
-			free(use);
-			free(usep);
-			free(desc);
-			free(files);
-			free(filep);
-			session_reply_error(s, h->seq, ENOMEM, "out of memory");
-			break;
-		}
-		nfiles = 0;
-		for (size_t i = 0; i < srv->npools; i++) {
-			struct core_usage u;
-
-			if (!pool_selected(&srv->pools[i], pool))
-				continue;
-			core_get_usage(srv->pools[i].core, &u);
-			kvpaged__v1__pool_usage__init(&use[rep.n_pools]);
-			kvpaged__v1__pool_description__init(&desc[rep.n_pools]);
-			dpool_describe(&srv->pools[i], &desc[rep.n_pools]);
-			use[rep.n_pools].description = &desc[rep.n_pools];
-			use[rep.n_pools].free = u.free;
-			use[rep.n_pools].cached = u.cached;
-			use[rep.n_pools].in_use = u.in_use;
-			use[rep.n_pools].indexed = u.indexed;
-			use[rep.n_pools].sequences = u.sequences;
-			use[rep.n_pools].sessions = srv->pools[i].sessions;
-			use[rep.n_pools].n_allow_uids = srv->pools[i].cfg->n_allow_uids;
-			use[rep.n_pools].allow_uids = srv->pools[i].cfg->allow_uids;
-			use[rep.n_pools].n_allow_gids = srv->pools[i].cfg->n_allow_gids;
-			use[rep.n_pools].allow_gids = srv->pools[i].cfg->allow_gids;
-			use[rep.n_pools].swap_files = &filep[nfiles];
-			for (uint32_t f = 0; srv->pools[i].file && f < srv->pools[i].cfg->n_swap_files;
-			     f++) {
-				kvpaged__v1__swap_file__init(&files[nfiles]);
-				files[nfiles].path = srv->pools[i].cfg->swap_files[f];
-				files[nfiles].direct = file_tier_direct(srv->pools[i].file, f);
-				filep[nfiles] = &files[nfiles];
-				nfiles++;
-				use[rep.n_pools].n_swap_files++;
-			}
-			usep[rep.n_pools] = &use[rep.n_pools];
-			rep.n_pools++;
-		}
-		rep.pools = usep;
-		REPLY(ADMIN_POOLS_REPLY, rep);
-		free(use);
-		free(usep);
-		free(desc);
-		free(files);
-		free(filep);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_POOLS:
+		on_pools(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SESSIONS: {
-		Kvpaged__V1__Sessions rep = KVPAGED__V1__SESSIONS__INIT;
-		Kvpaged__V1__SessionInfo *infos = calloc(srv->nsessions + 1, sizeof(*infos));
-		Kvpaged__V1__SessionInfo **ptrs = calloc(srv->nsessions + 1, sizeof(*ptrs));
-
-		if (!infos || !ptrs) {
-			free(infos);
-			free(ptrs);
-			session_reply_error(s, h->seq, ENOMEM, "out of memory");
-			break;
-		}
-		for (struct session *o = srv->sessions; o; o = o->next) {
-			Kvpaged__V1__SessionInfo *si = &infos[rep.n_sessions];
-
-			if (o->admin || !o->welcomed || o->closing || !pool_selected(o->pool, pool))
-				continue;
-			kvpaged__v1__session_info__init(si);
-			si->id = o->id;
-			si->client_name = o->name;
-			si->pool = (char *)o->pool->cfg->name;
-			si->namespace_ = o->ns_name;
-			si->pid = (uint32_t)o->cred.pid;
-			si->uid = o->cred.uid;
-			si->gid = o->cred.gid;
-			si->sequences = o->nseqs;
-			si->blocks = (uint32_t)o->blocks;
-			si->requests = o->requests;
-			si->rings = o->ring != NULL;
-			si->bytes = o->bytes;
-			si->idle_ms = (server_now_ns() - o->active_ns) / 1000000u;
-			ptrs[rep.n_sessions++] = si;
-		}
-		rep.sessions = ptrs;
-		REPLY(ADMIN_SESSIONS_REPLY, rep);
-		free(infos);
-		free(ptrs);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SESSIONS:
+		on_sessions(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SEQUENCES: {
-		Kvpaged__V1__Sequences rep = KVPAGED__V1__SEQUENCES__INIT;
-		size_t total = 0, n = 0;
-
-		for (size_t i = 0; i < srv->npools; i++) {
-			struct core_usage u;
-
-			core_get_usage(srv->pools[i].core, &u);
-			total += u.sequences;
-		}
-		Kvpaged__V1__SequenceInfo *infos = calloc(total + 1, sizeof(*infos));
-		Kvpaged__V1__SequenceInfo **ptrs = calloc(total + 1, sizeof(*ptrs));
-		if (!infos || !ptrs) {
-			free(infos);
-			free(ptrs);
-			session_reply_error(s, h->seq, ENOMEM, "out of memory");
-			break;
-		}
-		for (size_t i = 0; i < srv->npools; i++) {
-			struct dpool *p = &srv->pools[i];
-
-			if (!pool_selected(p, pool))
-				continue;
-			for (uint32_t slot = 0; slot < p->cfg->max_sequences && n < total; slot++) {
-				struct seq_owner *ow = &p->owners[slot];
-				struct core_seq_info info;
-				uint64_t id;
-
-				if (!ow->s)
-					continue;
-				id = ow->s->seqs[ow->idx];
-				if (core_seq_info(p->core, id, &info) < 0)
-					continue;
-				kvpaged__v1__sequence_info__init(&infos[n]);
-				infos[n].seq = id;
-				infos[n].session = ow->s->id;
-				infos[n].pool = (char *)p->cfg->name;
-				infos[n].tokens = info.ntokens;
-				infos[n].committed = info.ncommitted;
-				infos[n].blocks = info.nblocks;
-				infos[n].retention = (char *)(info.retention == CORE_RETAIN_FULL ? "full"
-							      : p->cfg->window		     ? "window"
-							      : info.retention == CORE_RETAIN_H2O ? "h2o"
-											     : "sinks");
-				infos[n].held_blocks = info.held_blocks;
-				infos[n].freed_blocks = info.freed_blocks;
-				infos[n].n_sink = info.n_sink;
-				infos[n].recent = info.recent;
-				infos[n].retained_tokens = info.retained_tokens;
-				infos[n].budget = info.budget;
-				infos[n].granularity = info.granularity;
-				ptrs[n] = &infos[n];
-				n++;
-			}
-		}
-		rep.n_sequences = n;
-		rep.sequences = ptrs;
-		REPLY(ADMIN_SEQUENCES_REPLY, rep);
-		free(infos);
-		free(ptrs);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_SEQUENCES:
+		on_sequences(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATS: {
-		Kvpaged__V1__Stats rep = KVPAGED__V1__STATS__INIT;
-		size_t np = srv->npools, nns = 0;
-
-		for (size_t i = 0; i < np; i++)
-			nns += srv->pools[i].nns + 1; /* and "(other)" */
-		Kvpaged__V1__PoolStats *ps = calloc(np + 1, sizeof(*ps)), **pp = calloc(np + 1, sizeof(*pp));
-		Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
-		if (!ps || !pp || !ns || !nsp) {
-			session_reply_error(s, h->seq, ENOMEM, "out of memory");
-		} else {
-			for (size_t i = 0; i < np; i++) {
-				struct dpool *p = &srv->pools[i];
-				struct core_stats st;
-
-				if (!pool_selected(p, pool))
-					continue;
-				core_get_stats(p->core, &st);
-				Kvpaged__V1__PoolStats *x = &ps[rep.n_pools];
-				kvpaged__v1__pool_stats__init(x);
-				x->pool = (char *)p->cfg->name;
-				x->lookups = st.lookups;
-				x->query_blocks = st.query_blocks;
-				x->hit_blocks = st.hit_blocks;
-				x->hit_tokens = st.hit_tokens;
-				x->miss_blocks = st.miss_blocks;
-				x->collisions = st.collisions;
-				x->evictions = st.evictions;
-				x->cow_copies = st.cow_copies;
-				x->dedup_blocks = st.dedup_blocks;
-				x->commits = st.commits;
-				x->preemptions = st.preemptions;
-				x->dropped_tokens = st.dropped_tokens;
-				x->swaps = st.swaps;
-				x->pruned_blocks = st.pruned_blocks;
-				x->pruned_tokens = st.pruned_tokens;
-				x->compactions = st.compactions;
-				x->queued_ops = p->queued_ops;
-				x->held_replies = p->held_replies;
-				x->loop_waits = p->cpu_waits;
-				x->namespaces_folded = p->ns_folded;
-				tier_stats_fill(p, x);
-				pp[rep.n_pools++] = x;
-				for (uint32_t j = 0; j <= p->nns; j++) {
-					const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
-					Kvpaged__V1__NamespaceStats *y = &ns[rep.n_namespaces];
-
-					if (j == p->nns && !p->ns_folded)
-						continue; /* nothing was folded: no "(other)" */
-					kvpaged__v1__namespace_stats__init(y);
-					y->pool = (char *)p->cfg->name;
-					y->namespace_ = (char *)e->name;
-					y->lookups = e->lookups;
-					y->query_blocks = e->query_blocks;
-					y->hit_blocks = e->hit_blocks;
-					y->hit_tokens = e->hit_tokens;
-					y->sessions = e->use.sessions;
-					y->sequences = e->use.sequences;
-					y->blocks = e->use.blocks;
-					y->bytes = e->use.bytes;
-					nsp[rep.n_namespaces++] = y;
-				}
-			}
-			rep.pools = pp;
-			rep.namespaces = nsp;
-			REPLY(ADMIN_STATS_REPLY, rep);
-		}
-		for (size_t i = 0; ps && i < rep.n_pools; i++)
-			tier_stats_free(&ps[i]);
-		free(ps);
-		free(pp);
-		free(ns);
-		free(nsp);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATS:
+		on_stats(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_METRICS: {
-		Kvpaged__V1__Metrics rep = KVPAGED__V1__METRICS__INIT;
-		char *text;
-		size_t len;
-
-		if (admin_metrics_text(srv, &text, &len) < 0) {
-			session_reply_error(s, h->seq, ENOMEM, "out of memory");
-		} else {
-			rep.text = text;
-			REPLY(ADMIN_METRICS_REPLY, rep);
-			free(text);
-		}
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_METRICS:
+		on_metrics(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_VERIFY: {
-		Kvpaged__V1__VerifyReply rep = KVPAGED__V1__VERIFY_REPLY__INIT;
-		char (*why)[400] = calloc(srv->npools + 1, sizeof(*why));
-		char **problems = calloc(srv->npools + 1, sizeof(*problems));
-
-		if (!why || !problems) {
-			free(why);
-			free(problems);
-			session_reply_error(s, h->seq, ENOMEM, "out of memory");
-			break;
-		}
-		for (size_t i = 0; i < srv->npools; i++) {
-			char detail[256];
-
-			if (!pool_selected(&srv->pools[i], pool))
-				continue;
-			if (dpool_verify(&srv->pools[i], detail, sizeof(detail)) < 0) {
-				snprintf(why[rep.n_problems], sizeof(why[0]), "pool %s: %s",
-					 srv->pools[i].cfg->name, detail);
-				log_error("verify: %s", why[rep.n_problems]);
-				problems[rep.n_problems] = why[rep.n_problems];
-				rep.n_problems++;
-			}
-		}
-		if (!*pool) {
-			char detail[256];
-
-			if (account_verify(srv, detail, sizeof(detail)) < 0) {
-				snprintf(why[rep.n_problems], sizeof(why[0]), "accounting: %s", detail);
-				log_error("verify: %s", why[rep.n_problems]);
-				problems[rep.n_problems] = why[rep.n_problems];
-				rep.n_problems++;
-			}
-		}
-		rep.problems = problems;
-		REPLY(ADMIN_VERIFY_REPLY, rep);
-		free(why);
-		free(problems);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_VERIFY:
+		on_verify(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_DROP_CACHE: {
-		Kvpaged__V1__DropCacheReply rep = KVPAGED__V1__DROP_CACHE_REPLY__INIT;
-
-		for (size_t i = 0; i < srv->npools; i++)
-			if (pool_selected(&srv->pools[i], pool))
-				rep.freed_blocks += core_drop_cache(srv->pools[i].core);
-		log_info("drop-cache: %u cached blocks freed", rep.freed_blocks);
-		REPLY(ADMIN_DROP_CACHE_REPLY, rep);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_DROP_CACHE:
+		on_drop_cache(s, h, pool);
 		break;
-	}
-	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_RELOAD: {
-		Kvpaged__V1__ReloadReply rep = KVPAGED__V1__RELOAD_REPLY__INIT;
-		struct server_reload_report r = { .keep = true };
-		int err = server_reload(srv, "kvpagedctl reload", &r);
-
-		if (err < 0) {
-			session_reply_error(s, h->seq, err == -ESHUTDOWN || err == -ENOENT ? -err : EINVAL,
-					    "%s", r.error);
-		} else {
-			rep.applied = r.applied;
-			rep.n_applied = r.napplied;
-			rep.refused = r.refused;
-			rep.n_refused = r.nrefused;
-			REPLY(ADMIN_RELOAD_REPLY, rep);
-		}
-		server_reload_report_free(&r);
+	case KVPAGED__V1__MESSAGE_TYPE__ADMIN_RELOAD:
+		on_reload(s, h, pool);
 		break;
-	}
 	default:
 		session_reply_error(s, h->seq, EPROTO, "unknown admin message type %u", h->type);
 		session_close(s, "unknown admin message type");

@@ -1592,3 +1592,32 @@ void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d)
 	d->file_tier_persist = c->file_tier_persist;
 	d->window = c->window;
 }
+
+void dpool_retry_waiters(struct dpool *p, uint64_t now)
+{
+	struct session *list, *s, *next;
+	bool due = false;
+
+	for (s = p->waiters; s && !due; s = s->wait_next)
+		due = now >= s->wait_deadline_ns;
+	if (!p->waiters || (p->epoch == p->waiters_epoch && !due))
+		return;
+	p->waiters_epoch = p->epoch;
+	/* Take the whole list; those that still cannot go queue up again in the same order. */
+	list = p->waiters;
+	p->waiters = p->waiters_tail = NULL;
+	for (s = list; s; s = next) {
+		char byte;
+
+		next = s->wait_next;
+		s->wait_prev = s->wait_next = NULL;
+		s->waiting = false;
+		s->refs++; /* dispatching may close it */
+		/* Not read while it waited: a peer that hung up must not be given memory. */
+		if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+			session_close(s, "peer closed the connection while waiting");
+		else
+			session_dispatch(s);
+		session_unref(s);
+	}
+}

@@ -1057,6 +1057,32 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 	}
 }
 
+uint64_t server_next_deadline(const struct server *srv)
+{
+	uint64_t first = 0;
+
+	for (size_t i = 0; i < srv->npools; i++) {
+		const struct dpool *p = &srv->pools[i];
+
+		for (const struct session *s = p->waiters; s; s = s->wait_next)
+			if (!first || s->wait_deadline_ns < first)
+				first = s->wait_deadline_ns;
+		/*
+		 * A pool whose eventfd poll failed is looked at after every pass of the loop
+		 * instead; while replies or reads wait on it, a pass comes every millisecond.
+		 */
+		if (((!p->backend_armed && (p->nheld || p->jobs || p->nstores)) ||
+		     (p->file && !p->tier_armed && p->jobs)) &&
+		    (!first || first > server_now_ns() + 1000000u))
+			first = server_now_ns() + 1000000u;
+		/* Outstanding tickets: the backend is asked now and then (a device error). */
+		if (p->issued > p->completed &&
+		    (!first || first > p->backend_checked_ns + BACKEND_CHECK_NS))
+			first = p->backend_checked_ns + BACKEND_CHECK_NS;
+	}
+	return first;
+}
+
 int server_run(struct server *srv)
 {
 	uint64_t start = server_now_ns();

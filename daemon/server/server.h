@@ -408,6 +408,8 @@ void server_reload_report_free(struct server_reload_report *rep);
 void server_schedule_sweep(struct server *srv, uint64_t when);
 struct io_uring_sqe *server_sqe(struct server *srv);
 uint64_t server_now_ns(void);
+/* The earliest deadline of any waiting request, 0 when none waits. */
+uint64_t server_next_deadline(const struct server *srv);
 
 /* pool.c */
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
@@ -457,6 +459,8 @@ void dpool_done(struct dpool *p);
 struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name, uint32_t uid);
 int dpool_verify(struct dpool *p, char *why, size_t why_len);
 void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
+/* Retries a pool's waiting requests when blocks may have become available or time is up. */
+void dpool_retry_waiters(struct dpool *p, uint64_t now);
 
 /* session.c */
 /* Dispatches the whole frames in the receive buffer (after a wait, too). */
@@ -475,10 +479,6 @@ void session_loaded(struct session *s, uint64_t seq);
 void session_hold(struct session *s);
 /* The pool's queue moved on: sends or publishes what of s's no longer waits. */
 void session_release(struct session *s);
-/* Retries a pool's waiting requests when blocks may have become available or time is up. */
-void dpool_retry_waiters(struct dpool *p, uint64_t now);
-/* The earliest deadline of any waiting request, 0 when none waits. */
-uint64_t server_next_deadline(const struct server *srv);
 /* A new session on fd for a peer with credentials cred, holding a reference to acct. */
 struct session *session_new(struct server *srv, int fd, bool admin, const struct ucred *cred,
 			    struct uid_account *acct);

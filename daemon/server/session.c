@@ -438,61 +438,6 @@ void session_loaded(struct session *s, uint64_t seq)
 	session_unref(s);
 }
 
-void dpool_retry_waiters(struct dpool *p, uint64_t now)
-{
-	struct session *list, *s, *next;
-	bool due = false;
-
-	for (s = p->waiters; s && !due; s = s->wait_next)
-		due = now >= s->wait_deadline_ns;
-	if (!p->waiters || (p->epoch == p->waiters_epoch && !due))
-		return;
-	p->waiters_epoch = p->epoch;
-	/* Take the whole list; those that still cannot go queue up again in the same order. */
-	list = p->waiters;
-	p->waiters = p->waiters_tail = NULL;
-	for (s = list; s; s = next) {
-		char byte;
-
-		next = s->wait_next;
-		s->wait_prev = s->wait_next = NULL;
-		s->waiting = false;
-		s->refs++; /* dispatching may close it */
-		/* Not read while it waited: a peer that hung up must not be given memory. */
-		if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
-			session_close(s, "peer closed the connection while waiting");
-		else
-			session_dispatch(s);
-		session_unref(s);
-	}
-}
-
-uint64_t server_next_deadline(const struct server *srv)
-{
-	uint64_t first = 0;
-
-	for (size_t i = 0; i < srv->npools; i++) {
-		const struct dpool *p = &srv->pools[i];
-
-		for (const struct session *s = p->waiters; s; s = s->wait_next)
-			if (!first || s->wait_deadline_ns < first)
-				first = s->wait_deadline_ns;
-		/*
-		 * A pool whose eventfd poll failed is looked at after every pass of the loop
-		 * instead; while replies or reads wait on it, a pass comes every millisecond.
-		 */
-		if (((!p->backend_armed && (p->nheld || p->jobs || p->nstores)) ||
-		     (p->file && !p->tier_armed && p->jobs)) &&
-		    (!first || first > server_now_ns() + 1000000u))
-			first = server_now_ns() + 1000000u;
-		/* Outstanding tickets: the backend is asked now and then (a device error). */
-		if (p->issued > p->completed &&
-		    (!first || first > p->backend_checked_ns + BACKEND_CHECK_NS))
-			first = p->backend_checked_ns + BACKEND_CHECK_NS;
-	}
-	return first;
-}
-
 static void arm_send(struct session *s)
 {
 	struct outbuf *o = s->outq;

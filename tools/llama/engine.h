@@ -200,5 +200,19 @@ int engine_generate(struct engine *e, const struct generate_options *o,
 		    struct generate_result *ret);
 int engine_perplexity(struct engine *e, const struct perplexity_options *o);
 
+/* output.c: what generation and perplexity both print or write. */
 /* Writes s as a JSON string literal. */
 void json_string(FILE *f, const char *s, size_t len);
+/*
+ * Opens --dump-logits' file for run i of n (path itself when n is 1, else path.i) into *ret;
+ * nothing when path is NULL.  Returns 0 or -errno, having said why on stderr.
+ */
+int dump_open(const char *path, uint32_t i, uint32_t n, FILE **ret);
+/* Writes n logits to f (nothing when f is NULL); 0 or -EIO, having said why on stderr. */
+int dump_logits(FILE *f, const float *logits, uint32_t n);
+/* The mask, and what the daemon held, as keys of a JSON summary (each followed by a comma). */
+void print_mask_json(const struct engine *e);
+/* The same, as the end of a line of text. */
+void print_mask_text(const struct engine *e);
+/* n per second over ns nanoseconds (0 when ns is 0). */
+double rate(uint64_t n, uint64_t ns);
