@@ -2,10 +2,12 @@
 /*
  * kvpaged's block manager: paged blocks with prefix caching, refcounts and copy-on-write.
  *
- * Pure logic: no I/O, no syscalls, no locks.  One thread owns a struct core; every call runs
- * to completion.  A call that fails returns a negative errno and changes nothing, with one
- * documented exception: a copy-on-write whose copy callback fails may already have evicted
- * one cached block to make room for the copy.
+ * Pure logic: no I/O, no syscalls, no locks; the core never touches the pool's bytes.  What
+ * moves bytes is the caller's, through the callbacks of struct core_config (the daemon queues
+ * them on the pool's backend queue: daemon/server/, docs/cuda.md).  One thread owns a struct
+ * core; every call runs to completion.  A call that fails returns a negative errno and
+ * changes nothing, with one documented exception: a copy-on-write whose copy callback fails
+ * may already have evicted one cached block to make room for the copy.
  *
  * Errors, one meaning each:
  *   -EINVAL  a bad argument (zero length, token id outside the vocabulary, commit past the end)
@@ -36,7 +38,13 @@ enum core_policy {
 	CORE_POLICY_COST,     /* the fewest tokens to recompute per block freed */
 };
 
-/* Copies the whole content of block src into block dst (copy-on-write).  0 or -errno. */
+/*
+ * Has the whole content of block src copied into block dst (copy-on-write).  The core reads
+ * neither block's bytes, so the copy need not be done on return: only ordered before anything
+ * that later reads or writes dst or src.  The daemon queues it on the pool's backend queue and
+ * holds a reply that hands dst out until it is done (its ticket, dpool_fence).  0 (copied or
+ * queued), or -errno: nothing was copied, and the core's call fails.
+ */
 typedef int (*core_copy_block_fn)(void *ctx, uint32_t dst, uint32_t src);
 
 /* One token slot (every layer's K and V) to copy from (src, src_slot) to (dst, dst_slot). */
@@ -45,10 +53,14 @@ struct core_slot_copy {
 };
 
 /*
- * Copies n token slots, complete on return: the backend's gather, for H2O at token
- * granularity.  A call never writes a slot twice, nor reads a slot it writes, so the copies
- * may run in any order (one kernel launch on a GPU).  The core hands over a whole block's
- * survivors at once.
+ * Has n token slots copied: the backend's gather, for H2O at token granularity.  As for
+ * core_copy_block_fn, the copies need not be done on return, only ordered before any later
+ * access to those slots: the daemon queues them on the pool's backend queue (in pieces when the
+ * backend has no room for the whole list), and a reply that hands the packed blocks out waits
+ * for them.  A call never writes a slot twice, nor reads a slot it writes, so the copies may
+ * run in any order (one kernel launch on a GPU).  The core hands over a whole block's
+ * survivors at once.  It cannot be told of a failure (the daemon logs one; only a device error,
+ * which stops the daemon, or a bug causes it).
  */
 typedef void (*core_copy_slots_fn)(void *ctx, const struct core_slot_copy *c, uint32_t n);
 
@@ -92,7 +104,9 @@ struct core_tier_ops {
 	/*
 	 * Copies a block from (from_tier, from) into slot to of tier to_tier; from is a pool block
 	 * for CORE_TIER_POOL.  Synchronous as far as the core is concerned: a later load of the
-	 * slot must see the bytes.  0, or -errno and the block is not kept there.
+	 * slot must see the bytes (the daemon queues the move, and gathers demotions into one, in
+	 * the order of the calls).  0, or -errno and the block is not kept there; a queued move
+	 * that fails later leaves its slot matching nothing, so a lookup finds a miss there.
 	 */
 	int (*store)(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		     const struct core_key *key);

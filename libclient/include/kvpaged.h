@@ -9,7 +9,13 @@
  * Conventions: functions that can fail return a negative errno (and 0 or a count on success);
  * results go out through ret_ parameters, untouched on failure, and so are the caller's
  * struct kvp_table arguments (a table may have grown room it does not use).  After a failure
- * kvp_last_error() says why, in the daemon's words when the daemon refused.
+ * kvp_last_error() says why, in the daemon's words when the daemon refused.  Untouched on
+ * failure is a promise about this process's outputs only: a call that fails once the daemon
+ * has replied (no memory for the reply's table, -ENOMEM, or a reply the caller's table cannot
+ * take, -EPROTO) leaves them as they were, yet the daemon carried the request out.  After
+ * kvp_open() or kvp_fork() the new sequence then stays the session's until kvp_disconnect();
+ * after kvp_append(), kvp_commit() or kvp_resume() the caller's table is stale: kvp_seq_info()
+ * gives it again.
  *
  * Arguments are checked first: a NULL client, a NULL pointer where a call needs one (tokens
  * or weights with a nonzero count, ret_seq, ret_child, ret_cached, ops or out with a nonzero
@@ -133,8 +139,8 @@ struct kvp_table {
  * defaults); ret may not (-EINVAL).  Returns 0, or -errno:
  * -ENOENT no such socket or pool, -EACCES refused by the pool's ACL, -EUSERS too many sessions,
  * -EPROTO the daemon spoke something else; the reason goes to opts->error_buf if given (there
- * is no client to ask kvp_last_error()).  The client owns its fds and mappings until
- * kvp_disconnect().
+ * is no client to ask kvp_last_error()).  *ret is set only on success; a failure writes
+ * nothing but error_buf.  The client owns its fds and mappings until kvp_disconnect().
  */
 KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_client **ret);
 
@@ -178,13 +184,14 @@ KVP_EXPORT void kvp_table_free(struct kvp_table *t);
 
 /*
  * Opens a sequence for a prompt.  *ret_cached gets how many leading tokens already have their
- * K/V in the pool (skip their prefill); table gets the whole block table.
+ * K/V in the pool (skip their prefill); table gets the whole block table.  On failure
+ * *ret_seq, *ret_cached and table are untouched.
  */
 KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
 			uint64_t extra_key, uint32_t flags, uint64_t *ret_seq, uint32_t *ret_cached,
 			struct kvp_table *table);
 
-/* kvp_open() with a retention policy (NULL: full). */
+/* kvp_open() with a retention policy (NULL: full); outputs as kvp_open()'s. */
 KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
 				 uint64_t extra_key, uint32_t flags,
 				 const struct kvp_retention *retention, uint64_t *ret_seq,
@@ -203,12 +210,16 @@ KVP_EXPORT int kvp_report_scores(struct kvp_client *c, uint64_t seq, uint32_t fi
 /*
  * h2o at token granularity: the packed blocks (blocks) and the original position each packed
  * slot holds (positions, one entry per slot; slot k is slot k % block_tokens of block
- * blocks[k / block_tokens]).  Both tables are replaced.
+ * blocks[k / block_tokens]).  Both tables are replaced, or neither: on failure both keep their
+ * entries and length (one may have grown room it does not use).
  */
 KVP_EXPORT int kvp_seq_packed(struct kvp_client *c, uint64_t seq, struct kvp_table *blocks,
 			      struct kvp_table *positions);
 
-/* Gives n more tokens slots; table (the sequence's, as last returned) is updated in place. */
+/*
+ * Gives n more tokens slots; table (the sequence's, as last returned) is updated in place,
+ * from the first entry that changed.  On failure table is untouched.
+ */
 KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *tokens,
 			  uint32_t n, struct kvp_table *table);
 
@@ -218,21 +229,31 @@ KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *to
  * table, if given, is updated; the K/V there is the same).  Under a retention policy the
  * commit may release entries: the table is updated then too (KVP_TABLE_HOLE there), and the
  * client must stop using those blocks.  Over the rings: the completion's value counts them
- * and the table is written.
+ * and the table is written.  On failure table is untouched.
  */
 KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
 			  struct kvp_table *table);
 
-/* A new sequence sharing every block of seq; writes into a shared block copy it first. */
+/*
+ * A new sequence sharing every block of seq; writes into a shared block copy it first.
+ * *ret_child gets its id and child_table its table; on failure both are untouched.
+ */
 KVP_EXPORT int kvp_fork(struct kvp_client *c, uint64_t seq, uint64_t *ret_child,
 			struct kvp_table *child_table);
 
 KVP_EXPORT int kvp_close(struct kvp_client *c, uint64_t seq);
 
-/* How many leading tokens of a prompt are cached, without opening anything. */
+/*
+ * How many leading tokens of a prompt are cached, without opening anything (*ret_cached;
+ * untouched on failure).
+ */
 KVP_EXPORT int kvp_lookup(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
 			  uint64_t extra_key, uint32_t flags, uint32_t *ret_cached);
 
+/*
+ * A sequence's tokens with a slot (*ret_tokens), leading tokens committed (*ret_committed) and
+ * whole block table; each may be NULL.  On failure all three are untouched.
+ */
 KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_tokens,
 			    uint32_t *ret_committed, struct kvp_table *table);
 
@@ -256,7 +277,8 @@ KVP_EXPORT int kvp_park(struct kvp_client *c, uint64_t seq);
 /*
  * Makes a parked sequence active again.  *ret_recompute gets how many trailing tokens' K/V
  * must be computed again (0 if it kept its blocks; after a drop, what is no longer cached,
- * at least the last token); table gets the whole new block table.
+ * at least the last token); table gets the whole new block table.  On failure both are
+ * untouched.
  */
 KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_recompute,
 			  struct kvp_table *table);
@@ -291,7 +313,8 @@ struct kvp_probe_info {
  * feature bits and ring opcodes, so a client learns what it may use instead of assuming.
  * Asks the daemon nothing (the Welcome is kept).  Fills at most ret->size bytes and sets
  * ret->size to how many it filled (the struct may grow).  Returns 0, or -EINVAL when
- * ret->size is smaller than the 0.2.0 struct.  Thread-safe (it only reads).  Since 0.2.0.
+ * ret->size is smaller than the 0.2.0 struct (*ret untouched).  Thread-safe (it only reads).
+ * Since 0.2.0.
  */
 KVP_EXPORT int kvp_probe(const struct kvp_client *c, struct kvp_probe_info *ret);
 
@@ -346,7 +369,12 @@ struct kvp_completion {
 /*
  * Queues up to n operations on the submission ring and rings the doorbell only if the daemon
  * sleeps.  Returns how many were queued (fewer when the ring or its data area is full: reap
- * completions first), -ENOTSUP without rings, or -errno.
+ * completions first), -ENOTSUP without rings, or -errno.  An op the library refuses
+ * (-EINVAL, -E2BIG) is refused before anything is queued, or ends the batch there when ops
+ * before it were queued: their count is returned, but today they are published to the daemon
+ * only by the next kvp_submit() that queues something.  One exception: -errno from the doorbell's
+ * write(2) comes after the batch was published; its ops stay queued and run once the daemon
+ * is woken (by a later kvp_submit()).
  */
 KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsigned n);
 
@@ -354,7 +382,8 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
  * Reaps up to max completions, waiting until at least min are there: it spins for spin_us,
  * then sleeps on the completion eventfd.  timeout_ms < 0 waits forever.  Returns the number
  * reaped (>= 0), -ETIMEDOUT, -ECONNRESET if the daemon went away, or -errno; completions
- * already reaped into out are never lost to an error: the call returns their count.
+ * already reaped into out are never lost to an error: the call returns their count.  Only the
+ * returned count of out is written (and the table_out of those ops); on failure nothing is.
  */
 KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, unsigned max,
 			    unsigned min, int timeout_ms);
