@@ -25,7 +25,7 @@ struct core_seq {
 	uint8_t retention;      /* enum core_retention */
 	bool pruned;            /* released a block, outside a window pool: commits stay private */
 	uint32_t n_sink, recent;
-	uint32_t prune_from;    /* table entries below this were looked at by prune() */
+	uint32_t prune_from;    /* table entries below this were looked at by retain_prune() */
 	uint32_t freed;         /* table entries released (CORE_NONE) */
 	uint32_t budget;        /* H2O */
 	float decay;            /* H2O: 1 for none */

@@ -639,7 +639,7 @@ static void prune_h2o(struct core *c, struct core_seq *s)
  * [n_sink, ncommitted - recent): they were committed (or will never be), so the next token's
  * attention needs none of them.  H2O evicts by score (above).
  */
-static void prune(struct core *c, struct core_seq *s)
+static void retain_prune(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
 	uint32_t first, end;
@@ -785,7 +785,8 @@ static int policy_cmp(const void *a, const void *b, void *ctx)
  * never overshoots, and it drops nothing unless the estimate covers the need: a failed call
  * changes nothing.  Returns 0 or -ENOSPC.
  */
-static int make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t priority)
+static int preempt_make_room(struct core *c, uint32_t need, uint32_t reserved,
+			     uint32_t priority)
 {
 	uint64_t avail = pool_available(&c->pool) - reserved, gain = 0;
 	uint32_t n = 0, k = 0;
@@ -867,8 +868,8 @@ static bool same_block(const struct core *c, uint32_t a, uint32_t b)
  * leave their tier.  The first bad one is discarded and counted; the ones after it stay where
  * they are.
  */
-static uint32_t promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
-			       const struct core_load *loads, uint32_t ntier)
+static uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
+				      const struct core_load *loads, uint32_t ntier)
 {
 	const uint32_t B = c->cfg.block_tokens;
 	bool findable = nhit == 0 || (c->pool.blocks[table[nhit - 1]].flags & CORE_BLOCK_INDEXED);
@@ -938,7 +939,7 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
 {
 	loads_fill(c, o, table, nhit, ntier, c->loads);
 	c->cfg.tier_ops->load(c->cfg.tier_ctx, c->loads, ntier);
-	return promote_finish(c, table, nhit, c->loads, ntier);
+	return lookup_promote_finish(c, table, nhit, c->loads, ntier);
 }
 
 /*
@@ -951,10 +952,10 @@ static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *tab
  * loads (malloc'ed; NULL when there are none), their blocks hold their tokens, and *ret_ready
  * counts the pool hits only.
  */
-static int attach(struct core *c, const struct core_open *o, uint32_t priority,
-		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
-		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes,
-		  struct core_load **ret_loads, uint32_t *ret_nloads)
+static int lookup_attach(struct core *c, const struct core_open *o, uint32_t priority,
+			 uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
+			 uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes,
+			 struct core_load **ret_loads, uint32_t *ret_nloads)
 {
 	struct core_load *loads = NULL;
 	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier = 0, skipped = 0, collisions;
@@ -973,7 +974,10 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 	} else {
 		nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
 	}
-	/* The deferred loads' array first: a failed call changes nothing, make_room included. */
+	/*
+	 * The deferred loads' array first: a failed call changes nothing, preempt_make_room
+	 * included.
+	 */
 	if (ntier && ret_loads) {
 		loads = malloc((size_t)ntier * sizeof(*loads));
 		if (!loads) {
@@ -985,7 +989,7 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		cached_hits += c->pool.blocks[table[i]].refcount == 0;
 		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
 	}
-	r = make_room(c, nblocks - nhit, cached_hits, priority);
+	r = preempt_make_room(c, nblocks - nhit, cached_hits, priority);
 	for (uint32_t i = first; i < nhit; i++)
 		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
 	if (r < 0) {
@@ -994,8 +998,8 @@ static int attach(struct core *c, const struct core_open *o, uint32_t priority,
 		return r;
 	}
 	/*
-	 * Held, so the demotions that allocating causes cannot push them out.  (make_room only
-	 * releases blocks; nothing moves down before the allocations below.)
+	 * Held, so the demotions that allocating causes cannot push them out.  (preempt_make_room
+	 * only releases blocks; nothing moves down before the allocations below.)
 	 */
 	for (uint32_t k = 0; k < ntier; k++)
 		tier_hold(c, c->hit_tier[k], c->hit_slot[k]);
@@ -1118,8 +1122,8 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		for (uint32_t i = 0; i < blocks_for(c, o->ntokens); i++)
 			hl[i] = i;
 	}
-	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes,
-		   o->flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
+	r = lookup_attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes,
+			  o->flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0) {
 		free(score);
 		free(hl);
@@ -1178,7 +1182,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 			*ret_cached = s->ncommitted;
 		return 0;
 	}
-	prune(c, s);
+	retain_prune(c, s);
 	open_counted(c, s, nhit);
 	if (ret_cached)
 		*ret_cached = s->ncommitted;
@@ -1228,7 +1232,7 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 	r = table_reserve(s, nblocks, c->cfg.block_tokens);
 	if (r < 0)
 		return r;
-	r = make_room(c, need, 0, s->priority);
+	r = preempt_make_room(c, need, 0, s->priority);
 	if (r < 0) {
 		table_trim(s, cap, B);
 		return r;
@@ -1340,7 +1344,7 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	return 1;
 }
 
-static void decay_scores(struct core *c, struct core_seq *s);
+static void retain_decay_scores(struct core *c, struct core_seq *s);
 
 int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 {
@@ -1356,12 +1360,12 @@ int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 	if (ntokens <= s->ncommitted)
 		return 0;
 	if (s->retention == CORE_RETAIN_H2O)
-		decay_scores(c, s);
+		retain_decay_scores(c, s);
 	for (uint32_t i = s->ncommitted / B; i < ntokens / B; i++)
 		replaced += commit_block(c, s, i);
 	s->ncommitted = ntokens;
 	s->last_use = ++c->tick;
-	prune(c, s);
+	retain_prune(c, s);
 	return replaced;
 }
 
@@ -1497,8 +1501,8 @@ int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t 
 	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
 				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
-	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL,
-		   flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
+	r = lookup_attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL,
+			  flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0)
 		return r;
 	s->table = table;
@@ -1523,7 +1527,7 @@ int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t 
  * before evicting: O(1), as scores are kept divided by scale.  When scale gets small the held
  * scores are multiplied out and scale starts again.
  */
-static void decay_scores(struct core *c, struct core_seq *s)
+static void retain_decay_scores(struct core *c, struct core_seq *s)
 {
 	const uint32_t B = c->cfg.block_tokens;
 
@@ -1614,7 +1618,7 @@ int core_seq_loaded(struct core *c, uint64_t id)
 		return -ENOENT;
 	if (s->state != CORE_SEQ_LOADING)
 		return -EINVAL;
-	good = promote_finish(c, s->table, s->load_nhit, s->loads, s->nloads);
+	good = lookup_promote_finish(c, s->table, s->load_nhit, s->loads, s->nloads);
 	ready = s->load_nhit + good;
 	s->ncommitted = ready * c->cfg.block_tokens;
 	s->chain = ready ? c->pool.blocks[s->table[ready - 1]].hash : (struct core_hash){ 0, 0 };
@@ -1624,7 +1628,7 @@ int core_seq_loaded(struct core *c, uint64_t id)
 	s->state = CORE_SEQ_ACTIVE;
 	s->last_use = ++c->tick;
 	if (!s->load_resume) {
-		prune(c, s);
+		retain_prune(c, s);
 		open_counted(c, s, s->load_nhit);
 	}
 	return 0;
