@@ -2,6 +2,8 @@
 /* The core's private state, shared by core.c and verify.c only. */
 #pragma once
 
+#include <errno.h>
+
 #include "daemon/core/core.h"
 #include "daemon/core/index.h"
 #include "daemon/core/pool.h"
@@ -119,6 +121,72 @@ static inline uint64_t retention_tag(uint32_t retention, uint32_t n_sink, uint32
 static inline bool tier_exists(const struct core *c, uint32_t t)
 {
 	return t > 0 && t < CORE_NTIERS && c->cfg.tier_slots[t] > 0;
+}
+
+/* Sequence ids carry the slot's generation so a closed id is never mistaken for a new one. */
+static inline uint64_t seq_id(const struct core *c, uint32_t slot)
+{
+	return ((uint64_t)c->seqs[slot].gen << 32) | slot;
+}
+
+static inline struct core_seq *seq_get(const struct core *c, uint64_t id)
+{
+	uint32_t slot = (uint32_t)id;
+	struct core_seq *s;
+
+	if (slot >= c->cfg.max_sequences)
+		return NULL;
+	s = &c->seqs[slot];
+	if (!s->state || s->gen != (uint32_t)(id >> 32))
+		return NULL;
+	return s;
+}
+
+/* An open sequence that may be written: -ENOENT if unknown, -EBUSY if parked or dropped. */
+static inline int seq_get_active(const struct core *c, uint64_t id, struct core_seq **ret)
+{
+	struct core_seq *s = seq_get(c, id);
+
+	if (!s)
+		return -ENOENT;
+	if (s->state != CORE_SEQ_ACTIVE)
+		return -EBUSY;
+	*ret = s;
+	return 0;
+}
+
+static inline int tokens_check(const struct core *c, const uint32_t *tokens, uint32_t n)
+{
+	if (n == 0 || !tokens)
+		return -EINVAL;
+	if (c->cfg.vocab_size)
+		for (uint32_t i = 0; i < n; i++)
+			if (tokens[i] >= c->cfg.vocab_size)
+				return -EINVAL;
+	return 0;
+}
+
+static inline uint32_t blocks_for(const struct core *c, uint32_t ntokens)
+{
+	return (uint32_t)(((uint64_t)ntokens + c->cfg.block_tokens - 1) / c->cfg.block_tokens);
+}
+
+/* The extra key block n is hashed and verified with (see retention_tag). */
+static inline uint64_t block_extra(const struct core *c, uint64_t extra, uint64_t tag,
+				   uint64_t full, uint32_t n)
+{
+	return tag && (uint64_t)(n + 1) * c->cfg.block_tokens > full ? extra ^ tag : extra;
+}
+
+/*
+ * Releases every block a table holds, back to front: a child becomes cached before its parent,
+ * which keeps the LRU list leaf-first (see pool_alloc).
+ */
+static inline void release_table(struct core *c, struct core_seq *s)
+{
+	for (uint32_t i = s->nblocks; i-- > 0;)
+		if (s->table[i] != CORE_NONE)
+			pool_unref(&c->pool, s->table[i]);
 }
 
 /* tier.c */
