@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-/* The core's private state, shared by core.c and verify.c only. */
+/* The core's private state, shared by core.c, retain.c and verify.c only. */
 #pragma once
 
 #include <errno.h>
@@ -209,3 +209,9 @@ int tiers_verify(const struct core *c, char *why, size_t why_len);
 /* The chain hash a block with this parent, salt, extra key and tokens has. */
 struct core_hash core_chain_hash(const struct core *c, struct core_hash parent, uint64_t salt,
 				 uint64_t extra, const uint32_t *tokens);
+
+/* retain.c */
+/* The retention policy, at an open or a commit: releases what later tokens no longer need. */
+void retain_prune(struct core *c, struct core_seq *s);
+/* H2O: one step's decay of a sequence's scores (a commit that moves on), before it prunes. */
+void retain_decay_scores(struct core *c, struct core_seq *s);
