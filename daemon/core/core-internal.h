@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* The core's private state, shared by core.c, retain.c and verify.c only. */
+/*
+ * The core's private state, shared by core.c, retain.c, preempt.c and verify.c only.
+ */
 #pragma once
 
 #include <errno.h>
@@ -215,3 +217,10 @@ struct core_hash core_chain_hash(const struct core *c, struct core_hash parent, 
 void retain_prune(struct core *c, struct core_seq *s);
 /* H2O: one step's decay of a sequence's scores (a commit that moves on), before it prunes. */
 void retain_decay_scores(struct core *c, struct core_seq *s);
+
+/* preempt.c */
+/*
+ * Drops parked sequences, in the pool's policy order, until need more blocks fit (reserved:
+ * cached hits the caller is about to take); nothing when they cannot.  0 or -ENOSPC.
+ */
+int preempt_make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t priority);
