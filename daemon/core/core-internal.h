@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The core's private state, shared by core.c, retain.c, preempt.c and verify.c only.
+ * The core's private state, shared by core.c, lookup.c, retain.c, preempt.c and verify.c
+ * only.
  */
 #pragma once
 
@@ -224,3 +225,17 @@ void retain_decay_scores(struct core *c, struct core_seq *s);
  * cached hits the caller is about to take); nothing when they cannot.  0 or -ENOSPC.
  */
 int preempt_make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t priority);
+
+/* lookup.c */
+/*
+ * Builds the block table of a prompt (cached prefix, promoted tier hits, fresh blocks); with
+ * ret_loads the tier hits' loads are left to the caller.  0, -ENOMEM or -ENOSPC; nothing
+ * changes on failure.
+ */
+int lookup_attach(struct core *c, const struct core_open *o, uint32_t priority,
+		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
+		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes,
+		  struct core_load **ret_loads, uint32_t *ret_nloads);
+/* Takes the results of loads into table[nhit, nhit + ntier): how many leading ones are good. */
+uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
+			       const struct core_load *loads, uint32_t ntier);
