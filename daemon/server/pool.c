@@ -42,7 +42,7 @@ static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
  * that touched it, so that:
  *  - a reply that hands blocks to a client is held until their tickets are done (dpool_fence);
  *  - the daemon's own CPU reads and writes of such memory (the file tier's I/O, host-tier
- *    bytes going to the files) first wait for them (pool_wait: the loop blocks, counted);
+ *    bytes going to the files) first wait for them (dpool_wait: the loop blocks, counted);
  *  - queued operations need no ordering among themselves: the queue keeps it.
  * For backend_host everything completes inside the call and nothing is ever held.
  */
@@ -127,7 +127,7 @@ void dpool_flush(struct dpool *p)
  * memory.  A pointer, read only after the gathered demotions are queued: the memory the
  * caller is about to touch may be in that batch, which sets its ticket.
  */
-static void pool_wait(struct dpool *p, const uint64_t *ticket)
+static void dpool_wait(struct dpool *p, const uint64_t *ticket)
 {
 	uint64_t t;
 	int r;
@@ -200,8 +200,8 @@ static int q_copy_slots(struct dpool *p, const struct backend_slot_copy *c, uint
 }
 
 /* A move; *ret_ticket (may be NULL) gets its ticket for the caller's host side. */
-static int q_move(struct dpool *p, enum backend_dir dir, const struct backend_move *m, uint32_t n,
-		  uint64_t *ret_ticket)
+static int dpool_move(struct dpool *p, enum backend_dir dir, const struct backend_move *m,
+		      uint32_t n, uint64_t *ret_ticket)
 {
 	uint64_t t;
 	int r;
@@ -226,7 +226,7 @@ static int q_move(struct dpool *p, enum backend_dir dir, const struct backend_mo
 }
 
 /* core_config.copy_block: copy-on-write, queued. */
-static int pool_copy_block(void *ctx, uint32_t dst, uint32_t src)
+static int dpool_copy_block(void *ctx, uint32_t dst, uint32_t src)
 {
 	const struct backend_block_copy c = { dst, src };
 
@@ -253,7 +253,7 @@ _Static_assert(sizeof(struct core_slot_copy) == sizeof(struct backend_slot_copy)
 
 #define SLOT_COPY_PIECE 64u
 
-static void pool_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n)
+static void dpool_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n)
 {
 	struct dpool *p = ctx;
 	const struct backend_slot_copy *bc = (const struct backend_slot_copy *)c;
@@ -307,15 +307,15 @@ static void *stage_at(const struct dpool *p, void *stage, uint32_t k)
 static int move_to_stage(struct dpool *p, uint32_t block)
 {
 	struct backend_move m = { .block = block, .host = p->stage };
-	int r = q_move(p, BACKEND_TO_HOST, &m, 1, &p->stage_ticket);
+	int r = dpool_move(p, BACKEND_TO_HOST, &m, 1, &p->stage_ticket);
 
 	if (r == 0)
-		pool_wait(p, &p->stage_ticket);
+		dpool_wait(p, &p->stage_ticket);
 	return r < 0 ? r : p->failed;
 }
 
 /* A queued write failed: remember the slot; dpool_tier_poll tells the core between calls. */
-static void on_file_lost(void *ctx, uint32_t slot, int err)
+static void dpool_on_file_lost(void *ctx, uint32_t slot, int err)
 {
 	struct dpool *p = ctx;
 
@@ -345,7 +345,7 @@ static void on_file_lost(void *ctx, uint32_t slot, int err)
 /* The file tier never got the block: the core forgets the slot at the next tier poll. */
 static void store_lost(struct dpool *p, uint32_t file_slot, int err)
 {
-	on_file_lost(p, file_slot, err);
+	dpool_on_file_lost(p, file_slot, err);
 	(void)eventfd_write(file_tier_event_fd(p->file), 1);
 }
 
@@ -353,7 +353,7 @@ static void store_lost(struct dpool *p, uint32_t file_slot, int err)
  * Hands the pending stores whose moves are done to the file tier, oldest first; the first
  * `wait` of them are waited for if need be (the loop blocks, counted).
  */
-static void stores_settle(struct dpool *p, uint32_t wait)
+static void dpool_stores_settle(struct dpool *p, uint32_t wait)
 {
 	while (p->nstores) {
 		struct pending_store *e = &p->stores[p->store_head];
@@ -361,7 +361,7 @@ static void stores_settle(struct dpool *p, uint32_t wait)
 		if (p->failed) {
 			/* Their moves will never be known done: none goes to the files. */
 		} else if (wait) {
-			pool_wait(p, &e->ticket);
+			dpool_wait(p, &e->ticket);
 			wait--;
 		} else if (!dpool_passed(p, e->ticket)) {
 			break;
@@ -398,7 +398,7 @@ static void stores_settle_slots(struct dpool *p, const uint32_t *slots, uint32_t
 	uint32_t upto = stores_reaching(p, slots, n);
 
 	if (upto)
-		stores_settle(p, upto);
+		dpool_stores_settle(p, upto);
 }
 
 /* Queues a device pool's block for file slot `to` through the store staging. */
@@ -411,12 +411,12 @@ static int store_queued(struct dpool *p, uint32_t from, uint32_t to, const struc
 	uint32_t k;
 	int r;
 
-	stores_settle(p, 0); /* those done free their slots */
+	dpool_stores_settle(p, 0); /* those done free their slots */
 	if (p->nstores == p->stage_blocks)
-		stores_settle(p, 1); /* full: the oldest is waited for */
+		dpool_stores_settle(p, 1); /* full: the oldest is waited for */
 	k = (p->store_head + p->nstores) % p->stage_blocks;
 	m = (struct backend_move){ .block = from, .host = stage_at(p, p->store_stage, k) };
-	r = q_move(p, BACKEND_TO_HOST, &m, 1, &ticket);
+	r = dpool_move(p, BACKEND_TO_HOST, &m, 1, &ticket);
 	if (r < 0)
 		return r;
 	e = &p->stores[k];
@@ -444,7 +444,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		 */
 		for (uint32_t i = 0; i < p->nout; i++)
 			if (p->out[i].block == from || p->out_slots[i] == to) {
-				flush_demotions(p);
+				dpool_flush(p);
 				break;
 			}
 		p->out[p->nout] = (struct backend_move){
@@ -452,7 +452,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		p->out_slots[p->nout++] = to;
 		host_tier_commit(p->host, to, &key);
 		if (p->nout == OUT_MAX_BLOCKS)
-			flush_demotions(p);
+			dpool_flush(p);
 		return 0;
 	}
 	if (from_tier == CORE_TIER_POOL && to_tier == CORE_TIER_FILE && p->store_stage)
@@ -464,7 +464,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 			return r;
 		data = p->stage;
 	} else if (from_tier == CORE_TIER_POOL) {
-		pool_wait(p, &p->block_ticket[from]); /* a promotion into it may be queued */
+		dpool_wait(p, &p->block_ticket[from]); /* a promotion into it may be queued */
 		if (p->failed)
 			return p->failed;
 		data = block_at(p, from);
@@ -475,7 +475,7 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		host_tier_key(p->host, from, &stored);
 		key.tokens = stored.tokens;
 		if (p->host_direct)
-			pool_wait(p, &p->slot_ticket[from]);
+			dpool_wait(p, &p->slot_ticket[from]);
 		if (p->failed)
 			return p->failed; /* the slot's bytes may never have arrived */
 		/* A slot whose move failed matches nothing: its stale bytes must not go down. */
@@ -520,7 +520,7 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 	uint32_t ndirect = 0, nmoves = 0;
 	int r;
 
-	flush_demotions(p); /* a slot looked up below may be in the batch, its move to fail */
+	dpool_flush(p); /* a slot looked up below may be in the batch, its move to fail */
 	for (uint32_t i = 0; i < n; i++)
 		ndirect += load_is_direct(p, &loads[i]);
 	if (!ndirect)
@@ -549,7 +549,7 @@ static void load_host_direct(struct dpool *p, struct core_load *loads, uint32_t 
 		moves[nmoves] = (struct backend_move){ .block = loads[i].block, .host = (void *)data };
 		which[nmoves++] = i;
 	}
-	r = nmoves ? q_move(p, BACKEND_FROM_HOST, moves, nmoves, NULL) : 0;
+	r = nmoves ? dpool_move(p, BACKEND_FROM_HOST, moves, nmoves, NULL) : 0;
 	for (uint32_t k = 0; k < nmoves; k++)
 		loads[which[k]].result = r;
 }
@@ -581,7 +581,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 		if (!count)
 			break;
 		/* The staging is the CPU's again once the last move reading it is done. */
-		pool_wait(p, &p->stage_ticket);
+		dpool_wait(p, &p->stage_ticket);
 		for (k = 0; k < count; k++) {
 			struct tier_key key = tier_key_of(&chunk[k]->key);
 
@@ -608,7 +608,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 			if (results[k] == 0)
 				moves[nmoves++] = (struct backend_move){ .block = chunk[k]->block,
 									 .host = stage_at(p, p->stage, k) };
-		r = nmoves ? q_move(p, BACKEND_FROM_HOST, moves, nmoves, &p->stage_ticket) : 0;
+		r = nmoves ? dpool_move(p, BACKEND_FROM_HOST, moves, nmoves, &p->stage_ticket) : 0;
 		for (k = 0; k < count; k++)
 			chunk[k]->result = results[k] == 0 ? r : results[k];
 	}
@@ -626,7 +626,7 @@ static uint64_t file_loads_fence(struct dpool *p, const struct core_load *loads,
 {
 	uint64_t fence = 0;
 
-	flush_demotions(p);
+	dpool_flush(p);
 	for (uint32_t i = 0; i < n; i++)
 		if (loads[i].tier == CORE_TIER_FILE && p->block_ticket[loads[i].block] > fence)
 			fence = p->block_ticket[loads[i].block];
@@ -677,7 +677,7 @@ static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
 			which[nfile++] = i;
 		}
 	fence = file_loads_fence(p, loads, n);
-	pool_wait(p, &fence);
+	dpool_wait(p, &fence);
 	if (p->failed) {
 		for (uint32_t k = 0; k < nfile; k++)
 			loads[which[k]].result = p->failed;
@@ -793,7 +793,7 @@ static bool job_chunk_done(struct dpool *p, struct load_job *job)
 							  .host = job->dsts[k] };
 			idx[m++] = k;
 		}
-	r = m ? q_move(p, BACKEND_FROM_HOST, moves, m, &p->load_stage_ticket) : 0;
+	r = m ? dpool_move(p, BACKEND_FROM_HOST, moves, m, &p->load_stage_ticket) : 0;
 	for (uint32_t i = 0; i < m; i++)
 		job->results[idx[i]] = r;
 	job->first += job->count;
@@ -950,7 +950,7 @@ void dpool_backend_poll(struct dpool *p)
 		if (s->pool == p && s->held)
 			session_release(s);
 	}
-	stores_settle(p, 0);
+	dpool_stores_settle(p, 0);
 	if (p->jobs && !p->jobs->started)
 		job_start(p, p->jobs); /* after the stores: its slots may have been among them */
 }
@@ -1001,8 +1001,8 @@ static double measure_move_bandwidth(struct dpool *p)
 
 		uint64_t ticket;
 
-		if (q_move(p, k % 2 ? BACKEND_FROM_HOST : BACKEND_TO_HOST, m, (uint32_t)n,
-			   &ticket) < 0 || (pool_wait(p, &ticket), p->failed)) {
+		if (dpool_move(p, k % 2 ? BACKEND_FROM_HOST : BACKEND_TO_HOST, m, (uint32_t)n,
+			       &ticket) < 0 || (dpool_wait(p, &ticket), p->failed)) {
 			best = 0;
 			break;
 		}
@@ -1166,7 +1166,7 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 			.geometry = geometry_of(p),
 			.persist = c->file_tier_persist,
 			.queue_depth = c->file_tier_queue_depth,
-			.lost = on_file_lost,
+			.lost = dpool_on_file_lost,
 			.lost_ctx = p,
 		};
 
@@ -1246,8 +1246,8 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		.max_sequences = cfg->max_sequences,
 		.max_seq_tokens = cfg->max_seq_tokens,
 		.vocab_size = cfg->vocab_size,
-		.copy_block = pool_copy_block,
-		.copy_slots = pool_copy_slots,
+		.copy_block = dpool_copy_block,
+		.copy_slots = dpool_copy_slots,
 		.copy_ctx = p,
 		.policy = (enum core_policy)cfg->policy,
 		.on_drop = on_drop,
@@ -1367,7 +1367,7 @@ void dpool_persist_at_stop(struct dpool *p)
 		n = core_tier_persist(p->core, CORE_TIER_FILE, c->file_tier_queue_depth, &pass);
 		dpool_tier_poll(p); /* failed writes: their slots are forgotten */
 	} while (n > 0 && server_now_ns() < deadline);
-	stores_settle(p, p->nstores);
+	dpool_stores_settle(p, p->nstores);
 	file_tier_flush(p->file);
 	dpool_tier_poll(p);
 	file_tier_get_stats(p->file, &after);
@@ -1409,7 +1409,7 @@ void dpool_done(struct dpool *p)
 	}
 	/* Writes still queued finish first: with persistence they are what comes back. */
 	if (p->file && p->nstores)
-		stores_settle(p, p->nstores);
+		dpool_stores_settle(p, p->nstores);
 	p->file = file_tier_close(p->file);
 	/* Loads still queued at exit (a forced stop): their sessions are gone already. */
 	while (p->jobs) {
@@ -1420,7 +1420,7 @@ void dpool_done(struct dpool *p)
 	}
 	/* Nothing may still move into the host tier's arena or out of the pool when freed. */
 	if (p->mem.ops)
-		flush_demotions(p);
+		dpool_flush(p);
 	if (p->mem.ops && p->issued && p->mem.ops->wait(&p->mem, p->issued) < 0)
 		log_error("pool %s: the backend failed while its last operations completed",
 			  p->cfg->name);
