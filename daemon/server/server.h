@@ -112,7 +112,7 @@ struct dpool {
 	struct backend_pool mem;
 	const struct backend_module *module; /* the backend's module (its words for errors), or NULL */
 	/*
-	 * The backend's queue (pool.c): the last ticket issued and the last known complete; per
+	 * The backend's queue (queue.c): the last ticket issued and the last known complete; per
 	 * block, the last ticket touching it; per host-tier slot, the last move writing it; the
 	 * last touching the staging.  Replies that hand out blocks wait for theirs (dpool_fence).
 	 */
@@ -131,7 +131,7 @@ struct dpool {
 	uint32_t store_head, nstores;
 	uint64_t queued_ops; /* operations queued (after the start-up measurements) */
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
-	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */
+	/* Demotions to the host tier gathered into one move (queue.c: flush_demotions). */
 	struct backend_move out[OUT_MAX_BLOCKS];
 	uint32_t out_slots[OUT_MAX_BLOCKS];
 	uint32_t nout;
@@ -435,15 +435,6 @@ void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
  * poll failed): releases held replies and starts deferred reads that waited for it.
  */
 void dpool_backend_poll(struct dpool *p);
-/* Queues the demotions gathered so far (also done before anything else is queued or fenced). */
-void dpool_flush(struct dpool *p);
-/* Whether the pool's queue completed ticket t (0 always has). */
-bool dpool_passed(struct dpool *p, uint64_t t);
-/*
- * The ticket a reply handing out table[0..n) must wait for: the latest queued operation on any
- * of those blocks that is not done yet, else 0.
- */
-uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
 /*
  * A clean stop, once every session is gone: with file_tier_persist, writes the pool's cached
  * blocks and the host tier's down to the swap files (the core chooses, core_tier_persist) for
@@ -461,6 +452,17 @@ int dpool_verify(struct dpool *p, char *why, size_t why_len);
 void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
 /* Retries a pool's waiting requests when blocks may have become available or time is up. */
 void dpool_retry_waiters(struct dpool *p, uint64_t now);
+
+/* queue.c: the backend's queue */
+/* Queues the demotions gathered so far (also done before anything else is queued or fenced). */
+void dpool_flush(struct dpool *p);
+/* Whether the pool's queue completed ticket t (0 always has). */
+bool dpool_passed(struct dpool *p, uint64_t t);
+/*
+ * The ticket a reply handing out table[0..n) must wait for: the latest queued operation on any
+ * of those blocks that is not done yet, else 0.
+ */
+uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
 
 /* session.c */
 /* Dispatches the whole frames in the receive buffer (after a wait, too). */
