@@ -119,7 +119,7 @@ struct dpool {
 	uint64_t issued, completed;
 	uint64_t *block_ticket, *slot_ticket, stage_ticket;
 	/*
-	 * A device pool's pinned stagings (pool.c), stage_blocks blocks each: the requests' own;
+	 * A device pool's pinned stagings (tierio.c), stage_blocks blocks each: the requests' own;
 	 * the deferred swap-file reads', a chunk at a time (NULL: reads within the request); the
 	 * demotions straight to the files', on their way (NULL: waited for).
 	 */
@@ -414,28 +414,6 @@ uint64_t server_next_deadline(const struct server *srv);
 /* pool.c */
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
 /*
- * Reaps the file tier's finished writes and forgets what they lost, and finishes the deferred
- * loads whose reads are in.  When the file tier's eventfd fires (OP_TIER), or after every
- * pass of the loop if that poll failed.
- */
-void dpool_tier_poll(struct dpool *p);
-/*
- * Reads in a LOADING sequence's tier loads for session s: host-tier ones at once, file-tier
- * ones without waiting.  0: all were in at once and the sequence is ACTIVE; 1: deferred, and
- * session_loaded(s) is called once it is ACTIVE (from dpool_tier_poll); -errno: nothing is
- * started (the sequence stays LOADING: the caller fails its loads with core_seq_loaded).
- */
-int dpool_load(struct dpool *p, struct session *s, uint64_t seq);
-/* Arms the poll on the file tier's eventfd (once, at start; again when it ends). */
-void dpool_arm_tier_poll(struct server *srv, struct dpool *p);
-/* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
-void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
-/*
- * The backend completed queued work (done_fd fired, or after every pass of the loop if that
- * poll failed): releases held replies and starts deferred reads that waited for it.
- */
-void dpool_backend_poll(struct dpool *p);
-/*
  * A clean stop, once every session is gone: with file_tier_persist, writes the pool's cached
  * blocks and the host tier's down to the swap files (the core chooses, core_tier_persist) for
  * at most file_tier_persist_stop_ms, so that a restart finds them; logs one line.
@@ -463,6 +441,30 @@ bool dpool_passed(struct dpool *p, uint64_t t);
  * of those blocks that is not done yet, else 0.
  */
 uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
+
+/* tierio.c: the tiers' stores, loads and deferred load jobs */
+/*
+ * Reaps the file tier's finished writes and forgets what they lost, and finishes the deferred
+ * loads whose reads are in.  When the file tier's eventfd fires (OP_TIER), or after every
+ * pass of the loop if that poll failed.
+ */
+void dpool_tier_poll(struct dpool *p);
+/*
+ * Reads in a LOADING sequence's tier loads for session s: host-tier ones at once, file-tier
+ * ones without waiting.  0: all were in at once and the sequence is ACTIVE; 1: deferred, and
+ * session_loaded(s) is called once it is ACTIVE (from dpool_tier_poll); -errno: nothing is
+ * started (the sequence stays LOADING: the caller fails its loads with core_seq_loaded).
+ */
+int dpool_load(struct dpool *p, struct session *s, uint64_t seq);
+/* Arms the poll on the file tier's eventfd (once, at start; again when it ends). */
+void dpool_arm_tier_poll(struct server *srv, struct dpool *p);
+/* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
+void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
+/*
+ * The backend completed queued work (done_fd fired, or after every pass of the loop if that
+ * poll failed): releases held replies and starts deferred reads that waited for it.
+ */
+void dpool_backend_poll(struct dpool *p);
 
 /* session.c */
 /* Dispatches the whole frames in the receive buffer (after a wait, too). */
