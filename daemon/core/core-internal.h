@@ -1,6 +1,11 @@
 /* SPDX-License-Identifier: MIT */
-/* The core's private state, shared by core.c and verify.c only. */
+/*
+ * The core's private state, shared by core.c, lookup.c, retain.c, preempt.c and verify.c
+ * only.
+ */
 #pragma once
+
+#include <errno.h>
 
 #include "daemon/core/core.h"
 #include "daemon/core/index.h"
@@ -25,7 +30,7 @@ struct core_seq {
 	uint8_t retention;      /* enum core_retention */
 	bool pruned;            /* released a block, outside a window pool: commits stay private */
 	uint32_t n_sink, recent;
-	uint32_t prune_from;    /* table entries below this were looked at by prune() */
+	uint32_t prune_from;    /* table entries below this were looked at by retain_prune() */
 	uint32_t freed;         /* table entries released (CORE_NONE) */
 	uint32_t budget;        /* H2O */
 	float decay;            /* H2O: 1 for none */
@@ -121,6 +126,72 @@ static inline bool tier_exists(const struct core *c, uint32_t t)
 	return t > 0 && t < CORE_NTIERS && c->cfg.tier_slots[t] > 0;
 }
 
+/* Sequence ids carry the slot's generation so a closed id is never mistaken for a new one. */
+static inline uint64_t seq_id(const struct core *c, uint32_t slot)
+{
+	return ((uint64_t)c->seqs[slot].gen << 32) | slot;
+}
+
+static inline struct core_seq *seq_get(const struct core *c, uint64_t id)
+{
+	uint32_t slot = (uint32_t)id;
+	struct core_seq *s;
+
+	if (slot >= c->cfg.max_sequences)
+		return NULL;
+	s = &c->seqs[slot];
+	if (!s->state || s->gen != (uint32_t)(id >> 32))
+		return NULL;
+	return s;
+}
+
+/* An open sequence that may be written: -ENOENT if unknown, -EBUSY if parked or dropped. */
+static inline int seq_get_active(const struct core *c, uint64_t id, struct core_seq **ret)
+{
+	struct core_seq *s = seq_get(c, id);
+
+	if (!s)
+		return -ENOENT;
+	if (s->state != CORE_SEQ_ACTIVE)
+		return -EBUSY;
+	*ret = s;
+	return 0;
+}
+
+static inline int tokens_check(const struct core *c, const uint32_t *tokens, uint32_t n)
+{
+	if (n == 0 || !tokens)
+		return -EINVAL;
+	if (c->cfg.vocab_size)
+		for (uint32_t i = 0; i < n; i++)
+			if (tokens[i] >= c->cfg.vocab_size)
+				return -EINVAL;
+	return 0;
+}
+
+static inline uint32_t blocks_for(const struct core *c, uint32_t ntokens)
+{
+	return (uint32_t)(((uint64_t)ntokens + c->cfg.block_tokens - 1) / c->cfg.block_tokens);
+}
+
+/* The extra key block n is hashed and verified with (see retention_tag). */
+static inline uint64_t block_extra(const struct core *c, uint64_t extra, uint64_t tag,
+				   uint64_t full, uint32_t n)
+{
+	return tag && (uint64_t)(n + 1) * c->cfg.block_tokens > full ? extra ^ tag : extra;
+}
+
+/*
+ * Releases every block a table holds, back to front: a child becomes cached before its parent,
+ * which keeps the LRU list leaf-first (see pool_alloc).
+ */
+static inline void release_table(struct core *c, struct core_seq *s)
+{
+	for (uint32_t i = s->nblocks; i-- > 0;)
+		if (s->table[i] != CORE_NONE)
+			pool_unref(&c->pool, s->table[i]);
+}
+
 /* tier.c */
 int tiers_init(struct core *c);
 void tiers_done(struct core *c);
@@ -141,3 +212,30 @@ int tiers_verify(const struct core *c, char *why, size_t why_len);
 /* The chain hash a block with this parent, salt, extra key and tokens has. */
 struct core_hash core_chain_hash(const struct core *c, struct core_hash parent, uint64_t salt,
 				 uint64_t extra, const uint32_t *tokens);
+
+/* retain.c */
+/* The retention policy, at an open or a commit: releases what later tokens no longer need. */
+void retain_prune(struct core *c, struct core_seq *s);
+/* H2O: one step's decay of a sequence's scores (a commit that moves on), before it prunes. */
+void retain_decay_scores(struct core *c, struct core_seq *s);
+
+/* preempt.c */
+/*
+ * Drops parked sequences, in the pool's policy order, until need more blocks fit (reserved:
+ * cached hits the caller is about to take); nothing when they cannot.  0 or -ENOSPC.
+ */
+int preempt_make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t priority);
+
+/* lookup.c */
+/*
+ * Builds the block table of a prompt (cached prefix, promoted tier hits, fresh blocks); with
+ * ret_loads the tier hits' loads are left to the caller.  0, -ENOMEM or -ENOSPC; nothing
+ * changes on failure.
+ */
+int lookup_attach(struct core *c, const struct core_open *o, uint32_t priority,
+		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
+		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes,
+		  struct core_load **ret_loads, uint32_t *ret_nloads);
+/* Takes the results of loads into table[nhit, nhit + ntier): how many leading ones are good. */
+uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
+			       const struct core_load *loads, uint32_t ntier);

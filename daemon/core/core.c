@@ -9,8 +9,6 @@
 #include <string.h>
 
 #include "daemon/core/core-internal.h"
-#include "daemon/core/cost.h"
-#include "daemon/core/hash-inline.h"
 
 static void on_evict(void *ctx, uint32_t b)
 {
@@ -135,211 +133,6 @@ struct core_hash core_chain_hash(const struct core *c, struct core_hash parent, 
 			       c->cfg.block_tokens);
 }
 
-/* Sequence ids carry the slot's generation so a closed id is never mistaken for a new one. */
-static inline uint64_t seq_id(const struct core *c, uint32_t slot)
-{
-	return ((uint64_t)c->seqs[slot].gen << 32) | slot;
-}
-
-static struct core_seq *seq_get(const struct core *c, uint64_t id)
-{
-	uint32_t slot = (uint32_t)id;
-	struct core_seq *s;
-
-	if (slot >= c->cfg.max_sequences)
-		return NULL;
-	s = &c->seqs[slot];
-	if (!s->state || s->gen != (uint32_t)(id >> 32))
-		return NULL;
-	return s;
-}
-
-/* An open sequence that may be written: -ENOENT if unknown, -EBUSY if parked or dropped. */
-static int seq_get_active(const struct core *c, uint64_t id, struct core_seq **ret)
-{
-	struct core_seq *s = seq_get(c, id);
-
-	if (!s)
-		return -ENOENT;
-	if (s->state != CORE_SEQ_ACTIVE)
-		return -EBUSY;
-	*ret = s;
-	return 0;
-}
-
-static int tokens_check(const struct core *c, const uint32_t *tokens, uint32_t n)
-{
-	if (n == 0 || !tokens)
-		return -EINVAL;
-	if (c->cfg.vocab_size)
-		for (uint32_t i = 0; i < n; i++)
-			if (tokens[i] >= c->cfg.vocab_size)
-				return -EINVAL;
-	return 0;
-}
-
-static inline uint32_t blocks_for(const struct core *c, uint32_t ntokens)
-{
-	return (uint32_t)(((uint64_t)ntokens + c->cfg.block_tokens - 1) / c->cfg.block_tokens);
-}
-
-/* The extra key block n is hashed and verified with (see retention_tag). */
-static inline uint64_t block_extra(const struct core *c, uint64_t extra, uint64_t tag,
-				   uint64_t full, uint32_t n)
-{
-	return tag && (uint64_t)(n + 1) * c->cfg.block_tokens > full ? extra ^ tag : extra;
-}
-
-static uint64_t open_full_prefix(const struct core_open *o)
-{
-	return o->retention == CORE_RETAIN_SINKS ? (uint64_t)o->n_sink + o->recent : UINT64_MAX;
-}
-
-/*
- * Walks the index for the prompt's leading full blocks.  A candidate is accepted only when its
- * parent, salt, extra key and every token id match: the hash only finds candidates.  Fills
- * hits[] and returns their number; *ret_collisions counts hash matches with other content.
- *
- * Where the pool's chain ends, the walk goes on in the tiers below (parent hash, salt and
- * extra key checked here, tokens by the load): c->hit_tier/hit_slot[0, *ret_ntier) get the
- * blocks a promotion would bring up, c->hit_hash[k] the parent hash of tier hit k (and
- * [k + 1] its own).  It stops at a tier whose hits are not worth promoting (*ret_skipped:
- * that tier) since the blocks after it would have no parent.
- */
-/*
- * flatten: the hot loop of every lookup.  Without it GCC may stop inlining XXH3 here as the
- * function grows, which doubled the cost of a cached block (kvpaged-bench micro).
- */
-__attribute__((flatten)) static uint32_t prefix_walk(const struct core *c,
-						    const struct core_open *o, uint32_t *hits,
-						    uint32_t *ret_ntier, uint32_t *ret_skipped,
-						    uint32_t *ret_collisions)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	const core_hash_fn fn = c->cfg.hash_fn;
-	const uint64_t tag = retention_tag(o->retention, o->n_sink, o->recent);
-	const uint64_t full = open_full_prefix(o);
-	const uint64_t ns_full = core_hash_ns(o->salt, o->extra);
-	const uint64_t ns_tag = tag ? core_hash_ns(o->salt, o->extra ^ tag) : ns_full;
-	uint32_t limit = o->ntokens / B, n = 0, ntier = 0;
-	struct core_hash ph = { 0, 0 }, h = { 0, 0 };
-
-	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
-		limit--;
-	*ret_collisions = 0;
-	*ret_ntier = *ret_skipped = 0;
-	/*
-	 * Past the policy's full prefix a sinks chain is keyed with its tag (see retention_tag):
-	 * two runs, each with one namespace, so the common untagged walk stays a tight loop.
-	 */
-	const uint32_t tagged_from = tag ? (uint32_t)(full / B) : UINT32_MAX;
-
-	for (int part = 0; part < 2 && n < limit; part++) {
-		const uint32_t end = part || tagged_from > limit ? limit : tagged_from;
-		const uint64_t ns = part ? ns_tag : ns_full, extra = part ? o->extra ^ tag : o->extra;
-
-		for (; n < end; n++) {
-			const uint32_t *want = o->tokens + (size_t)n * B;
-			uint32_t b;
-			const struct core_block *blk;
-
-			h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
-			b = index_find(&c->index, c->pool.blocks, h);
-			if (b == CORE_NONE)
-				break;
-			blk = &c->pool.blocks[b];
-			if (!core_hash_eq(blk->parent, ph) || blk->salt != o->salt ||
-			    blk->extra != extra ||
-			    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) != 0) {
-				(*ret_collisions)++;
-				return n;
-			}
-			hits[n] = b;
-			ph = h;
-		}
-		if (n < end)
-			break;
-	}
-	if (n == limit || !c->first_tier)
-		return n;
-
-	/*
-	 * h is block n's hash, which the pool does not have.  A chain longer than the pool could
-	 * not be opened anyway (a persisted file tier may hold one from a larger pool): the walk
-	 * arrays stop there.
-	 */
-	c->hit_hash[0] = ph;
-	if (limit > c->walk_cap)
-		limit = c->walk_cap;
-	for (uint32_t k = n; k < limit; k++) {
-		uint64_t extra = block_extra(c, o->extra, tag, full, k);
-		uint32_t slot, t;
-
-		if (k > n)
-			h = hash_link(fn, ph, extra == o->extra ? ns_full : ns_tag,
-				      hash_tokens(fn, o->tokens + (size_t)k * B, B));
-		t = tier_find(c, h, ph, o->salt, extra, &slot);
-		if (!t)
-			break;
-		if (!c->tiers[t].promote) {
-			*ret_skipped = t;
-			break;
-		}
-		c->hit_tier[ntier] = (uint8_t)t;
-		c->hit_slot[ntier] = slot;
-		c->hit_hash[++ntier] = h;
-		ph = h;
-	}
-	*ret_ntier = ntier;
-	return n;
-}
-
-/*
- * The walk of a sliding-window pool (vLLM's SlidingWindowManager rule): the next token attends
- * to the last window - 1 tokens only, so a prefix of n blocks is a hit when the
- * ceil((window - 1) / B) blocks that end it are cached, whatever came before.  Verifies every
- * candidate by content (parent hash, salt, extra key, tokens) as prefix_walk does, and returns
- * the longest such prefix; table[*ret_first, returned) get its blocks (table may be NULL), the
- * entries before are not needed (holes).
- */
-static uint32_t window_walk(const struct core *c, const struct core_open *o, uint32_t *table,
-			    uint32_t *ret_first, uint32_t *ret_collisions)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	const core_hash_fn fn = c->cfg.hash_fn;
-	const uint64_t ns = core_hash_ns(o->salt, o->extra);
-	uint32_t need = (c->cfg.window - 1 + B - 1) / B, limit = o->ntokens / B, run = 0, best = 0;
-	struct core_hash ph = { 0, 0 };
-
-	if (need == 0)
-		need = 1;
-	if ((o->flags & CORE_OPEN_RECOMPUTE_LAST) && limit * B == o->ntokens)
-		limit--;
-	*ret_collisions = 0;
-	for (uint32_t n = 0; n < limit; n++) {
-		const uint32_t *want = o->tokens + (size_t)n * B;
-		struct core_hash h = hash_link(fn, ph, ns, hash_tokens(fn, want, B));
-		uint32_t b = index_find(&c->index, c->pool.blocks, h);
-
-		const struct core_block *blk = b != CORE_NONE ? &c->pool.blocks[b] : NULL;
-
-		if (blk && core_hash_eq(blk->parent, ph) && blk->salt == o->salt &&
-		    blk->extra == o->extra &&
-		    memcmp(core_slot_tokens(c, b), want, (size_t)B * sizeof(uint32_t)) == 0) {
-			if (table)
-				table[n] = b;
-			if (++run >= need)
-				best = n + 1;
-		} else {
-			*ret_collisions += blk != NULL;
-			run = 0;
-		}
-		ph = h;
-	}
-	*ret_first = best >= need ? best - need : 0;
-	return best;
-}
-
 /*
  * Grows a table (and its scores) to hold nblocks entries of B tokens.  0 or -ENOMEM; the table
  * is unchanged on failure.
@@ -429,612 +222,6 @@ static void write_tokens(struct core *c, const struct core_seq *s, uint32_t from
 	}
 }
 
-/*
- * Releases every block a table holds, back to front: a child becomes cached before its parent,
- * which keeps the LRU list leaf-first (see pool_alloc).
- */
-static void release_table(struct core *c, struct core_seq *s)
-{
-	for (uint32_t i = s->nblocks; i-- > 0;)
-		if (s->table[i] != CORE_NONE)
-			pool_unref(&c->pool, s->table[i]);
-}
-
-/* Releases table entry i (retention policies): its block may stay cached for others. */
-static void release_entry(struct core *c, struct core_seq *s, uint32_t i, uint32_t pruned_tokens)
-{
-	struct core_block *blk = &c->pool.blocks[s->table[i]];
-
-	/* Cached (if findable) before the blocks this sequence keeps after it. */
-	blk->flags |= CORE_BLOCK_PRUNED;
-	pool_unref(&c->pool, s->table[i]);
-	s->table[i] = CORE_NONE;
-	s->freed++;
-	c->stats.pruned_blocks++;
-	c->stats.pruned_tokens += pruned_tokens;
-	if (s->hl)
-		for (uint32_t k = 0; k < s->nhl; k++)
-			if (s->hl[k] == i) {
-				memmove(s->hl + k, s->hl + k + 1, (s->nhl - k - 1) * sizeof(*s->hl));
-				s->nhl--;
-				break;
-			}
-	if (!c->cfg.window)
-		s->pruned = true;
-}
-
-/* Room for n packed slots in all, allocating blocks as needed.  0, -ENOMEM or -ENOSPC. */
-static int packed_reserve(struct core *c, struct core_seq *s, uint32_t n)
-{
-	const uint32_t B = c->cfg.block_tokens;
-
-	while (s->packed_cap < n) {
-		uint32_t nb = s->packed_cap / B + 1, b;
-		uint32_t *pk = realloc(s->packed, (size_t)nb * sizeof(*pk)), *pp;
-		float *ps;
-
-		if (!pk)
-			return -ENOMEM;
-		s->packed = pk;
-		pp = realloc(s->ppos, (size_t)nb * B * sizeof(*pp));
-		if (!pp)
-			return -ENOMEM;
-		s->ppos = pp;
-		ps = realloc(s->pscore, (size_t)nb * B * sizeof(*ps));
-		if (!ps)
-			return -ENOMEM;
-		s->pscore = ps;
-		b = pool_alloc(&c->pool);
-		if (b == CORE_NONE)
-			return -ENOSPC;
-		s->packed[nb - 1] = b;
-		s->packed_cap += B;
-	}
-	return 0;
-}
-
-/*
- * Queues copying the token in (src, src_slot) into packed slot k, and gives the slot its token
- * id, position and score.  gather_flush() runs what was queued: one eviction's copies never
- * read what they write.
- */
-static void packed_put(struct core *c, struct core_seq *s, uint32_t k, uint32_t src,
-		       uint32_t src_slot, uint32_t pos, float score)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	uint32_t dst = s->packed[k / B];
-
-	c->gather[c->ngather++] = (struct core_slot_copy){ dst, k % B, src, src_slot };
-	c->tokens[(size_t)dst * B + k % B] = c->tokens[(size_t)src * B + src_slot];
-	s->ppos[k] = pos;
-	s->pscore[k] = score;
-}
-
-/* Runs the gather packed_put() queued: one call for an eviction's copies. */
-static void gather_flush(struct core *c)
-{
-	if (c->ngather)
-		c->cfg.copy_slots(c->cfg.copy_ctx, c->gather, c->ngather);
-	c->ngather = 0;
-}
-
-/*
- * H2O at token granularity: while more than budget tokens are held, evicts the token with the
- * lowest score (the earliest among equals) among the packed ones and those of blocks holding
- * none of the last recent committed tokens, leaving out the first n_sink positions.  A block
- * losing its first token has its others (sinks included) packed and is released; a packed
- * token is replaced by the last packed one.
- */
-static void prune_h2o_tokens(struct core *c, struct core_seq *s)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	uint32_t held = s->npacked + s->ntokens - s->freed * B, end;
-
-	if (s->ncommitted <= s->recent)
-		return;
-	end = (s->ncommitted - s->recent) / B;
-	while (held > s->budget) {
-		uint32_t best_pos = UINT32_MAX, best_k = CORE_NONE, best_i = CORE_NONE;
-		float best = 0;
-
-		for (uint32_t k = 0; k < s->npacked; k++)
-			if (s->ppos[k] >= s->n_sink &&
-			    (best_k == CORE_NONE ? true
-			     : s->pscore[k] < best ||
-				       (s->pscore[k] == best && s->ppos[k] < best_pos))) {
-				best = s->pscore[k];
-				best_pos = s->ppos[k];
-				best_k = k;
-			}
-		for (uint32_t h = 0; h < s->nhl && s->hl[h] < end; h++) {
-			uint32_t i = s->hl[h];
-
-			for (uint32_t j = 0; j < B; j++) {
-				uint32_t pos = i * B + j;
-				float sc = s->tscore[pos];
-
-				if (pos < s->n_sink)
-					continue;
-				if ((best_k == CORE_NONE && best_i == CORE_NONE) || sc < best ||
-				    (sc == best && pos < best_pos)) {
-					best = sc;
-					best_pos = pos;
-					best_i = i;
-					best_k = CORE_NONE;
-				}
-			}
-		}
-		if (best_i != CORE_NONE) {
-			uint32_t b = s->table[best_i];
-
-			/* Room first: a block is released only once all its survivors moved. */
-			if (packed_reserve(c, s, s->npacked + B - 1) < 0)
-				return; /* over budget until memory frees up */
-			for (uint32_t j = 0; j < B; j++) {
-				uint32_t pos = best_i * B + j;
-
-				if (pos == best_pos)
-					continue;
-				packed_put(c, s, s->npacked++, b, j, pos, s->tscore[pos]);
-				c->stats.compactions++;
-			}
-			/* Copied before the block goes back: it may be handed out next. */
-			gather_flush(c);
-			release_entry(c, s, best_i, 1);
-		} else if (best_k != CORE_NONE) {
-			uint32_t last = s->npacked - 1;
-
-			if (best_k != last) {
-				packed_put(c, s, best_k, s->packed[last / B], last % B, s->ppos[last],
-					   s->pscore[last]);
-				gather_flush(c);
-			}
-			s->npacked--;
-			c->stats.pruned_tokens++;
-			/* The last packed block emptied: give it back. */
-			if (s->packed_cap - s->npacked >= B) {
-				s->packed_cap -= B;
-				pool_unref(&c->pool, s->packed[s->packed_cap / B]);
-			}
-		} else {
-			return;
-		}
-		held--;
-	}
-}
-
-/*
- * H2O at block granularity: while more than budget tokens are held, releases the held block
- * with the lowest score among those holding none of the first n_sink and none of the last
- * recent committed tokens (ties: the earliest).  Linear in the blocks held, which the budget
- * bounds.
- */
-static void prune_h2o(struct core *c, struct core_seq *s)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	const uint32_t sinks = (uint32_t)(((uint64_t)s->n_sink + B - 1) / B);
-	uint32_t held = s->ntokens - s->freed * B, end;
-
-	if (s->ncommitted <= s->recent)
-		return;
-	end = (s->ncommitted - s->recent) / B; /* entries below hold no recent token */
-	while (held > s->budget) {
-		uint32_t victim = CORE_NONE;
-
-		for (uint32_t h = 0; h < s->nhl && s->hl[h] < end; h++) {
-			uint32_t i = s->hl[h];
-
-			if (i >= sinks && (victim == CORE_NONE || s->score[i] < s->score[victim]))
-				victim = i;
-		}
-		if (victim == CORE_NONE)
-			return;
-		release_entry(c, s, victim, B);
-		held -= B;
-	}
-}
-
-/*
- * The retention policy, at a commit.  Sinks and windows release the blocks wholly inside
- * [n_sink, ncommitted - recent): they were committed (or will never be), so the next token's
- * attention needs none of them.  H2O evicts by score (above).
- */
-static void prune(struct core *c, struct core_seq *s)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	uint32_t first, end;
-
-	if (s->retention == CORE_RETAIN_H2O) {
-		if (s->granularity == CORE_H2O_TOKENS)
-			prune_h2o_tokens(c, s);
-		else
-			prune_h2o(c, s);
-		return;
-	}
-	if (s->retention == CORE_RETAIN_FULL || s->ncommitted <= s->recent)
-		return;
-	first = (uint32_t)(((uint64_t)s->n_sink + B - 1) / B);
-	end = (s->ncommitted - s->recent) / B;
-	if (first < s->prune_from)
-		first = s->prune_from;
-	for (uint32_t i = first; i < end; i++)
-		if (s->table[i] != CORE_NONE)
-			release_entry(c, s, i, B);
-	if (end > s->prune_from)
-		s->prune_from = end;
-}
-
-/* Chooses between swapping a victim's blocks to the tiers and dropping them, and logs it. */
-static void decide(struct core *c, const struct core_seq *s, struct core_preemption *p)
-{
-	const struct core_cost_config *cost = &c->cfg.cost;
-	uint32_t swap_blocks = 0;
-
-	for (uint32_t i = 0; i < s->nblocks; i++) {
-		const struct core_block *blk;
-
-		if (s->table[i] == CORE_NONE)
-			continue;
-		blk = &c->pool.blocks[s->table[i]];
-		swap_blocks += blk->refcount == 1 && (blk->flags & CORE_BLOCK_INDEXED);
-	}
-	*p = (struct core_preemption){
-		.tick = c->tick,
-		.seq = seq_id(c, (uint32_t)(s - c->seqs)),
-		.priority = s->priority,
-		.tokens = s->ntokens,
-		.blocks = s->nblocks,
-		.swap_blocks = swap_blocks,
-		.tier = c->first_tier,
-	};
-	if (!c->first_tier) {
-		p->decision = CORE_DECISION_DROP;
-		p->reason = CORE_REASON_NO_TIER;
-		return;
-	}
-	if (swap_blocks == 0) {
-		p->decision = CORE_DECISION_DROP;
-		p->reason = CORE_REASON_NOTHING_TO_SWAP;
-		return;
-	}
-	if (cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
-	    cost->bandwidth[c->first_tier] <= 0) {
-		p->decision = CORE_DECISION_SWAP;
-		p->reason = CORE_REASON_NO_COST_MODEL;
-		return;
-	}
-	/* What a drop costs on resume: these blocks' tokens (a partial tail is recomputed anyway). */
-	p->swap_s = cost_transfer_s((double)swap_blocks * cost->block_bytes,
-				    cost->bandwidth[c->first_tier]);
-	p->recompute_s = cost_recompute_s(cost->params, (double)swap_blocks * c->cfg.block_tokens,
-					  cost->flops);
-	if (cost_choose(p->swap_s, p->recompute_s) == COST_SWAP) {
-		p->decision = CORE_DECISION_SWAP;
-		p->reason = CORE_REASON_SWAP_CHEAPER;
-	} else {
-		p->decision = CORE_DECISION_DROP;
-		p->reason = CORE_REASON_RECOMPUTE_CHEAPER;
-	}
-}
-
-/*
- * Releases a parked sequence's blocks, keeping its token history: it becomes DROPPED.  Its
- * committed blocks become cached like any others; a swap lets them move down the tiers when
- * their memory is taken, a drop marks the ones only it held to be discarded instead.
- */
-static void drop(struct core *c, struct core_seq *s)
-{
-	struct core_preemption *p = &c->log[c->nlog++ % CORE_PREEMPTION_LOG];
-	uint32_t nblocks = s->nblocks;
-
-	decide(c, s, p);
-	if (p->decision == CORE_DECISION_DROP)
-		for (uint32_t i = 0; i < s->nblocks; i++) {
-			struct core_block *blk;
-
-			if (s->table[i] == CORE_NONE)
-				continue;
-			blk = &c->pool.blocks[s->table[i]];
-			if (blk->refcount == 1)
-				blk->flags |= CORE_BLOCK_NODEMOTE;
-		}
-	else
-		c->stats.swaps++;
-	release_table(c, s);
-	free(s->table);
-	s->table = NULL;
-	s->cap_blocks = s->nblocks = 0;
-	s->ncommitted = 0;
-	s->state = CORE_SEQ_DROPPED;
-	c->stats.preemptions++;
-	c->stats.dropped_tokens += s->ntokens;
-	if (c->cfg.on_drop)
-		c->cfg.on_drop(c->cfg.drop_ctx, seq_id(c, (uint32_t)(s - c->seqs)), nblocks);
-}
-
-static int policy_cmp(const void *a, const void *b, void *ctx)
-{
-	const struct victim *x = a, *y = b;
-	const enum core_policy *policy = ctx;
-
-	switch (*policy) {
-	case CORE_POLICY_PRIORITY:
-		if (x->priority != y->priority)
-			return x->priority < y->priority ? -1 : 1;
-		break;
-	case CORE_POLICY_COST: {
-		/* tokens / freeable, compared without division */
-		uint64_t l = (uint64_t)x->tokens * y->freeable, r = (uint64_t)y->tokens * x->freeable;
-
-		if (l != r)
-			return l < r ? -1 : 1;
-		break;
-	}
-	case CORE_POLICY_LRU:
-		break;
-	}
-	if (x->last_use != y->last_use)
-		return x->last_use < y->last_use ? -1 : 1;
-	return x->slot < y->slot ? -1 : x->slot > y->slot;
-}
-
-/*
- * Makes room for need more blocks when free and cached ones (less the reserved cached hits
- * the caller is about to take) do not suffice: drops parked sequences in policy order.  It
- * counts only the blocks a victim alone holds (and that are not pinned hits), so its estimate
- * never overshoots, and it drops nothing unless the estimate covers the need: a failed call
- * changes nothing.  Returns 0 or -ENOSPC.
- */
-static int make_room(struct core *c, uint32_t need, uint32_t reserved, uint32_t priority)
-{
-	uint64_t avail = pool_available(&c->pool) - reserved, gain = 0;
-	uint32_t n = 0, k = 0;
-
-	if (need <= avail)
-		return 0;
-	for (uint32_t slot = 0; slot < c->cfg.max_sequences; slot++) {
-		struct core_seq *s = &c->seqs[slot];
-		uint32_t freeable = 0;
-
-		if (s->state != CORE_SEQ_PARKED)
-			continue;
-		/* Never a more important sequence for a less important request. */
-		if (c->cfg.policy == CORE_POLICY_PRIORITY && s->priority > priority)
-			continue;
-		for (uint32_t i = 0; i < s->nblocks; i++) {
-			const struct core_block *blk;
-
-			if (s->table[i] == CORE_NONE)
-				continue;
-			blk = &c->pool.blocks[s->table[i]];
-			freeable += blk->refcount == 1 && !(blk->flags & CORE_BLOCK_PINNED);
-		}
-		if (freeable == 0)
-			continue;
-		c->victims[n++] = (struct victim){ .slot = slot, .freeable = freeable,
-						   .last_use = s->last_use, .priority = s->priority,
-						   .tokens = s->ntokens };
-	}
-	qsort_r(c->victims, n, sizeof(*c->victims), policy_cmp, &c->cfg.policy);
-	while (k < n && avail + gain < need)
-		gain += c->victims[k++].freeable;
-	if (avail + gain < need)
-		return -ENOSPC;
-	for (uint32_t i = 0; i < k; i++)
-		drop(c, &c->seqs[c->victims[i].slot]);
-	return 0;
-}
-
-/*
- * The loads that bring the tier hits of the last walk into the pool blocks
- * table[nhit, nhit + ntier), with the identities they must have.
- */
-static void loads_fill(struct core *c, const struct core_open *o, const uint32_t *table,
-		       uint32_t nhit, uint32_t ntier, struct core_load *loads)
-{
-	const uint32_t B = c->cfg.block_tokens;
-
-	for (uint32_t k = 0; k < ntier; k++)
-		loads[k] = (struct core_load){
-			.tier = c->hit_tier[k],
-			.slot = c->hit_slot[k],
-			.block = table[nhit + k],
-			.key = { .hash = c->hit_hash[k + 1], .parent = c->hit_hash[k],
-				 .salt = o->salt,
-				 .extra = block_extra(c, o->extra,
-						      retention_tag(o->retention, o->n_sink,
-								    o->recent),
-						      open_full_prefix(o), nhit + k),
-				 .tokens = o->tokens + (size_t)(nhit + k) * B },
-			.result = -EIO,
-		};
-}
-
-/* Whether pool block a holds what b does: parent, namespace, extra key and every token id. */
-static bool same_block(const struct core *c, uint32_t a, uint32_t b)
-{
-	const struct core_block *x = &c->pool.blocks[a], *y = &c->pool.blocks[b];
-
-	return a != CORE_NONE && core_hash_eq(x->parent, y->parent) && x->salt == y->salt &&
-	       x->extra == y->extra &&
-	       !memcmp(core_slot_tokens(c, a), core_slot_tokens(c, b),
-		       (size_t)c->cfg.block_tokens * sizeof(uint32_t));
-}
-
-/*
- * Takes the results of loads into the pool blocks table[nhit, nhit + ntier).  Returns how many
- * leading ones arrived intact; those become READY (and findable when their parent is) and
- * leave their tier.  The first bad one is discarded and counted; the ones after it stay where
- * they are.
- */
-static uint32_t promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
-			       const struct core_load *loads, uint32_t ntier)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	bool findable = nhit == 0 || (c->pool.blocks[table[nhit - 1]].flags & CORE_BLOCK_INDEXED);
-	uint32_t good = 0;
-
-	while (good < ntier && loads[good].result == 0)
-		good++;
-
-	for (uint32_t k = 0; k < good; k++) {
-		uint32_t found;
-		const struct core_load *l = &loads[k];
-		uint32_t b = l->block;
-		struct core_block *blk = &c->pool.blocks[b];
-
-		/* A deferred load's key points at the block's own tokens already. */
-		if (l->key.tokens != c->tokens + (size_t)b * B)
-			memcpy(c->tokens + (size_t)b * B, l->key.tokens,
-			       (size_t)B * sizeof(uint32_t));
-		blk->hash = l->key.hash;
-		blk->salt = l->key.salt;
-		blk->extra = l->key.extra;
-		blk->parent = l->key.parent;
-		blk->state = CORE_BLOCK_READY;
-		/* Like a commit: findable only through a findable parent, and never twice. */
-		found = findable ? index_find(&c->index, c->pool.blocks, blk->hash) : CORE_NONE;
-		if (findable && found == CORE_NONE) {
-			index_insert(&c->index, blk->hash, b);
-			blk->flags |= CORE_BLOCK_INDEXED;
-		} else if (findable && same_block(c, found, b)) {
-			/*
-			 * Another open of the same prompt brought it up first (their loads were
-			 * deferred too): share that copy, as a commit would, so the rest of the
-			 * chain stays findable.
-			 */
-			pool_ref(&c->pool, found);
-			table[nhit + k] = found;
-			pool_unref(&c->pool, b);
-			c->stats.dedup_blocks++;
-		} else {
-			findable = false;
-		}
-		tier_release(c, l->tier, l->slot);
-		c->tiers[l->tier].stats.promotions++;
-	}
-	/*
-	 * Back to the LRU leaf first, so children stay older than their parents.  A slot that
-	 * holds something else or is damaged (-EBADMSG) is thrown away; after an I/O or memory
-	 * error the block may still be good, and stays.
-	 */
-	for (uint32_t k = ntier; k-- > good + 1;)
-		tier_put(c, loads[k].tier, loads[k].slot);
-	if (good < ntier) {
-		const struct core_load *l = &loads[good];
-
-		c->tiers[l->tier].stats.load_errors++;
-		if (l->result == -EBADMSG)
-			tier_release(c, l->tier, l->slot);
-		else
-			tier_put(c, l->tier, l->slot);
-	}
-	return good;
-}
-
-/* Brings up the tier hits of the last walk in one load batch, within the call. */
-static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *table,
-			uint32_t nhit, uint32_t ntier)
-{
-	loads_fill(c, o, table, nhit, ntier, c->loads);
-	c->cfg.tier_ops->load(c->cfg.tier_ctx, c->loads, ntier);
-	return promote_finish(c, table, nhit, c->loads, ntier);
-}
-
-/*
- * Builds the block table of a prompt: its cached prefix from the pool, what the tiers below
- * hold of the rest (promoted), fresh blocks for the remainder.  Everything that can fail
- * comes first.  *ret_ready gets the leading blocks whose K/V is there.
- */
-/*
- * With ret_loads (CORE_OPEN_DEFER_LOADS), the tier hits are not loaded: *ret_loads gets their
- * loads (malloc'ed; NULL when there are none), their blocks hold their tokens, and *ret_ready
- * counts the pool hits only.
- */
-static int attach(struct core *c, const struct core_open *o, uint32_t priority,
-		  uint32_t **ret_table, uint32_t *ret_nblocks, uint32_t *ret_pool_hits,
-		  uint32_t *ret_ready, struct core_hash *ret_chain, uint32_t *ret_holes,
-		  struct core_load **ret_loads, uint32_t *ret_nloads)
-{
-	struct core_load *loads = NULL;
-	uint32_t nblocks = blocks_for(c, o->ntokens), nhit, ntier = 0, skipped = 0, collisions;
-	uint32_t cached_hits = 0, good = 0, first = 0;
-	uint32_t *table;
-	int r;
-
-	table = malloc((size_t)nblocks * sizeof(*table));
-	if (!table)
-		return -ENOMEM;
-	if (c->cfg.window) {
-		/* table[first, nhit) are the hits; the entries before them stay holes. */
-		nhit = window_walk(c, o, table, &first, &collisions);
-		for (uint32_t i = 0; i < first; i++)
-			table[i] = CORE_NONE;
-	} else {
-		nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
-	}
-	/* The deferred loads' array first: a failed call changes nothing, make_room included. */
-	if (ntier && ret_loads) {
-		loads = malloc((size_t)ntier * sizeof(*loads));
-		if (!loads) {
-			free(table);
-			return -ENOMEM;
-		}
-	}
-	for (uint32_t i = first; i < nhit; i++) {
-		cached_hits += c->pool.blocks[table[i]].refcount == 0;
-		c->pool.blocks[table[i]].flags |= CORE_BLOCK_PINNED;
-	}
-	r = make_room(c, nblocks - nhit, cached_hits, priority);
-	for (uint32_t i = first; i < nhit; i++)
-		c->pool.blocks[table[i]].flags &= ~CORE_BLOCK_PINNED;
-	if (r < 0) {
-		free(loads);
-		free(table);
-		return r;
-	}
-	/*
-	 * Held, so the demotions that allocating causes cannot push them out.  (make_room only
-	 * releases blocks; nothing moves down before the allocations below.)
-	 */
-	for (uint32_t k = 0; k < ntier; k++)
-		tier_hold(c, c->hit_tier[k], c->hit_slot[k]);
-
-	/* Nothing can fail from here on.  Take the hits first so allocating cannot evict them. */
-	for (uint32_t i = first; i < nhit; i++)
-		pool_ref(&c->pool, table[i]);
-	for (uint32_t i = nhit; i < nblocks; i++)
-		table[i] = pool_alloc(&c->pool);
-	if (loads) {
-		/* The keys point at the blocks' own tokens: the prompt is the caller's. */
-		loads_fill(c, o, table, nhit, ntier, loads);
-		for (uint32_t k = 0; k < ntier; k++) {
-			uint32_t *t = c->tokens + (size_t)table[nhit + k] * c->cfg.block_tokens;
-
-			memcpy(t, loads[k].key.tokens, c->cfg.block_tokens * sizeof(*t));
-			loads[k].key.tokens = t;
-		}
-	} else if (ntier) {
-		good = promote(c, o, table, nhit, ntier);
-	}
-	if (ret_loads) {
-		*ret_loads = loads;
-		*ret_nloads = loads ? ntier : 0;
-	}
-	if (skipped)
-		c->tiers[skipped].stats.skipped++;
-	c->stats.collisions += collisions;
-	*ret_chain = nhit + good ? c->pool.blocks[table[nhit + good - 1]].hash
-				 : (struct core_hash){ 0, 0 };
-	*ret_table = table;
-	*ret_pool_hits = nhit - first;
-	*ret_nblocks = nblocks;
-	*ret_ready = nhit + good;
-	if (ret_holes)
-		*ret_holes = first;
-	return 0;
-}
-
 /* An open's figures: nhit pool hits, the rest of what it holds from the tiers or missing. */
 static void open_counted(struct core *c, const struct core_seq *s, uint32_t nhit)
 {
@@ -1045,33 +232,6 @@ static void open_counted(struct core *c, const struct core_seq *s, uint32_t nhit
 	c->stats.hit_blocks += nhit;
 	c->stats.hit_tokens += s->ncommitted;
 	c->stats.miss_blocks += s->nblocks - ready;
-}
-
-const char *core_retention_why(const struct core *c, const struct core_open *o, int *ret_err)
-{
-	*ret_err = -EINVAL;
-	if (o->retention == CORE_RETAIN_FULL)
-		return NULL;
-	if (o->retention > CORE_RETAIN_H2O)
-		return "bad retention: unknown policy";
-	if (c->cfg.window)
-		return "the pool's window decides what its sequences keep";
-	if (o->recent == 0)
-		return "bad retention: recent 0 (a policy must keep the last token at least)";
-	if (o->retention == CORE_RETAIN_SINKS)
-		return NULL;
-	if (o->budget < o->recent)
-		return "bad retention: budget below recent";
-	if (o->n_sink > o->budget - o->recent)
-		return "bad retention: n_sink + recent exceed the budget";
-	if (!(o->decay >= 0 && o->decay <= 1))
-		return "bad retention: decay outside [0, 1]";
-	if (o->granularity > CORE_H2O_TOKENS)
-		return "bad retention: unknown granularity";
-	*ret_err = -EOPNOTSUPP;
-	if (o->granularity == CORE_H2O_TOKENS && !c->cfg.copy_slots)
-		return "this pool's backend cannot gather tokens";
-	return NULL;
 }
 
 static int retention_check(const struct core *c, const struct core_open *o)
@@ -1118,8 +278,8 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		for (uint32_t i = 0; i < blocks_for(c, o->ntokens); i++)
 			hl[i] = i;
 	}
-	r = attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes,
-		   o->flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
+	r = lookup_attach(c, o, o->priority, &table, &nblocks, &nhit, &ready, &chain, &holes,
+			  o->flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0) {
 		free(score);
 		free(hl);
@@ -1178,27 +338,11 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 			*ret_cached = s->ncommitted;
 		return 0;
 	}
-	prune(c, s);
+	retain_prune(c, s);
 	open_counted(c, s, nhit);
 	if (ret_cached)
 		*ret_cached = s->ncommitted;
 	return 0;
-}
-
-uint32_t core_lookup(const struct core *c, const struct core_open *o)
-{
-	uint32_t collisions, ntier, skipped, n;
-
-	if (tokens_check(c, o->tokens, o->ntokens) < 0 || o->ntokens > c->cfg.max_seq_tokens)
-		return 0;
-	if (c->cfg.window) {
-		uint32_t first;
-
-		return window_walk(c, o, NULL, &first, &collisions) * c->cfg.block_tokens;
-	}
-	n = prefix_walk(c, o, c->walk, &ntier, &skipped, &collisions);
-	/* What an open would reuse, assuming the tiers' loads succeed. */
-	return (n + ntier) * c->cfg.block_tokens;
 }
 
 int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_t n)
@@ -1228,7 +372,7 @@ int core_seq_append(struct core *c, uint64_t id, const uint32_t *tokens, uint32_
 	r = table_reserve(s, nblocks, c->cfg.block_tokens);
 	if (r < 0)
 		return r;
-	r = make_room(c, need, 0, s->priority);
+	r = preempt_make_room(c, need, 0, s->priority);
 	if (r < 0) {
 		table_trim(s, cap, B);
 		return r;
@@ -1340,8 +484,6 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	return 1;
 }
 
-static void decay_scores(struct core *c, struct core_seq *s);
-
 int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 {
 	const uint32_t B = c->cfg.block_tokens;
@@ -1356,12 +498,12 @@ int core_seq_commit(struct core *c, uint64_t id, uint32_t ntokens)
 	if (ntokens <= s->ncommitted)
 		return 0;
 	if (s->retention == CORE_RETAIN_H2O)
-		decay_scores(c, s);
+		retain_decay_scores(c, s);
 	for (uint32_t i = s->ncommitted / B; i < ntokens / B; i++)
 		replaced += commit_block(c, s, i);
 	s->ncommitted = ntokens;
 	s->last_use = ++c->tick;
-	prune(c, s);
+	retain_prune(c, s);
 	return replaced;
 }
 
@@ -1497,8 +639,8 @@ int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t 
 	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
 				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
-	r = attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL,
-		   flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
+	r = lookup_attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL,
+			  flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0)
 		return r;
 	s->table = table;
@@ -1515,81 +657,6 @@ int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t 
 	s->last_use = ++c->tick;
 	if (ret_recompute)
 		*ret_recompute = s->ntokens - s->ncommitted;
-	return 0;
-}
-
-/*
- * Applies the decay once per step (a commit that moves on), after the step's reports and
- * before evicting: O(1), as scores are kept divided by scale.  When scale gets small the held
- * scores are multiplied out and scale starts again.
- */
-static void decay_scores(struct core *c, struct core_seq *s)
-{
-	const uint32_t B = c->cfg.block_tokens;
-
-	if (s->decay >= 1)
-		return;
-	s->scale *= s->decay;
-	if (s->scale > 1e-20)
-		return;
-	for (uint32_t h = 0; h < s->nhl; h++) {
-		uint32_t i = s->hl[h];
-
-		if (!s->tscore)
-			s->score[i] = (float)(s->score[i] * s->scale);
-		else
-			for (uint32_t j = 0; j < B; j++)
-				s->tscore[(size_t)i * B + j] =
-					(float)(s->tscore[(size_t)i * B + j] * s->scale);
-	}
-	for (uint32_t k = 0; k < s->npacked; k++)
-		s->pscore[k] = (float)(s->pscore[k] * s->scale);
-	s->scale = 1;
-}
-
-int core_seq_scores(struct core *c, uint64_t id, uint32_t first, const float *weights,
-		    uint32_t n)
-{
-	const uint32_t B = c->cfg.block_tokens;
-	struct core_seq *s;
-	int r;
-
-	r = seq_get_active(c, id, &s);
-	if (r < 0)
-		return r;
-	if (s->retention != CORE_RETAIN_H2O || n == 0 || !weights ||
-	    (uint64_t)first + n > s->ntokens)
-		return -EINVAL;
-	/* Everything is checked before anything is added: a bad report changes nothing. */
-	for (uint32_t i = 0; i < n; i++)
-		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f) ||
-		    s->table[(first + i) / B] == CORE_NONE)
-			return -EINVAL;
-	for (uint32_t i = 0; i < n; i++)
-		if (s->tscore)
-			s->tscore[first + i] += (float)(weights[i] / s->scale);
-		else
-			s->score[(first + i) / B] += (float)(weights[i] / s->scale);
-	s->last_use = ++c->tick;
-	return 0;
-}
-
-int core_seq_scores_packed(struct core *c, uint64_t id, const float *weights, uint32_t n)
-{
-	struct core_seq *s;
-	int r;
-
-	r = seq_get_active(c, id, &s);
-	if (r < 0)
-		return r;
-	if (!s->tscore || n != s->npacked || (n && !weights))
-		return -EINVAL;
-	for (uint32_t i = 0; i < n; i++)
-		if (!(weights[i] >= 0 && weights[i] <= 3.4e38f))
-			return -EINVAL;
-	for (uint32_t i = 0; i < n; i++)
-		s->pscore[i] += (float)(weights[i] / s->scale);
-	s->last_use = ++c->tick;
 	return 0;
 }
 
@@ -1614,7 +681,7 @@ int core_seq_loaded(struct core *c, uint64_t id)
 		return -ENOENT;
 	if (s->state != CORE_SEQ_LOADING)
 		return -EINVAL;
-	good = promote_finish(c, s->table, s->load_nhit, s->loads, s->nloads);
+	good = lookup_promote_finish(c, s->table, s->load_nhit, s->loads, s->nloads);
 	ready = s->load_nhit + good;
 	s->ncommitted = ready * c->cfg.block_tokens;
 	s->chain = ready ? c->pool.blocks[s->table[ready - 1]].hash : (struct core_hash){ 0, 0 };
@@ -1624,7 +691,7 @@ int core_seq_loaded(struct core *c, uint64_t id)
 	s->state = CORE_SEQ_ACTIVE;
 	s->last_use = ++c->tick;
 	if (!s->load_resume) {
-		prune(c, s);
+		retain_prune(c, s);
 		open_counted(c, s, s->load_nhit);
 	}
 	return 0;

@@ -147,7 +147,7 @@ static int check_sequences(struct verify *v, uint32_t *nseqs)
 			const struct core_block *blk;
 
 			if (b == CORE_NONE) {
-				/* Released by the retention policy: only where prune() may have. */
+				/* Released by the retention policy: only where retain_prune() may have. */
 				if (s->retention == CORE_RETAIN_FULL ||
 				    (uint64_t)(i + 1) * B > s->ncommitted)
 					return fail(v, "sequence slot %u: entry %u released, but its "

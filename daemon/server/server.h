@@ -112,14 +112,14 @@ struct dpool {
 	struct backend_pool mem;
 	const struct backend_module *module; /* the backend's module (its words for errors), or NULL */
 	/*
-	 * The backend's queue (pool.c): the last ticket issued and the last known complete; per
+	 * The backend's queue (queue.c): the last ticket issued and the last known complete; per
 	 * block, the last ticket touching it; per host-tier slot, the last move writing it; the
 	 * last touching the staging.  Replies that hand out blocks wait for theirs (dpool_fence).
 	 */
 	uint64_t issued, completed;
 	uint64_t *block_ticket, *slot_ticket, stage_ticket;
 	/*
-	 * A device pool's pinned stagings (pool.c), stage_blocks blocks each: the requests' own;
+	 * A device pool's pinned stagings (tierio.c), stage_blocks blocks each: the requests' own;
 	 * the deferred swap-file reads', a chunk at a time (NULL: reads within the request); the
 	 * demotions straight to the files', on their way (NULL: waited for).
 	 */
@@ -131,7 +131,7 @@ struct dpool {
 	uint32_t store_head, nstores;
 	uint64_t queued_ops; /* operations queued (after the start-up measurements) */
 	uint64_t cpu_waits; /* times the loop itself waited for the queue */
-	/* Demotions to the host tier gathered into one move (pool.c: flush_demotions). */
+	/* Demotions to the host tier gathered into one move (queue.c: flush_demotions). */
 	struct backend_move out[OUT_MAX_BLOCKS];
 	uint32_t out_slots[OUT_MAX_BLOCKS];
 	uint32_t nout;
@@ -414,6 +414,36 @@ uint64_t server_next_deadline(const struct server *srv);
 /* pool.c */
 int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg);
 /*
+ * A clean stop, once every session is gone: with file_tier_persist, writes the pool's cached
+ * blocks and the host tier's down to the swap files (the core chooses, core_tier_persist) for
+ * at most file_tier_persist_stop_ms, so that a restart finds them; logs one line.
+ */
+void dpool_persist_at_stop(struct dpool *p);
+void dpool_done(struct dpool *p);
+/*
+ * The entry of namespace (salt, name) for a session of uid joining it (made, or taken back,
+ * on the way); NULL only when out of memory.  Unused entries beyond the uid's
+ * max_namespaces_per_uid, or the pool's POOL_NS_RETAINED, are folded into "(other)".
+ */
+struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name, uint32_t uid);
+int dpool_verify(struct dpool *p, char *why, size_t why_len);
+void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
+/* Retries a pool's waiting requests when blocks may have become available or time is up. */
+void dpool_retry_waiters(struct dpool *p, uint64_t now);
+
+/* queue.c: the backend's queue */
+/* Queues the demotions gathered so far (also done before anything else is queued or fenced). */
+void dpool_flush(struct dpool *p);
+/* Whether the pool's queue completed ticket t (0 always has). */
+bool dpool_passed(struct dpool *p, uint64_t t);
+/*
+ * The ticket a reply handing out table[0..n) must wait for: the latest queued operation on any
+ * of those blocks that is not done yet, else 0.
+ */
+uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
+
+/* tierio.c: the tiers' stores, loads and deferred load jobs */
+/*
  * Reaps the file tier's finished writes and forgets what they lost, and finishes the deferred
  * loads whose reads are in.  When the file tier's eventfd fires (OP_TIER), or after every
  * pass of the loop if that poll failed.
@@ -435,32 +465,6 @@ void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
  * poll failed): releases held replies and starts deferred reads that waited for it.
  */
 void dpool_backend_poll(struct dpool *p);
-/* Queues the demotions gathered so far (also done before anything else is queued or fenced). */
-void dpool_flush(struct dpool *p);
-/* Whether the pool's queue completed ticket t (0 always has). */
-bool dpool_passed(struct dpool *p, uint64_t t);
-/*
- * The ticket a reply handing out table[0..n) must wait for: the latest queued operation on any
- * of those blocks that is not done yet, else 0.
- */
-uint64_t dpool_fence(struct dpool *p, const uint32_t *table, uint32_t n);
-/*
- * A clean stop, once every session is gone: with file_tier_persist, writes the pool's cached
- * blocks and the host tier's down to the swap files (the core chooses, core_tier_persist) for
- * at most file_tier_persist_stop_ms, so that a restart finds them; logs one line.
- */
-void dpool_persist_at_stop(struct dpool *p);
-void dpool_done(struct dpool *p);
-/*
- * The entry of namespace (salt, name) for a session of uid joining it (made, or taken back,
- * on the way); NULL only when out of memory.  Unused entries beyond the uid's
- * max_namespaces_per_uid, or the pool's POOL_NS_RETAINED, are folded into "(other)".
- */
-struct ns_stats *dpool_ns_stats(struct dpool *p, uint64_t salt, const char *name, uint32_t uid);
-int dpool_verify(struct dpool *p, char *why, size_t why_len);
-void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d);
-/* Retries a pool's waiting requests when blocks may have become available or time is up. */
-void dpool_retry_waiters(struct dpool *p, uint64_t now);
 
 /* session.c */
 /* Dispatches the whole frames in the receive buffer (after a wait, too). */

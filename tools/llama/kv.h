@@ -16,7 +16,7 @@
  * token granularity a position in a hole may have been moved to a packed slot: the packed
  * blocks and the position of each of their slots come from kvp_seq_packed().
  *
- * kv_h2o is the H2O policy itself (docs/retention.md, daemon/core/core.c), run by the engine:
+ * kv_h2o is the H2O policy itself (docs/retention.md, daemon/core/retain.c), run by the engine:
  * it is what the contiguous cache keeps, and the model the paged one checks the daemon against.
  */
 #pragma once
