@@ -42,6 +42,7 @@
 #include "daemon/backend/backend.h"
 #include "proto/memfd.h"
 #include "tests/check-runner.h"
+#include "tests/unit/memfd-probe.h"
 
 static const struct backend_ops *const backends[] = { &backend_host, &backend_host_threaded };
 #define NBACKENDS 2
@@ -262,22 +263,6 @@ static void expect_pool(struct backend_pool *p, struct model *m, const char *wha
 }
 
 /* ---- 1: a new pool ------------------------------------------------------------------------ */
-
-/*
- * Whether this kernel has MFD_NOEXEC_SEAL (Linux 6.3); older ones refuse it with EINVAL, and
- * their memfds cannot carry F_SEAL_EXEC.
- */
-static bool kernel_has_noexec_seal(void)
-{
-	int fd = memfd_create("probe", MFD_CLOEXEC | MFD_NOEXEC_SEAL);
-
-	if (fd < 0) {
-		ck_assert_int_eq(errno, EINVAL);
-		return false;
-	}
-	close(fd);
-	return true;
-}
 
 /* _i: backend * NLAYOUTS + layout. */
 START_TEST(test_new_pool_is_zero)

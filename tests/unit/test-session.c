@@ -25,26 +25,11 @@
 #include "daemon/server/server.h"
 #include "proto/memfd.h"
 #include "tests/check-runner.h"
+#include "tests/unit/memfd-probe.h"
 
 static const char conf[] = "[daemon]\nsocket = /nonexistent/c.sock\nadmin_socket = /nonexistent/a.sock\n"
 			   "[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
 			   "block_tokens = 16\ncapacity_blocks = 64\n";
-
-/*
- * Whether this kernel has MFD_NOEXEC_SEAL (Linux 6.3); older ones refuse it with EINVAL, and
- * their memfds cannot carry F_SEAL_EXEC.
- */
-static bool kernel_has_noexec_seal(void)
-{
-	int fd = memfd_create("probe", MFD_CLOEXEC | MFD_NOEXEC_SEAL);
-
-	if (fd < 0) {
-		ck_assert_int_eq(errno, EINVAL);
-		return false;
-	}
-	close(fd);
-	return true;
-}
 
 /* A shared memfd's seals: size fixed, seals final, and never executable where it can be said. */
 static void assert_shared_seals(int fd, const char *what)
