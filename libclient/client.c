@@ -377,6 +377,9 @@ _Static_assert(KVP_FEATURE_SINKS == KVP_PROTO_FEATURE_SINKS, "feature: sinks");
 _Static_assert(KVP_FEATURE_H2O == KVP_PROTO_FEATURE_H2O, "feature: h2o");
 _Static_assert(KVP_FEATURE_HOST_TIER == KVP_PROTO_FEATURE_HOST_TIER, "feature: host tier");
 _Static_assert(KVP_FEATURE_FILE_TIER == KVP_PROTO_FEATURE_FILE_TIER, "feature: file tier");
+_Static_assert(KVP_RETAIN_FULL == KVP_PROTO_RETAIN_FULL, "retention: full");
+_Static_assert(KVP_RETAIN_SINKS == KVP_PROTO_RETAIN_SINKS, "retention: sinks");
+_Static_assert(KVP_RETAIN_H2O == KVP_PROTO_RETAIN_H2O, "retention: h2o");
 
 KVP_EXPORT uint32_t kvp_version(void)
 {

@@ -40,6 +40,14 @@
 #define KVP_PROTO_FEATURE_H2O (UINT64_C(1) << 4)       /* retention 2, SCORES, packed tables */
 #define KVP_PROTO_FEATURE_HOST_TIER (UINT64_C(1) << 5) /* the pool keeps blocks in host RAM */
 #define KVP_PROTO_FEATURE_FILE_TIER (UINT64_C(1) << 6) /* ... and in swap files */
+/*
+ * Open.retention, SeqInfoReply.retention and the ring's open flags: what a sequence keeps.
+ * libkvpaged's KVP_RETAIN_* and the core's CORE_RETAIN_* are asserted equal to these.
+ */
+#define KVP_PROTO_RETAIN_FULL 0
+#define KVP_PROTO_RETAIN_SINKS 1
+#define KVP_PROTO_RETAIN_H2O 2
+
 #define KVP_FRAME_MAGIC UINT32_C(0x3150564b) /* "KVP1" */
 #define KVP_FRAME_HEADER_BYTES 16
 #define KVP_FRAME_MAX_FDS 4

@@ -17,6 +17,11 @@
 #include "daemon/server/server.h"
 #include "proto/kvpaged.pb-c.h"
 
+/* Open.retention is handed to the core as it comes. */
+_Static_assert(CORE_RETAIN_FULL == KVP_PROTO_RETAIN_FULL, "retention: full");
+_Static_assert(CORE_RETAIN_SINKS == KVP_PROTO_RETAIN_SINKS, "retention: sinks");
+_Static_assert(CORE_RETAIN_H2O == KVP_PROTO_RETAIN_H2O, "retention: h2o");
+
 #define NAMESPACE_MAX 64
 #define CLIENT_NAME_MAX 63
 #define POOL_NAME_MAX 63 /* as the configuration allows */
