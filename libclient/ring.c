@@ -146,17 +146,28 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 		uint32_t held = 0;
 		int64_t off;
 
-		if (op->opcode >= KVP_OP_MAX)
-			return i ? (int)i : client_fail(c, -EINVAL, "unknown opcode %u", op->opcode);
-		if (!op->tokens && op->ntokens)
-			return i ? (int)i : client_fail(c, -EINVAL, "kvp_submit: tokens is NULL");
+		/*
+		 * A bad entry after good ones ends the batch there: the good ones are published
+		 * below (the caller was told they were submitted), the bad one is refused by the
+		 * next call, when it comes first.
+		 */
+		if (op->opcode >= KVP_OP_MAX) {
+			if (i)
+				break;
+			return client_fail(c, -EINVAL, "unknown opcode %u", op->opcode);
+		}
+		if (!op->tokens && op->ntokens) {
+			if (i)
+				break;
+			return client_fail(c, -EINVAL, "kvp_submit: tokens is NULL");
+		}
 		/* At most one ring's worth in flight, so the completion ring never overflows. */
 		if (c->sq_tail - c->slot_head == c->entries)
 			break;
 		off = data_alloc(c, in_len + out_len, &held);
 		if (off < 0) {
-			if (in_len + out_len > c->data_bytes)
-				return i ? (int)i : client_fail(c, -E2BIG, "operation larger than the data area");
+			if (in_len + out_len > c->data_bytes && i == 0)
+				return client_fail(c, -E2BIG, "operation larger than the data area");
 			break;
 		}
 		if (in_len)
