@@ -67,6 +67,21 @@ static int table_set(struct kvp_table *t, uint32_t from, const uint32_t *v, size
 	return 0;
 }
 
+/* table_set for a reply's table: a failure says why in kvp_last_error(). */
+static int reply_table(struct kvp_client *c, struct kvp_table *t, uint32_t from, const uint32_t *v,
+		       size_t n)
+{
+	int r = table_set(t, from, v, n);
+
+	if (r == -ENOMEM)
+		return client_fail(c, r, "no memory for the reply's block table (%zu entries)",
+				   (size_t)from + n);
+	if (r < 0)
+		return client_fail(c, r, "malformed reply from kvpaged: table of %zu entries from %u, "
+				   "the caller's holds %u", n, from, t ? t->len : 0);
+	return 0;
+}
+
 /* A table the library may write: NULL (not wanted), or zeroed / as the library left it. */
 static bool table_ok(const struct kvp_table *t)
 {
@@ -423,8 +438,11 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 		return -EINVAL;
 	}
 	c = calloc(1, sizeof(*c));
-	if (!c)
+	if (!c) {
+		if (o.error_buf && o.error_len)
+			snprintf(o.error_buf, o.error_len, "kvp_connect: no memory for a client");
 		return -ENOMEM;
+	}
 	c->fd = c->pool_fd = c->ring_fd = c->sq_efd = c->cq_efd = -1;
 	c->spin_us = o.spin_us;
 	/*
@@ -602,6 +620,26 @@ KVP_EXPORT int kvp_open(struct kvp_client *c, const uint32_t *tokens, uint32_t n
 	return kvp_open_retained(c, tokens, n, extra_key, flags, NULL, ret_seq, ret_cached, table);
 }
 
+/*
+ * The daemon opened (or forked) seq but the caller cannot be told of it, the reply's table
+ * having failed: close it, or it would hold its blocks until the client disconnects.  The
+ * first failure stays in kvp_last_error().
+ */
+static void forget_seq(struct kvp_client *c, uint64_t seq)
+{
+	char why[sizeof(c->err)], closing[sizeof(c->err)];
+
+	memcpy(why, c->err, sizeof(why));
+	if (kvp_close(c, seq) == 0) {
+		snprintf(c->err, sizeof(c->err), "%.200s (sequence %llu closed)", why,
+			 (unsigned long long)seq);
+		return;
+	}
+	memcpy(closing, c->err, sizeof(closing));
+	snprintf(c->err, sizeof(c->err), "%.120s; closing sequence %llu: %.100s", why,
+		 (unsigned long long)seq, closing);
+}
+
 KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, uint32_t n,
 				 uint64_t extra_key, uint32_t flags,
 				 const struct kvp_retention *retention, uint64_t *ret_seq,
@@ -634,11 +672,13 @@ KVP_EXPORT int kvp_open_retained(struct kvp_client *c, const uint32_t *tokens, u
 	r = CALL(c, OPEN, req, open_reply, rep);
 	if (r < 0)
 		return r;
-	r = table_set(table, 0, rep->table, rep->n_table);
+	r = reply_table(c, table, 0, rep->table, rep->n_table);
 	if (r == 0) {
 		*ret_seq = rep->seq;
 		if (ret_cached)
 			*ret_cached = rep->cached_tokens;
+	} else {
+		forget_seq(c, rep->seq);
 	}
 	kvpaged__v1__open_reply__free_unpacked(rep, NULL);
 	return r;
@@ -661,7 +701,7 @@ KVP_EXPORT int kvp_append(struct kvp_client *c, uint64_t seq, const uint32_t *to
 	r = CALL(c, APPEND, req, append_reply, rep);
 	if (r < 0)
 		return r;
-	r = table_set(table, rep->first_changed, rep->table, rep->n_table);
+	r = reply_table(c, table, rep->first_changed, rep->table, rep->n_table);
 	kvpaged__v1__append_reply__free_unpacked(rep, NULL);
 	return r;
 }
@@ -682,7 +722,7 @@ KVP_EXPORT int kvp_commit(struct kvp_client *c, uint64_t seq, uint32_t ntokens,
 		return r;
 	/* Replaced entries, or entries the retention policy released (holes now). */
 	if ((rep->replaced || rep->released) && table)
-		r = table_set(table, 0, rep->table, rep->n_table);
+		r = reply_table(c, table, 0, rep->table, rep->n_table);
 	if (r == 0)
 		r = (int)rep->replaced;
 	kvpaged__v1__commit_reply__free_unpacked(rep, NULL);
@@ -703,9 +743,11 @@ KVP_EXPORT int kvp_fork(struct kvp_client *c, uint64_t seq, uint64_t *ret_child,
 	r = CALL(c, FORK, req, fork_reply, rep);
 	if (r < 0)
 		return r;
-	r = table_set(child_table, 0, rep->table, rep->n_table);
+	r = reply_table(c, child_table, 0, rep->table, rep->n_table);
 	if (r == 0)
 		*ret_child = rep->seq;
+	else
+		forget_seq(c, rep->seq);
 	kvpaged__v1__fork_reply__free_unpacked(rep, NULL);
 	return r;
 }
@@ -760,7 +802,7 @@ KVP_EXPORT int kvp_seq_info(struct kvp_client *c, uint64_t seq, uint32_t *ret_to
 	r = CALL(c, SEQ_INFO, req, seq_info_reply, rep);
 	if (r < 0)
 		return r;
-	r = table_set(table, 0, rep->table, rep->n_table);
+	r = reply_table(c, table, 0, rep->table, rep->n_table);
 	if (r == 0) {
 		if (ret_tokens)
 			*ret_tokens = rep->tokens;
@@ -828,7 +870,7 @@ KVP_EXPORT int kvp_resume(struct kvp_client *c, uint64_t seq, uint32_t *ret_reco
 	r = CALL(c, RESUME, req, resume_reply, rep);
 	if (r < 0)
 		return r;
-	r = table_set(table, 0, rep->table, rep->n_table);
+	r = reply_table(c, table, 0, rep->table, rep->n_table);
 	if (r == 0 && ret_recompute)
 		*ret_recompute = rep->recompute_tokens;
 	kvpaged__v1__resume_reply__free_unpacked(rep, NULL);

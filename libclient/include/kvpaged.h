@@ -13,9 +13,9 @@
  * failure is a promise about this process's outputs only: a call that fails once the daemon
  * has replied (no memory for the reply's table, -ENOMEM, or a reply the caller's table cannot
  * take, -EPROTO) leaves them as they were, yet the daemon carried the request out.  After
- * kvp_open() or kvp_fork() the new sequence then stays the session's until kvp_disconnect();
- * after kvp_append(), kvp_commit() or kvp_resume() the caller's table is stale: kvp_seq_info()
- * gives it again.
+ * kvp_open() or kvp_fork() the library closes the new sequence the caller cannot be told of
+ * (kvp_last_error() says so); after kvp_append(), kvp_commit() or kvp_resume() the caller's
+ * table is stale: kvp_seq_info() gives it again.
  *
  * Arguments are checked first: a NULL client, a NULL pointer where a call needs one (tokens
  * or weights with a nonzero count, ret_seq, ret_child, ret_cached, ops or out with a nonzero
@@ -371,8 +371,8 @@ struct kvp_completion {
  * sleeps.  Returns how many were queued (fewer when the ring or its data area is full: reap
  * completions first), -ENOTSUP without rings, or -errno.  An op the library refuses
  * (-EINVAL, -E2BIG) is refused before anything is queued, or ends the batch there when ops
- * before it were queued: their count is returned, but today they are published to the daemon
- * only by the next kvp_submit() that queues something.  One exception: -errno from the doorbell's
+ * before it were queued: those are published to the daemon and their count is returned (the
+ * refused op, first in the next call, gets its -errno then).  One exception: -errno from the doorbell's
  * write(2) comes after the batch was published; its ops stay queued and run once the daemon
  * is woken (by a later kvp_submit()).
  */

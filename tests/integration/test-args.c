@@ -11,6 +11,8 @@
 
 #include "tests/integration/harness.h"
 
+#define KVP_OP_BAD_FOR_TEST 0xfffu /* no opcode has this number */
+
 #if defined(__SANITIZE_ADDRESS__)
 #define HAVE_REALLOC_HOOK 0 /* AddressSanitizer has realloc to itself */
 #else
@@ -199,6 +201,19 @@ START_TEST(test_bad_arguments)
 	ck_assert_int_eq(kvp_submit(c, NULL, 1), -EINVAL);
 	ck_assert_int_eq(kvp_submit(c, &op, 1), -EINVAL);
 	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "tokens is NULL"));
+	{
+		/* A bad op after a good one: the good one is queued and published, alone. */
+		struct kvp_op two[2] = { { .opcode = KVP_NOP, .user_data = 5 },
+					 { .opcode = KVP_OP_BAD_FOR_TEST } };
+		struct kvp_completion cq[2];
+
+		ck_assert_int_eq(kvp_submit(c, two, 2), 1);
+		ck_assert_int_eq(kvp_complete(c, cq, 2, 1, 5000), 1);
+		ck_assert_uint_eq(cq[0].user_data, 5);
+		ck_assert_int_eq(cq[0].res, 0);
+		ck_assert_int_eq(kvp_submit(c, two + 1, 1), -EINVAL);
+		ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "unknown opcode"));
+	}
 	ck_assert_int_eq(kvp_complete(c, NULL, 1, 0, 0), -EINVAL);
 	ck_assert_int_eq(kvp_probe(c, NULL), -EINVAL);
 	ck_assert_uint_eq(child, 99);
@@ -266,6 +281,7 @@ START_TEST(test_enomem_leaves_table)
 	struct kvp_table t = { 0 }, big = { 0 }, was;
 	uint32_t tokens[320], copy[8], cached = 77, ntok = 77, ncom = 77, rec = 77;
 	uint64_t seq, big_seq, child = 99, s2 = 99;
+	char out[8192];
 	/* The library grows a table to the entries it needs plus 16. */
 	const size_t grown = (320 / 16 + 16) * sizeof(uint32_t);
 
@@ -285,6 +301,11 @@ START_TEST(test_enomem_leaves_table)
 	ck_assert_uint_eq(s2, 99);
 	ck_assert_uint_eq(cached, 77);
 	assert_table_is(&t, &was, copy);
+	/* The daemon opened it, the caller cannot know it: the library closed it again. */
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "no memory for the reply's block table"));
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(c), "closed"));
+	ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "sequences"), 2);
 
 	fail_realloc_bytes = grown;
 	ck_assert_int_eq(kvp_seq_info(c, big_seq, &ntok, &ncom, &t), -ENOMEM);
@@ -296,6 +317,8 @@ START_TEST(test_enomem_leaves_table)
 	ck_assert_int_eq(kvp_fork(c, big_seq, &child, &t), -ENOMEM);
 	ck_assert_uint_eq(child, 99);
 	assert_table_is(&t, &was, copy);
+	ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+	ck_assert_int_eq(json_int(out, "sequences"), 2); /* the child was closed */
 
 	ck_assert_int_eq(kvp_park(c, big_seq), 0);
 	fail_realloc_bytes = grown;
