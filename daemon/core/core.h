@@ -105,8 +105,9 @@ struct core_load {
 struct core_tier_ops {
 	/*
 	 * Copies a block from (from_tier, from) into slot to of this level, to_tier; from is a
-	 * pool block for CORE_TIER_POOL, else a slot of the level above (to_tier - 1), whose
-	 * storage is another level's: the callback reads it there.  Synchronous as far as the
+	 * pool block for CORE_TIER_POOL, else a slot of a level above, in that level's storage:
+	 * the callback reads it there.  Usually from_tier is to_tier - 1; a block skips the
+	 * levels between whose every slot a lookup in progress holds.  Synchronous as far as the
 	 * core is concerned: a later load of the slot must see the bytes (the daemon queues the
 	 * move, and gathers demotions into one, in the order of the calls).  0, or -errno and the
 	 * block is not kept there; a queued move that fails later leaves its slot matching
