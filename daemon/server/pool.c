@@ -234,8 +234,7 @@ static int host_tier_open(struct dpool *p, const struct backend_module *module)
 static uint32_t tier_add(struct dpool *p, struct core_config *cc, const char *name,
 			 uint32_t blocks, double bandwidth, const struct core_tier_ops *ops)
 {
-	p->tiers[p->ntiers] = (struct dpool_tier){ .name = name, .blocks = blocks,
-						   .bandwidth = bandwidth };
+	p->tiers[p->ntiers] = (struct dpool_tier){ .name = name };
 	cc->tiers[cc->ntiers++] = (struct core_tier_config){ .slots = blocks,
 							     .bandwidth = bandwidth, .ops = ops,
 							     .ctx = p };

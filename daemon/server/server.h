@@ -106,13 +106,11 @@ struct seq_owner {
 #define BACKEND_CHECK_NS 100000000ull
 
 /*
- * One level below a pool, as the daemon lists them for the core (pool.c: tiers_setup): the
+ * One level below a pool, as the daemon lists them for the core (pool.c: tier_add): the
  * core numbers them 1 .. ntiers in this order and knows nothing else of them.
  */
 struct dpool_tier {
 	const char *name; /* "host", "file": the tier label of the metrics and stats */
-	uint32_t blocks;
-	double bandwidth; /* bytes/s the cost model uses (configured or measured) */
 };
 
 struct dpool {
