@@ -79,7 +79,7 @@ typedef void (*core_copy_slots_fn)(void *ctx, const struct core_slot_copy *c, ui
  * callbacks and one more entry in the list, not a change here.
  */
 #define CORE_TIER_POOL 0u
-/* Levels below the pool at most (the pool, host RAM, files, a remote store, one to spare). */
+/* Levels below the pool at most: host RAM, files, a remote store, and one to spare. */
 #define CORE_MAX_TIERS 4u
 
 /* A full block's identity, as a tier must store it and give it back. */

@@ -187,7 +187,6 @@ static int host_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 	const void *data;
 	int r;
 
-	(void)to_tier;
 	if (from_tier != CORE_TIER_POOL)
 		return -EINVAL; /* tiers_open lists it first: nothing is above it but the pool */
 	if (p->host_direct) {
@@ -224,7 +223,6 @@ static int file_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 	const void *data;
 	int r;
 
-	(void)to_tier;
 	if (from_tier == CORE_TIER_POOL && p->store_stage)
 		return store_queued(p, from, to, ck);
 	if (from_tier == CORE_TIER_POOL) {
