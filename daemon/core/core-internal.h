@@ -62,6 +62,7 @@ struct tier {
 	struct pool pool;
 	struct prefix_index index;
 	struct core *c;
+	const struct core_tier_config *cfg; /* its entry of c->cfg.tiers: ops, ctx, bandwidth */
 	uint32_t id;
 	bool promote; /* a hit here is worth a transfer */
 	struct core_tier_stats stats;
@@ -80,7 +81,7 @@ struct core {
 	struct core_stats stats;
 	uint64_t tick;
 	struct victim *victims; /* max_sequences of them: preemption candidates */
-	struct tier tiers[CORE_NTIERS]; /* [0] unused: the pool */
+	struct tier tiers[CORE_MAX_TIERS + 1]; /* by level, 1 .. cfg.ntiers; [0] unused: the pool */
 	uint32_t first_tier;  /* where the pool demotes to; 0: no tier */
 	bool dropping;        /* core_drop_cache: evictions move nothing */
 	/* One lookup's hits below the pool (walk-sized). */
@@ -88,6 +89,7 @@ struct core {
 	uint32_t *hit_slot;
 	struct core_hash *hit_hash; /* walk + 1 */
 	struct core_load *loads;
+	struct core_load *batch; /* walk-sized: one level's part of loads, for its load callback */
 	/* One eviction's gather (H2O tokens): a block's survivors, block_tokens at most. */
 	struct core_slot_copy *gather;
 	uint32_t ngather;
@@ -123,7 +125,7 @@ static inline uint64_t retention_tag(uint32_t retention, uint32_t n_sink, uint32
 
 static inline bool tier_exists(const struct core *c, uint32_t t)
 {
-	return t > 0 && t < CORE_NTIERS && c->cfg.tier_slots[t] > 0;
+	return t > 0 && t <= c->cfg.ntiers;
 }
 
 /* Sequence ids carry the slot's generation so a closed id is never mistaken for a new one. */

@@ -32,10 +32,15 @@ static int config_check(const struct core_config *cfg)
 		return -EINVAL;
 	if ((uint64_t)cfg->capacity_blocks * cfg->block_tokens > SIZE_MAX / sizeof(uint32_t))
 		return -EINVAL;
-	for (uint32_t t = 1; t < CORE_NTIERS; t++)
-		if (cfg->tier_slots[t] &&
-		    (!cfg->tier_ops || !cfg->tier_ops->store || !cfg->tier_ops->load))
+	if (cfg->ntiers > CORE_MAX_TIERS)
+		return -EINVAL;
+	/* A level with no room would only shift the ones after it: the list holds what exists. */
+	for (uint32_t i = 0; i < cfg->ntiers; i++) {
+		const struct core_tier_config *t = &cfg->tiers[i];
+
+		if (t->slots == 0 || !t->ops || !t->ops->store || !t->ops->load)
 			return -EINVAL;
+	}
 	return 0;
 }
 
@@ -74,13 +79,16 @@ int core_new(const struct core_config *cfg, struct core **ret)
 	c->hit_slot = malloc(walk * sizeof(*c->hit_slot));
 	c->hit_hash = malloc((walk + 1) * sizeof(*c->hit_hash));
 	c->loads = malloc(walk * sizeof(*c->loads));
+	if (cfg->ntiers > 1)
+		c->batch = malloc(walk * sizeof(*c->batch));
 	c->seqs = calloc(cfg->max_sequences, sizeof(*c->seqs));
 	c->victims = malloc((size_t)cfg->max_sequences * sizeof(*c->victims));
 	c->free_slots = malloc((size_t)cfg->max_sequences * sizeof(*c->free_slots));
 	if (cfg->copy_slots)
 		c->gather = malloc((size_t)cfg->block_tokens * sizeof(*c->gather));
 	if (!c->tokens || !c->walk || !c->seqs || !c->victims || !c->free_slots || !c->hit_tier ||
-	    !c->hit_slot || !c->hit_hash || !c->loads || (cfg->copy_slots && !c->gather))
+	    !c->hit_slot || !c->hit_hash || !c->loads || (cfg->ntiers > 1 && !c->batch) ||
+	    (cfg->copy_slots && !c->gather))
 		goto fail;
 	/* Hand out low slots first: ids stay small and the slot array stays warm. */
 	for (uint32_t i = 0; i < cfg->max_sequences; i++)
@@ -118,6 +126,7 @@ struct core *core_free(struct core *c)
 	free(c->hit_slot);
 	free(c->hit_hash);
 	free(c->loads);
+	free(c->batch);
 	free(c->gather);
 	free(c->seqs);
 	free(c->victims);

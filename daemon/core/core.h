@@ -67,19 +67,20 @@ typedef void (*core_copy_slots_fn)(void *ctx, const struct core_slot_copy *c, ui
 #define CORE_MAX_BLOCK_TOKENS 65536u
 
 /*
- * Tiers below the pool: a hierarchical prefix cache.  A cached block evicted from the pool is
- * demoted, by hash, to the host tier; one evicted from the host tier to the file tier; one
- * evicted from the last tier is gone.  A prefix lookup that runs out of pool blocks goes on in
- * the tiers and promotes what it finds back into the pool (when the cost model says a transfer
- * beats recomputing).  Each block lives in one place: demotion and promotion move it.  The core
- * keeps the bookkeeping; the bytes are moved by the callbacks below.
+ * Tiers below the pool: a hierarchical prefix cache.  The levels form an ordered list: the pool
+ * is level 0 and the tiers below it are levels 1 .. ntiers, in the order core_config.tiers
+ * lists them (fastest first).  A cached block evicted from the pool is demoted, by hash, to
+ * level 1; one evicted from level t to level t + 1; one evicted from the last level is gone.
+ * A prefix lookup that runs out of pool blocks goes on down the levels and promotes what it
+ * finds back into the pool (when the cost model says a transfer from that level beats
+ * recomputing).  Each block lives in one place: demotion and promotion move it.  The core
+ * keeps the bookkeeping and knows nothing of what a level is made of: each level's bytes are
+ * moved by its own callbacks (struct core_tier_ops), so a new kind of storage is a new set of
+ * callbacks and one more entry in the list, not a change here.
  */
-enum core_tier {
-	CORE_TIER_POOL = 0,
-	CORE_TIER_HOST = 1,
-	CORE_TIER_FILE = 2,
-};
-#define CORE_NTIERS 3
+#define CORE_TIER_POOL 0u
+/* Levels below the pool at most: host RAM, files, a remote store, and one to spare. */
+#define CORE_MAX_TIERS 4u
 
 /* A full block's identity, as a tier must store it and give it back. */
 struct core_key {
@@ -93,36 +94,56 @@ struct core_key {
 
 /* One block coming up from a tier into the pool. */
 struct core_load {
-	uint32_t tier;  /* CORE_TIER_HOST or CORE_TIER_FILE */
+	uint32_t tier;  /* the level it comes from, 1 .. ntiers */
 	uint32_t slot;
 	uint32_t block; /* the pool block to fill */
 	struct core_key key; /* what the slot must hold (tokens from the lookup's prompt) */
 	int result;     /* set by the callback: 0, or -errno when nothing usable was copied */
 };
 
+/* One level's storage.  Its ctx is the one of its struct core_tier_config. */
 struct core_tier_ops {
 	/*
-	 * Copies a block from (from_tier, from) into slot to of tier to_tier; from is a pool block
-	 * for CORE_TIER_POOL.  Synchronous as far as the core is concerned: a later load of the
-	 * slot must see the bytes (the daemon queues the move, and gathers demotions into one, in
-	 * the order of the calls).  0, or -errno and the block is not kept there; a queued move
-	 * that fails later leaves its slot matching nothing, so a lookup finds a miss there.
+	 * Copies a block from (from_tier, from) into slot to of this level, to_tier; from is a
+	 * pool block for CORE_TIER_POOL, else a slot of a level above, in that level's storage:
+	 * the callback reads it there.  Usually from_tier is to_tier - 1; a block skips the
+	 * levels between whose every slot a lookup in progress holds.  Synchronous as far as the
+	 * core is concerned: a later load of the slot must see the bytes (the daemon queues the
+	 * move, and gathers demotions into one, in the order of the calls).  0, or -errno and the
+	 * block is not kept there; a queued move that fails later leaves its slot matching
+	 * nothing, so a lookup finds a miss there.
 	 */
 	int (*store)(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		     const struct core_key *key);
 	/*
-	 * Fills n pool blocks from tier slots, each verified against its key (a tier never gives
-	 * back another block's bytes); sets every result.  One call per lookup, so a tier can batch.
+	 * Fills n pool blocks from this level's slots, each verified against its key (a tier
+	 * never gives back another block's bytes); sets every result.  One call per level per
+	 * lookup, with every hit of the lookup in this level, in chain order, so a level can
+	 * batch.  Levels listed with the same ops and ctx are one storage: they get one call
+	 * for all their hits (loads[i].tier says whose each is).
 	 */
 	void (*load)(void *ctx, struct core_load *loads, uint32_t n);
 };
 
-/* What the cost model needs; a zero means unknown. */
+/* One level below the pool. */
+struct core_tier_config {
+	uint32_t slots;     /* blocks it holds, >= 1 */
+	/*
+	 * Bytes/s between the pool and this level; 0: unknown.  The cost model compares a
+	 * block's transfer at this rate with recomputing it: a level where the transfer loses
+	 * is not promoted from (its hits are recomputed), and the first level's rate decides
+	 * whether a preempted sequence is swapped (docs/cost.md).
+	 */
+	double bandwidth;
+	const struct core_tier_ops *ops; /* required, with both callbacks */
+	void *ctx;
+};
+
+/* What the cost model needs besides each tier's bandwidth; a zero means unknown. */
 struct core_cost_config {
-	double block_bytes;            /* bytes of one block */
-	double params;                 /* model parameters (recompute = 2 * params * tokens / flops) */
-	double flops;                  /* FLOP/s the engine recomputes at */
-	double bandwidth[CORE_NTIERS]; /* bytes/s between the pool and each tier */
+	double block_bytes; /* bytes of one block */
+	double params;      /* model parameters (recompute = 2 * params * tokens / flops) */
+	double flops;       /* FLOP/s the engine recomputes at */
 };
 
 struct core_config {
@@ -139,10 +160,12 @@ struct core_config {
 	/* Told about every sequence dropped to make room (may be NULL). */
 	void (*on_drop)(void *ctx, uint64_t seq, uint32_t nblocks);
 	void *drop_ctx;
-	/* Slots of each tier below the pool (index 0 unused); 0: no such tier. */
-	uint32_t tier_slots[CORE_NTIERS];
-	const struct core_tier_ops *tier_ops; /* required when any tier has slots */
-	void *tier_ctx;
+	/*
+	 * The levels below the pool, fastest first: tiers[i] is level i + 1.  ntiers <=
+	 * CORE_MAX_TIERS; 0: nothing below the pool.
+	 */
+	struct core_tier_config tiers[CORE_MAX_TIERS];
+	uint32_t ntiers;
 	struct core_cost_config cost;
 	/*
 	 * A sliding-window pool: every sequence keeps only the blocks that hold its last window
@@ -371,7 +394,9 @@ int core_seq_resume_flags(struct core *c, uint64_t seq, uint32_t flags, uint32_t
 
 /*
  * A LOADING sequence's loads: the pool blocks to fill from which tier slots, with the
- * identity each must have.  The caller sets every result (0 once the block holds the bytes;
+ * identity each must have, in the order of the sequence's table (so levels may alternate:
+ * the caller reads each load from its own level's storage, as that level's load callback
+ * would).  The caller sets every result (0 once the block holds the bytes;
  * -EBADMSG when the slot held something else or was damaged; another -errno when the read
  * failed) and calls core_seq_loaded.  The slots stay held (never reused) until then, and the
  * blocks belong to the sequence.  0 (*ret_n = 0 if not LOADING) or -ENOENT.
@@ -439,7 +464,7 @@ uint32_t core_lookup(const struct core *c, const struct core_open *o);
  */
 uint32_t core_drop_cache(struct core *c);
 
-/* Statistics of one tier (CORE_TIER_HOST or CORE_TIER_FILE).  0 or -EINVAL. */
+/* Statistics of one tier (1 .. ntiers).  0 or -EINVAL (no such tier). */
 int core_get_tier_stats(const struct core *c, uint32_t tier, struct core_tier_stats *ret);
 
 /* The last preemptions, newest first; returns how many were copied (at most max). */
@@ -476,7 +501,7 @@ struct core_persist_pass {
  * blocks, newest first, then each tier above `to`'s, newest first.  Leaf-first eviction keeps
  * a cached parent newer than its cached children and no further from the pool, so a prefix
  * goes down from its root, and a pass cut short leaves leaves, not roots.  Each block is moved
- * (tier_ops->store into `to`, then freed where it was), or dropped when the cost model marked
+ * (`to`'s store callback, then freed where it was), or dropped when the cost model marked
  * it to be or its store fails, as in an eviction; a block already in `to` only gets fresher.
  * Blocks held by sequences or loads are not touched.  The pass ends once it has filled `to`
  * (one more would push out a block it moved) or nothing is left.  At most max blocks per call,

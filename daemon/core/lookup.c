@@ -268,12 +268,58 @@ uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
 	return good;
 }
 
-/* Brings up the tier hits of the last walk in one load batch, within the call. */
+/* Whether levels a and b are one storage: the same callbacks with the same context. */
+static bool same_storage(const struct core *c, uint32_t a, uint32_t b)
+{
+	return c->tiers[a].cfg->ops == c->tiers[b].cfg->ops &&
+	       c->tiers[a].cfg->ctx == c->tiers[b].cfg->ctx;
+}
+
+/*
+ * Hands each storage its part of loads (in chain order, levels mixed) in one call, so it can
+ * batch its reads; the results go back to their places.  A storage is usually one level; levels
+ * that share their callbacks and context get one call for all of theirs.  Most prompts come up
+ * from one level: those need no copies.
+ */
+static void load_by_storage(struct core *c, struct core_load *loads, uint32_t n)
+{
+	uint32_t t = loads[0].tier;
+	bool one = true;
+
+	for (uint32_t k = 1; k < n && one; k++)
+		one = same_storage(c, loads[k].tier, t);
+	if (one) {
+		c->tiers[t].cfg->ops->load(c->tiers[t].cfg->ctx, loads, n);
+		return;
+	}
+	for (t = 1; t <= c->cfg.ntiers; t++) {
+		const struct core_tier_config *tc = c->tiers[t].cfg;
+		uint32_t m = 0, u;
+
+		/* A storage's loads went out with its first level's. */
+		for (u = 1; u < t && !same_storage(c, u, t); u++)
+			;
+		if (u < t)
+			continue;
+		for (uint32_t k = 0; k < n; k++)
+			if (same_storage(c, loads[k].tier, t))
+				c->batch[m++] = loads[k];
+		if (!m)
+			continue;
+		tc->ops->load(tc->ctx, c->batch, m);
+		m = 0;
+		for (uint32_t k = 0; k < n; k++)
+			if (same_storage(c, loads[k].tier, t))
+				loads[k].result = c->batch[m++].result;
+	}
+}
+
+/* Brings up the tier hits of the last walk, one load batch per storage, within the call. */
 static uint32_t promote(struct core *c, const struct core_open *o, uint32_t *table,
 			uint32_t nhit, uint32_t ntier)
 {
 	loads_fill(c, o, table, nhit, ntier, c->loads);
-	c->cfg.tier_ops->load(c->cfg.tier_ctx, c->loads, ntier);
+	load_by_storage(c, c->loads, ntier);
 	return lookup_promote_finish(c, table, nhit, c->loads, ntier);
 }
 

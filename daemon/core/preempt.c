@@ -15,6 +15,7 @@ static void decide(struct core *c, const struct core_seq *s, struct core_preempt
 {
 	const struct core_cost_config *cost = &c->cfg.cost;
 	uint32_t swap_blocks = 0;
+	double bandwidth; /* a swap's transfer back: from the first level, where it goes */
 
 	for (uint32_t i = 0; i < s->nblocks; i++) {
 		const struct core_block *blk;
@@ -43,15 +44,14 @@ static void decide(struct core *c, const struct core_seq *s, struct core_preempt
 		p->reason = CORE_REASON_NOTHING_TO_SWAP;
 		return;
 	}
-	if (cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
-	    cost->bandwidth[c->first_tier] <= 0) {
+	bandwidth = c->tiers[c->first_tier].cfg->bandwidth;
+	if (cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 || bandwidth <= 0) {
 		p->decision = CORE_DECISION_SWAP;
 		p->reason = CORE_REASON_NO_COST_MODEL;
 		return;
 	}
 	/* What a drop costs on resume: these blocks' tokens (a partial tail is recomputed anyway). */
-	p->swap_s = cost_transfer_s((double)swap_blocks * cost->block_bytes,
-				    cost->bandwidth[c->first_tier]);
+	p->swap_s = cost_transfer_s((double)swap_blocks * cost->block_bytes, bandwidth);
 	p->recompute_s = cost_recompute_s(cost->params, (double)swap_blocks * c->cfg.block_tokens,
 					  cost->flops);
 	if (cost_choose(p->swap_s, p->recompute_s) == COST_SWAP) {

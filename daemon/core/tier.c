@@ -2,7 +2,8 @@
 /*
  * The tiers below the pool: bookkeeping only.  Each tier reuses the pool's machinery (block
  * metadata, free list, LRU) and the prefix index, keyed by the same chain hashes, so a lookup
- * walks one namespace from the pool down.  The bytes move through cfg.tier_ops.
+ * walks one namespace from the pool down.  The levels are a list (cfg.tiers): nothing here
+ * knows what one is made of, and the bytes move through each level's own ops.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -65,7 +66,7 @@ static int store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t 
 	slot = pool_alloc(&t->pool);
 	if (slot == CORE_NONE)
 		return tier_exists(c, to + 1) ? store_into(c, to + 1, from_tier, from, key) : -ENOSPC;
-	r = c->cfg.tier_ops->store(c->cfg.tier_ctx, from_tier, from, to, slot, key);
+	r = t->cfg->ops->store(t->cfg->ctx, from_tier, from, to, slot, key);
 	if (r < 0) {
 		t->stats.store_errors++;
 		pool_unref(&t->pool, slot); /* not indexed: back to the free list */
@@ -104,13 +105,11 @@ void tier_demote_block(struct core *c, uint32_t b)
 uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
 		   uint64_t salt, uint64_t extra, uint32_t *ret_slot)
 {
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
 		const struct tier *tr = &c->tiers[t];
 		const struct core_block *e;
 		uint32_t slot;
 
-		if (!tier_exists(c, t))
-			continue;
 		slot = index_find(&tr->index, tr->pool.blocks, h);
 		if (slot == CORE_NONE)
 			continue;
@@ -154,7 +153,7 @@ static uint32_t persist_next(const struct core *c, uint32_t to, uint32_t *ret_ti
 	if (c->pool.lru_tail != CORE_NONE)
 		return c->pool.lru_tail;
 	for (uint32_t t = 1; t < to; t++)
-		if (tier_exists(c, t) && c->tiers[t].pool.lru_tail != CORE_NONE) {
+		if (c->tiers[t].pool.lru_tail != CORE_NONE) {
 			*ret_tier = t;
 			return c->tiers[t].pool.lru_tail;
 		}
@@ -219,10 +218,9 @@ uint32_t tiers_drop_all(struct core *c)
 {
 	uint32_t n = 0;
 
-	for (uint32_t t = 1; t < CORE_NTIERS; t++)
-		if (tier_exists(c, t))
-			while (pool_evict_oldest(&c->tiers[t].pool))
-				n++;
+	for (uint32_t t = 1; t <= c->cfg.ntiers; t++)
+		while (pool_evict_oldest(&c->tiers[t].pool))
+			n++;
 	return n;
 }
 
@@ -232,36 +230,33 @@ int tiers_init(struct core *c)
 	double recompute = cost_recompute_s(cost->params, c->cfg.block_tokens, cost->flops);
 	int r;
 
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
 		struct tier *tr = &c->tiers[t];
-		double transfer = cost->bandwidth[t] > 0
-					  ? cost_transfer_s(cost->block_bytes, cost->bandwidth[t])
-					  : 0;
+		const struct core_tier_config *tc = &c->cfg.tiers[t - 1];
+		double transfer = tc->bandwidth > 0 ? cost_transfer_s(cost->block_bytes, tc->bandwidth)
+						    : 0;
 
 		tr->c = c;
+		tr->cfg = tc;
 		tr->id = t;
-		if (!tier_exists(c, t))
-			continue;
-		if (!c->first_tier)
-			c->first_tier = t;
-		r = pool_init(&tr->pool, c->cfg.tier_slots[t], on_tier_evict, tr);
+		r = pool_init(&tr->pool, tc->slots, on_tier_evict, tr);
 		if (r < 0)
 			return r;
-		r = index_init(&tr->index, c->cfg.tier_slots[t]);
+		r = index_init(&tr->index, tc->slots);
 		if (r < 0)
 			return r;
 		/* Unknown figures promote: a transfer loses no work. */
 		tr->promote = cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
-			      cost->bandwidth[t] <= 0 ||
-			      cost_choose(transfer, recompute) == COST_SWAP;
-		tr->stats.capacity = c->cfg.tier_slots[t];
+			      tc->bandwidth <= 0 || cost_choose(transfer, recompute) == COST_SWAP;
+		tr->stats.capacity = tc->slots;
 	}
+	c->first_tier = c->cfg.ntiers ? 1 : 0;
 	return 0;
 }
 
 void tiers_done(struct core *c)
 {
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
 		pool_done(&c->tiers[t].pool);
 		index_done(&c->tiers[t].index);
 	}
@@ -269,10 +264,10 @@ void tiers_done(struct core *c)
 
 int core_get_tier_stats(const struct core *c, uint32_t t, struct core_tier_stats *ret)
 {
-	if (t == 0 || t >= CORE_NTIERS)
+	if (!tier_exists(c, t))
 		return -EINVAL;
 	*ret = c->tiers[t].stats;
-	ret->used = tier_exists(c, t) ? c->tiers[t].pool.capacity - c->tiers[t].pool.nfree : 0;
+	ret->used = c->tiers[t].pool.capacity - c->tiers[t].pool.nfree;
 	return 0;
 }
 
@@ -285,7 +280,7 @@ int core_tier_lost(struct core *c, uint32_t t, uint32_t slot)
 {
 	struct tier *tr;
 
-	if (!tier_exists(c, t) || slot >= c->cfg.tier_slots[t])
+	if (!tier_exists(c, t) || slot >= c->tiers[t].pool.capacity)
 		return -EINVAL;
 	tr = &c->tiers[t];
 	if (!(tr->pool.blocks[slot].flags & CORE_BLOCK_INDEXED))
@@ -302,7 +297,7 @@ int core_tier_restore(struct core *c, uint32_t t, uint32_t slot, const struct co
 	struct core_block *e;
 	int r;
 
-	if (!tier_exists(c, t) || slot >= c->cfg.tier_slots[t])
+	if (!tier_exists(c, t) || slot >= c->tiers[t].pool.capacity)
 		return -EINVAL;
 	tr = &c->tiers[t];
 	if (index_find(&tr->index, tr->pool.blocks, key->hash) != CORE_NONE)
@@ -351,12 +346,10 @@ static uint32_t load_holds(const struct core *c, uint32_t t, uint32_t slot)
 
 int tiers_verify(const struct core *c, char *why, size_t why_len)
 {
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
 		const struct tier *tr = &c->tiers[t];
 		uint32_t nfree = 0, ncached = 0, nindexed = 0, nheld = 0, nheld_indexed = 0;
 
-		if (!tier_exists(c, t))
-			continue;
 		for (uint32_t s = tr->pool.free_head; s != CORE_NONE; s = tr->pool.blocks[s].next)
 			if (++nfree > tr->pool.capacity || tr->pool.blocks[s].state != CORE_BLOCK_FREE)
 				return fail(why, why_len, "tier %u: free list broken at slot %u", t,

@@ -210,31 +210,29 @@ static void metrics_text(struct server *srv, struct text *t)
 	text_printf(t, "# HELP kvpaged_tier_blocks Blocks each tier below the pool holds.\n"
 		       "# TYPE kvpaged_tier_blocks gauge\n");
 	for (size_t i = 0; i < srv->npools; i++)
-		for (uint32_t tier = 1; tier < CORE_NTIERS; tier++) {
+		for (uint32_t tier = 1; tier <= srv->pools[i].ntiers; tier++) {
 			struct core_tier_stats ts;
 
-			core_get_tier_stats(srv->pools[i].core, tier, &ts);
-			if (ts.capacity)
+			if (core_get_tier_stats(srv->pools[i].core, tier, &ts) == 0)
 				text_printf(t, "kvpaged_tier_blocks{pool=\"%s\",tier=\"%s\"} %u\n",
 					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
-					    tier == CORE_TIER_HOST ? "host" : "file", ts.used);
+					    srv->pools[i].tiers[tier - 1].name, ts.used);
 		}
 	for (size_t k = 0; k < sizeof(tier_counters) / sizeof(tier_counters[0]); k++) {
 		text_printf(t, "# HELP kvpaged_tier_%s_total %s\n# TYPE kvpaged_tier_%s_total counter\n",
 			    tier_counters[k].name, tier_counters[k].help, tier_counters[k].name);
 		for (size_t i = 0; i < srv->npools; i++)
-			for (uint32_t tier = 1; tier < CORE_NTIERS; tier++) {
+			for (uint32_t tier = 1; tier <= srv->pools[i].ntiers; tier++) {
 				struct core_tier_stats ts;
 				uint64_t v;
 
-				core_get_tier_stats(srv->pools[i].core, tier, &ts);
-				if (!ts.capacity)
+				if (core_get_tier_stats(srv->pools[i].core, tier, &ts) < 0)
 					continue;
 				memcpy(&v, (const char *)&ts + tier_counters[k].off, sizeof(v));
 				text_printf(t, "kvpaged_tier_%s_total{pool=\"%s\",tier=\"%s\"} %llu\n",
 					    tier_counters[k].name,
 					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
-					    tier == CORE_TIER_HOST ? "host" : "file",
+					    srv->pools[i].tiers[tier - 1].name,
 					    (unsigned long long)v);
 			}
 	}
@@ -313,7 +311,11 @@ int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len)
 	return 0;
 }
 
-static const char *const tier_names[CORE_NTIERS] = { "pool", "host", "file" };
+/* A level's name: the pool's, or its list's entry (a level the pool does not have: "pool"). */
+static const char *level_name(const struct dpool *p, uint32_t level)
+{
+	return level >= 1 && level <= p->ntiers ? p->tiers[level - 1].name : "pool";
+}
 
 static const char *decision_name(uint32_t d)
 {
@@ -341,8 +343,8 @@ static const char *reason_name(uint32_t r)
 static void tier_stats_fill(struct dpool *p, Kvpaged__V1__PoolStats *x)
 {
 	struct core_preemption log[CORE_PREEMPTION_LOG];
-	Kvpaged__V1__TierStats *ts = calloc(CORE_NTIERS, sizeof(*ts));
-	Kvpaged__V1__TierStats **tp = calloc(CORE_NTIERS, sizeof(*tp));
+	Kvpaged__V1__TierStats *ts = calloc(CORE_MAX_TIERS, sizeof(*ts));
+	Kvpaged__V1__TierStats **tp = calloc(CORE_MAX_TIERS, sizeof(*tp));
 	Kvpaged__V1__Preemption *pe = calloc(CORE_PREEMPTION_LOG, sizeof(*pe));
 	Kvpaged__V1__Preemption **pep = calloc(CORE_PREEMPTION_LOG, sizeof(*pep));
 	uint32_t n;
@@ -354,14 +356,14 @@ static void tier_stats_fill(struct dpool *p, Kvpaged__V1__PoolStats *x)
 		free(pep);
 		return;
 	}
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= p->ntiers; t++) {
 		Kvpaged__V1__TierStats *y = &ts[x->n_tiers];
 		struct core_tier_stats st;
 
-		if (core_get_tier_stats(p->core, t, &st) < 0 || st.capacity == 0)
+		if (core_get_tier_stats(p->core, t, &st) < 0)
 			continue;
 		kvpaged__v1__tier_stats__init(y);
-		y->tier = (char *)tier_names[t];
+		y->tier = (char *)level_name(p, t);
 		y->capacity_blocks = st.capacity;
 		y->used_blocks = st.used;
 		y->demotions = st.demotions;
@@ -373,7 +375,7 @@ static void tier_stats_fill(struct dpool *p, Kvpaged__V1__PoolStats *x)
 		y->skipped = st.skipped;
 		y->bytes_in = st.demotions * p->block_bytes;
 		y->bytes_out = st.promotions * p->block_bytes;
-		if (t == CORE_TIER_FILE && p->file) {
+		if (t == p->file_level && p->file) {
 			struct file_tier_stats fs;
 
 			file_tier_get_stats(p->file, &fs);
@@ -396,7 +398,7 @@ static void tier_stats_fill(struct dpool *p, Kvpaged__V1__PoolStats *x)
 		y->swap_blocks = log[i].swap_blocks;
 		y->decision = (char *)decision_name(log[i].decision);
 		y->reason = (char *)reason_name(log[i].reason);
-		y->tier = (char *)tier_names[log[i].tier < CORE_NTIERS ? log[i].tier : 0];
+		y->tier = (char *)level_name(p, log[i].tier);
 		y->swap_ms = log[i].swap_s * 1e3;
 		y->recompute_ms = log[i].recompute_s * 1e3;
 		y->tick = log[i].tick;

@@ -47,8 +47,12 @@ struct load_job {
 	int *results;
 };
 
-/* The core's tier operations for a pool (core_config.tier_ops). */
-extern const struct core_tier_ops dpool_tier_ops;
+/*
+ * The core's callbacks for a pool's levels (core_tier_config.ops, ctx the pool): host RAM and
+ * the swap files.  Each is handed only its own level's loads.
+ */
+extern const struct core_tier_ops dpool_host_tier_ops;
+extern const struct core_tier_ops dpool_file_tier_ops;
 /* A queued write failed: remember the slot; dpool_tier_poll tells the core between calls. */
 void dpool_on_file_lost(void *ctx, uint32_t slot, int err);
 /* Hands the pending stores whose moves are done to the file tier; waits for the first wait. */

@@ -42,7 +42,7 @@ static void on_restored(void *ctx, uint32_t slot, const struct tier_key *k)
 				.parent = { k->parent_lo, k->parent_hi },
 				.salt = k->salt, .extra = k->extra };
 
-	core_tier_restore(p->core, CORE_TIER_FILE, slot, &key);
+	core_tier_restore(p->core, p->file_level, slot, &key);
 }
 
 static double now_s(void)
@@ -226,6 +226,21 @@ static int host_tier_open(struct dpool *p, const struct backend_module *module)
 	return 0;
 }
 
+/*
+ * Appends a level to the pool's list and the core's (they stay in step: the core's level t is
+ * p->tiers[t - 1]).  Returns its level.  Every level's callbacks get the pool: they reach the
+ * storage of the level above through it (a host-tier slot going down to the files).
+ */
+static uint32_t tier_add(struct dpool *p, struct core_config *cc, const char *name,
+			 uint32_t blocks, double bandwidth, const struct core_tier_ops *ops)
+{
+	p->tiers[p->ntiers] = (struct dpool_tier){ .name = name };
+	cc->tiers[cc->ntiers++] = (struct core_tier_config){ .slots = blocks,
+							     .bandwidth = bandwidth, .ops = ops,
+							     .ctx = p };
+	return ++p->ntiers;
+}
+
 static int tiers_open(struct dpool *p, const struct backend_module *module, struct core_config *cc)
 {
 	const struct kvpd_pool_config *c = p->cfg;
@@ -256,29 +271,29 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 					       c->name, c->swap_files[0],
 					       c->n_swap_files > 1 ? ", ..." : "");
 	}
-	p->bandwidth[CORE_TIER_HOST] = c->host_tier_bandwidth == KVPD_MEASURE
-					       ? measure_move_bandwidth(p)
-					       : (double)c->host_tier_bandwidth;
-	p->bandwidth[CORE_TIER_FILE] = c->file_tier_bandwidth == KVPD_MEASURE && p->file
-					       ? measure_file_bandwidth(p)
-					       : c->file_tier_bandwidth == KVPD_MEASURE
-							 ? 0
-							 : (double)c->file_tier_bandwidth;
+	p->host_bandwidth = c->host_tier_bandwidth == KVPD_MEASURE ? measure_move_bandwidth(p)
+								   : (double)c->host_tier_bandwidth;
+	if (c->file_tier_bandwidth != KVPD_MEASURE)
+		p->file_bandwidth = (double)c->file_tier_bandwidth;
+	else
+		p->file_bandwidth = p->file ? measure_file_bandwidth(p) : 0;
 	/* The stats count what clients cause, not the measurements. */
 	p->queued_ops = 0;
 	p->cpu_waits = 0;
 	if (c->host_tier_bandwidth == KVPD_MEASURE || c->file_tier_bandwidth == KVPD_MEASURE)
 		log_info("pool %s: measured tier bandwidth: host %.2f GB/s, file %.2f GB/s", c->name,
-			 p->bandwidth[CORE_TIER_HOST] / 1e9, p->bandwidth[CORE_TIER_FILE] / 1e9);
-	cc->tier_slots[CORE_TIER_HOST] = c->host_tier_blocks;
-	cc->tier_slots[CORE_TIER_FILE] = c->file_tier_blocks;
-	cc->tier_ops = &dpool_tier_ops;
-	cc->tier_ctx = p;
+			 p->host_bandwidth / 1e9, p->file_bandwidth / 1e9);
+	/* Fastest first: what the pool evicts goes to host RAM, what that evicts to the files. */
+	if (c->host_tier_blocks)
+		p->host_level = tier_add(p, cc, "host", c->host_tier_blocks, p->host_bandwidth,
+					 &dpool_host_tier_ops);
+	if (c->file_tier_blocks)
+		p->file_level = tier_add(p, cc, "file", c->file_tier_blocks, p->file_bandwidth,
+					 &dpool_file_tier_ops);
 	cc->cost = (struct core_cost_config){
 		.block_bytes = (double)p->block_bytes,
 		.params = c->model_params,
 		.flops = c->engine_flops,
-		.bandwidth = { 0, p->bandwidth[CORE_TIER_HOST], p->bandwidth[CORE_TIER_FILE] },
 	};
 	return 0;
 }
@@ -444,7 +459,7 @@ void dpool_persist_at_stop(struct dpool *p)
 	 * batches, so the stop overruns its bound by one batch's writes at most.
 	 */
 	do {
-		n = core_tier_persist(p->core, CORE_TIER_FILE, c->file_tier_queue_depth, &pass);
+		n = core_tier_persist(p->core, p->file_level, c->file_tier_queue_depth, &pass);
 		dpool_tier_poll(p); /* failed writes: their slots are forgotten */
 	} while (n > 0 && server_now_ns() < deadline);
 	dpool_stores_settle(p, p->nstores);
@@ -453,7 +468,7 @@ void dpool_persist_at_stop(struct dpool *p)
 	file_tier_get_stats(p->file, &after);
 	core_get_usage(p->core, &u);
 	if (p->host)
-		(void)core_get_tier_stats(p->core, CORE_TIER_HOST, &host);
+		(void)core_get_tier_stats(p->core, p->host_level, &host);
 	if (u.cached || host.used)
 		snprintf(left, sizeof(left), "left %u cached blocks in the pool and %u in the host "
 			 "tier (%s)", u.cached, host.used,
@@ -665,10 +680,10 @@ void dpool_describe(const struct dpool *p, Kvpaged__V1__PoolDescription *d)
 	d->file_tier_blocks = c->file_tier_blocks;
 	d->model_params = c->model_params;
 	d->engine_flops = c->engine_flops;
-	d->host_tier_bandwidth = p->bandwidth[CORE_TIER_HOST];
-	d->file_tier_bandwidth = p->bandwidth[CORE_TIER_FILE];
-	d->host_tier_promotes = core_tier_promotes(p->core, CORE_TIER_HOST);
-	d->file_tier_promotes = core_tier_promotes(p->core, CORE_TIER_FILE);
+	d->host_tier_bandwidth = p->host_bandwidth;
+	d->file_tier_bandwidth = p->file_bandwidth;
+	d->host_tier_promotes = core_tier_promotes(p->core, p->host_level);
+	d->file_tier_promotes = core_tier_promotes(p->core, p->file_level);
 	d->file_tier_persist = c->file_tier_persist;
 	d->window = c->window;
 }

@@ -105,6 +105,14 @@ struct seq_owner {
 /* How often the loop asks a backend with outstanding tickets how far it got (100 ms). */
 #define BACKEND_CHECK_NS 100000000ull
 
+/*
+ * One level below a pool, as the daemon lists them for the core (pool.c: tier_add): the
+ * core numbers them 1 .. ntiers in this order and knows nothing else of them.
+ */
+struct dpool_tier {
+	const char *name; /* "host", "file": the tier label of the metrics and stats */
+};
+
 struct dpool {
 	struct server *srv;
 	const struct kvpd_pool_config *cfg;
@@ -159,7 +167,14 @@ struct dpool {
 	struct host_tier *host;
 	struct file_tier *file;
 	bool host_direct; /* a device pool's host tier is pinned: moves reach its slots directly */
-	double bandwidth[CORE_NTIERS]; /* bytes/s the cost model uses (configured or measured) */
+	/*
+	 * The core's levels below the pool: tiers[i] is level i + 1.  Dense: a pool with a file
+	 * tier only has it at level 1.  host_level, file_level: theirs (0: not configured).
+	 */
+	struct dpool_tier tiers[CORE_MAX_TIERS];
+	uint32_t ntiers, host_level, file_level;
+	/* bytes/s the cost model uses (configured or measured), shown even without the tier */
+	double host_bandwidth, file_bandwidth;
 	uint32_t *lost;                /* file slots whose write failed, for core_tier_lost */
 	uint32_t nlost, lost_cap;
 	bool lost_overflow;

@@ -156,15 +156,40 @@ static int store_queued(struct dpool *p, uint32_t from, uint32_t to, const struc
 	return 0;
 }
 
-/* core_tier_ops.store: pool or host slot -> host or file slot. */
-static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
-		      const struct core_key *ck)
+/*
+ * The bytes of pool block `from` for the CPU to copy: a device pool's through the staging,
+ * a host pool's once no queued promotion into it is left.
+ */
+static int pool_bytes(struct dpool *p, uint32_t from, const void **ret)
+{
+	int r;
+
+	if (!p->mem.base) {
+		r = move_to_stage(p, from);
+		if (r < 0)
+			return r;
+		*ret = p->stage;
+		return 0;
+	}
+	dpool_wait(p, &p->block_ticket[from]); /* a promotion into it may be queued */
+	if (p->failed)
+		return p->failed;
+	*ret = block_at(p, from);
+	return 0;
+}
+
+/* The host tier's core_tier_ops.store: a pool block into a host slot (it is the first level). */
+static int host_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
+		      uint32_t to, const struct core_key *ck)
 {
 	struct dpool *p = ctx;
 	struct tier_key key = tier_key_of(ck);
 	const void *data;
+	int r;
 
-	if (from_tier == CORE_TIER_POOL && to_tier == CORE_TIER_HOST && p->host_direct) {
+	if (from_tier != CORE_TIER_POOL)
+		return -EINVAL; /* tiers_open lists it first: nothing is above it but the pool */
+	if (p->host_direct) {
 		/*
 		 * Gathered into the batch (flush_demotions), committed now: every later use of the
 		 * slot either queues behind the batch or waits for it.
@@ -182,22 +207,33 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 			dpool_flush(p);
 		return 0;
 	}
-	if (from_tier == CORE_TIER_POOL && to_tier == CORE_TIER_FILE && p->store_stage)
-		return store_queued(p, from, to, ck);
-	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
-		int r = move_to_stage(p, from);
+	r = pool_bytes(p, from, &data);
+	if (r < 0)
+		return r;
+	host_tier_store(p->host, to, &key, data);
+	return 0;
+}
 
+/* The file tier's core_tier_ops.store: a pool block or a host slot into a file slot. */
+static int file_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
+		      uint32_t to, const struct core_key *ck)
+{
+	struct dpool *p = ctx;
+	struct tier_key key = tier_key_of(ck);
+	const void *data;
+	int r;
+
+	if (from_tier == CORE_TIER_POOL && p->store_stage)
+		return store_queued(p, from, to, ck);
+	if (from_tier == CORE_TIER_POOL) {
+		r = pool_bytes(p, from, &data);
 		if (r < 0)
 			return r;
-		data = p->stage;
-	} else if (from_tier == CORE_TIER_POOL) {
-		dpool_wait(p, &p->block_ticket[from]); /* a promotion into it may be queued */
-		if (p->failed)
-			return p->failed;
-		data = block_at(p, from);
 	} else {
 		struct tier_key stored;
 
+		if (from_tier != p->host_level)
+			return -EINVAL;
 		/* Host to file: the host slot has the tokens, and maybe a move still coming. */
 		host_tier_key(p->host, from, &stored);
 		key.tokens = stored.tokens;
@@ -209,10 +245,6 @@ static int tier_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_
 		data = host_tier_lookup(p->host, from, &key);
 		if (!data)
 			return -EBADMSG;
-	}
-	if (to_tier == CORE_TIER_HOST) {
-		host_tier_store(p->host, to, &key, data);
-		return 0;
 	}
 	stores_settle_slots(p, &to, 1); /* an older store of this slot must not land after it */
 	return file_tier_store(p->file, to, &key, data);
@@ -227,13 +259,13 @@ static void warn_file_load(const struct dpool *p, uint32_t slot, int r)
 /* Whether a load goes through the staging (else straight from its slot, or into the block). */
 static bool load_is_staged(const struct dpool *p, const struct core_load *l)
 {
-	return !p->mem.base && (l->tier == CORE_TIER_FILE || !p->host_direct);
+	return !p->mem.base && (l->tier == p->file_level || !p->host_direct);
 }
 
 /* Whether a load is a host-tier hit that moves straight from its slot. */
 static bool load_is_direct(const struct dpool *p, const struct core_load *l)
 {
-	return l->tier == CORE_TIER_HOST && p->host_direct;
+	return l->tier == p->host_level && p->host_direct;
 }
 
 /*
@@ -303,7 +335,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 		/* No staging was allocated when nothing needs it (cap 0): nothing is taken then. */
 		for (; next < n && count < cap; next++)
 			if (load_is_staged(p, &loads[next]) &&
-			    (files || loads[next].tier != CORE_TIER_FILE))
+			    (files || loads[next].tier != p->file_level))
 				chunk[count++] = &loads[next];
 		if (!count)
 			break;
@@ -312,7 +344,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 		for (k = 0; k < count; k++) {
 			struct tier_key key = tier_key_of(&chunk[k]->key);
 
-			if (chunk[k]->tier == CORE_TIER_HOST) {
+			if (chunk[k]->tier == p->host_level) {
 				results[k] = host_tier_load(p->host, chunk[k]->slot, &key,
 							    stage_at(p, p->stage, k));
 				continue;
@@ -341,7 +373,7 @@ static void load_staged(struct dpool *p, struct core_load *loads, uint32_t n, bo
 	}
 	/* Only if the staging is missing where it is needed, which dpool_init() rules out. */
 	for (; next < n; next++)
-		if (load_is_staged(p, &loads[next]) && (files || loads[next].tier != CORE_TIER_FILE))
+		if (load_is_staged(p, &loads[next]) && (files || loads[next].tier != p->file_level))
 			loads[next].result = -ENOMEM;
 }
 
@@ -355,70 +387,73 @@ static uint64_t file_loads_fence(struct dpool *p, const struct core_load *loads,
 
 	dpool_flush(p);
 	for (uint32_t i = 0; i < n; i++)
-		if (loads[i].tier == CORE_TIER_FILE && p->block_ticket[loads[i].block] > fence)
+		if (loads[i].tier == p->file_level && p->block_ticket[loads[i].block] > fence)
 			fence = p->block_ticket[loads[i].block];
 	return fence;
 }
 
 /*
- * core_tier_ops.load: host-tier hits are queued moves; file hits are read in one batch (into a
- * host pool's blocks, once nothing queued touches them; a device pool's through the staging).
+ * The host tier's core_tier_ops.load: its hits are queued moves, straight from their slots, or
+ * (an unpinned tier of a device pool) through the staging.
  */
-static void tier_load(void *ctx, struct core_load *loads, uint32_t n)
+static void host_load(void *ctx, struct core_load *loads, uint32_t n)
 {
 	struct dpool *p = ctx;
-	_cleanup_free_ uint32_t *slots = NULL, *which = NULL;
+
+	load_host_direct(p, loads, n);
+	if (!p->mem.base)
+		load_staged(p, loads, n, false);
+}
+
+/*
+ * The file tier's core_tier_ops.load: its hits are read in one batch, into a host pool's
+ * blocks once nothing queued touches them, a device pool's through the staging.
+ */
+static void file_load(void *ctx, struct core_load *loads, uint32_t n)
+{
+	struct dpool *p = ctx;
+	_cleanup_free_ uint32_t *slots = NULL;
 	_cleanup_free_ struct tier_key *keys = NULL;
 	_cleanup_free_ void **dsts = NULL;
 	_cleanup_free_ int *results = NULL;
-	uint32_t nfile = 0;
 	uint64_t fence;
 
-	load_host_direct(p, loads, n);
 	if (!p->mem.base) {
 		load_staged(p, loads, n, true);
 		return;
 	}
-	for (uint32_t i = 0; i < n; i++)
-		nfile += loads[i].tier == CORE_TIER_FILE;
-	if (!nfile)
-		return;
-	slots = malloc(nfile * sizeof(*slots));
-	which = malloc(nfile * sizeof(*which));
-	keys = malloc(nfile * sizeof(*keys));
-	dsts = malloc(nfile * sizeof(*dsts));
-	results = malloc(nfile * sizeof(*results));
-	if (!slots || !which || !keys || !dsts || !results) {
+	slots = malloc(n * sizeof(*slots));
+	keys = malloc(n * sizeof(*keys));
+	dsts = malloc(n * sizeof(*dsts));
+	results = malloc(n * sizeof(*results));
+	if (!slots || !keys || !dsts || !results) {
 		/* No memory for the batch: every file hit is a miss, recomputed. */
 		for (uint32_t i = 0; i < n; i++)
-			if (loads[i].tier == CORE_TIER_FILE)
-				loads[i].result = -ENOMEM;
+			loads[i].result = -ENOMEM;
 		return;
 	}
-	nfile = 0;
-	for (uint32_t i = 0; i < n; i++)
-		if (loads[i].tier == CORE_TIER_FILE) {
-			slots[nfile] = loads[i].slot;
-			keys[nfile] = tier_key_of(&loads[i].key);
-			dsts[nfile] = block_at(p, loads[i].block);
-			which[nfile++] = i;
-		}
+	for (uint32_t i = 0; i < n; i++) {
+		slots[i] = loads[i].slot;
+		keys[i] = tier_key_of(&loads[i].key);
+		dsts[i] = block_at(p, loads[i].block);
+	}
 	fence = file_loads_fence(p, loads, n);
 	dpool_wait(p, &fence);
 	if (p->failed) {
-		for (uint32_t k = 0; k < nfile; k++)
-			loads[which[k]].result = p->failed;
+		for (uint32_t i = 0; i < n; i++)
+			loads[i].result = p->failed;
 		return;
 	}
-	file_tier_load(p->file, nfile, slots, keys, dsts, results);
-	for (uint32_t k = 0; k < nfile; k++) {
-		loads[which[k]].result = results[k];
-		if (results[k] < 0)
-			warn_file_load(p, slots[k], results[k]);
+	file_tier_load(p->file, n, slots, keys, dsts, results);
+	for (uint32_t i = 0; i < n; i++) {
+		loads[i].result = results[i];
+		if (results[i] < 0)
+			warn_file_load(p, slots[i], results[i]);
 	}
 }
 
-const struct core_tier_ops dpool_tier_ops = { .store = tier_store, .load = tier_load };
+const struct core_tier_ops dpool_host_tier_ops = { .store = host_store, .load = host_load };
+const struct core_tier_ops dpool_file_tier_ops = { .store = file_store, .load = file_load };
 
 /* file_tier_load_start's done: the head job's reads are in (finished in dpool_tier_poll). */
 static void job_done(void *ctx)
@@ -535,7 +570,7 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 
 	core_seq_pending_loads(p->core, seq, &loads, &n);
 	for (uint32_t i = 0; i < n; i++)
-		nfile += loads[i].tier == CORE_TIER_FILE;
+		nfile += loads[i].tier == p->file_level;
 	size = sizeof(*job) + (size_t)nfile * (2 * sizeof(uint32_t) + sizeof(struct tier_key) +
 					       sizeof(void *) + sizeof(int));
 	job = nfile ? calloc(1, size) : NULL;
@@ -560,7 +595,7 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 	mem += nfile * sizeof(uint32_t);
 	job->results = (int *)mem;
 	for (uint32_t i = 0; i < n; i++) {
-		if (loads[i].tier != CORE_TIER_FILE)
+		if (loads[i].tier != p->file_level)
 			continue;
 		/* The key's tokens are the block's own in the core: they stay until loaded. */
 		job->keys[job->n] = tier_key_of(&loads[i].key);
@@ -603,7 +638,7 @@ void dpool_tier_poll(struct dpool *p)
 		return;
 	file_tier_poll(p->file);
 	for (uint32_t i = 0; i < p->nlost; i++)
-		core_tier_lost(p->core, CORE_TIER_FILE, p->lost[i]);
+		core_tier_lost(p->core, p->file_level, p->lost[i]);
 	p->nlost = 0;
 	if (p->lost_overflow) {
 		/* Could not remember which: forget the whole tier rather than risk a stale hit. */
@@ -611,7 +646,7 @@ void dpool_tier_poll(struct dpool *p)
 		log_warning("pool %s: lost track of failed writes; emptying the file tier",
 			    p->cfg->name);
 		for (uint32_t s = 0; s < p->cfg->file_tier_blocks; s++)
-			core_tier_lost(p->core, CORE_TIER_FILE, s);
+			core_tier_lost(p->core, p->file_level, s);
 		p->lost_overflow = false;
 	}
 	/* Deferred loads whose reads are in: the next batch goes out before replies do. */

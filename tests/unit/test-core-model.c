@@ -52,7 +52,8 @@ struct run {
 	bool exact;    /* pool too large to ever evict: hits must equal the model's bound */
 	bool lossless; /* tiers too large to ever lose a block: hits must equal the bound */
 	bool faulty;   /* tiers fail some stores and loads, and lose slots */
-	struct fake_tier tiers[CORE_NTIERS];
+	struct fake_tier tiers[CORE_MAX_TIERS + 1]; /* by level; [0] unused: the pool */
+	uint32_t ntiers;
 	uint32_t tier_loads, tier_faults;
 	struct core *c;
 	struct fake_mem mem;
@@ -402,7 +403,7 @@ static void op_resume(struct run *r)
 
 static struct fake_tier *tier_of(struct run *r, uint32_t t)
 {
-	ck_assert(t == CORE_TIER_HOST || t == CORE_TIER_FILE);
+	ck_assert(t >= 1 && t <= r->ntiers);
 	return &r->tiers[t];
 }
 
@@ -473,17 +474,22 @@ static struct core *new_tiered_core(struct run *r, uint32_t capacity, uint32_t h
 		.max_seq_tokens = MAX_TOKENS,
 		.copy_block = fake_copy,
 		.copy_ctx = &r->mem,
-		.tier_slots = { 0, host, file },
-		.tier_ops = &fake_tier_ops,
-		.tier_ctx = r,
 	};
 	struct core *c = NULL;
 
+	/* Host then file, as the daemon lists them: levels 1 and 2 when both are there. */
+	if (host)
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){ .slots = host,
+								     .ops = &fake_tier_ops, .ctx = r };
+	if (file)
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){ .slots = file,
+								     .ops = &fake_tier_ops, .ctx = r };
+	r->ntiers = cfg.ntiers;
 	fake_mem_init(&r->mem, capacity, r->B);
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= cfg.ntiers; t++) {
 		struct fake_tier *ft = &r->tiers[t];
 
-		ft->nslots = cfg.tier_slots[t];
+		ft->nslots = cfg.tiers[t - 1].slots;
 		ft->sig = calloc((size_t)ft->nslots * r->B + 1, sizeof(uint64_t));
 		ft->tok = calloc((size_t)ft->nslots * r->B + 1, sizeof(uint32_t));
 		ft->hash = calloc(ft->nslots + 1, sizeof(struct core_hash));
@@ -561,9 +567,9 @@ static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool e
 			     "no pressure: %u ENOSPC, %llu dropped", r->enospc,
 			     (unsigned long long)st.preemptions);
 	if (host || file) {
-		struct core_tier_stats ts[CORE_NTIERS] = { 0 };
+		struct core_tier_stats ts[CORE_MAX_TIERS + 1] = { 0 };
 
-		for (uint32_t t = 1; t < CORE_NTIERS; t++)
+		for (uint32_t t = 1; t <= r->ntiers; t++)
 			core_get_tier_stats(r->c, t, &ts[t]);
 		/* The tiers must have been used both ways, and through both levels. */
 		model_assert(r, ts[1].demotions > 0 && ts[1].promotions > 0 && r->tier_loads > 0,
@@ -588,7 +594,7 @@ static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool e
 	printf("model seed %" PRIu64 " B=%u capacity=%u: %u opens, %u cached tokens, %u ENOSPC, "
 	       "%llu dropped, %u resumed\n", seed, B, capacity, r->opens, r->hits_total, r->enospc,
 	       (unsigned long long)st.preemptions, r->resumes);
-	for (uint32_t t = 1; t < CORE_NTIERS; t++) {
+	for (uint32_t t = 1; t <= r->ntiers; t++) {
 		free(r->tiers[t].sig);
 		free(r->tiers[t].tok);
 		free(r->tiers[t].hash);

@@ -12,10 +12,16 @@
 
 #define B 4
 
+/*
+ * The levels tiered() listed: the host tier first, then the file tier, each only when it has
+ * slots (0: not there), as the daemon lists them.
+ */
+static uint32_t HOST, FILE_TIER;
+
 /* Storage that remembers which block (by its first token) each slot holds. */
 struct fake_store {
 	uint32_t host[64], file[64]; /* first token of the block stored; 0: none */
-	uint32_t stores[CORE_NTIERS], batches, loaded;
+	uint32_t stores[CORE_MAX_TIERS + 1], batches, loaded;
 	uint32_t file_order[64], nfile_order; /* first tokens stored into the file tier, in order */
 	int fail_store;   /* a store into the file tier of a block with this first token fails */
 	int fail_load_at; /* 1-based index in a batch that fails, 0: none */
@@ -33,15 +39,15 @@ static int store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
 		ck_assert_ptr_nonnull(key->tokens);
 		first = key->tokens[0];
 	} else {
-		ck_assert_uint_eq(from_tier, CORE_TIER_HOST);
+		ck_assert_uint_eq(from_tier, HOST);
 		ck_assert_ptr_null(key->tokens);
 		first = fs->host[from];
 	}
-	if (to_tier == CORE_TIER_FILE && fs->fail_store && first == (uint32_t)fs->fail_store)
+	if (to_tier == FILE_TIER && fs->fail_store && first == (uint32_t)fs->fail_store)
 		return -EIO;
-	(to_tier == CORE_TIER_HOST ? fs->host : fs->file)[to] = first;
+	(to_tier == HOST ? fs->host : fs->file)[to] = first;
 	fs->stores[to_tier]++;
-	if (to_tier == CORE_TIER_FILE && fs->nfile_order < 64)
+	if (to_tier == FILE_TIER && fs->nfile_order < 64)
 		fs->file_order[fs->nfile_order++] = first;
 	return 0;
 }
@@ -52,7 +58,7 @@ static void load(void *ctx, struct core_load *loads, uint32_t n)
 
 	fs->batches++;
 	for (uint32_t i = 0; i < n; i++) {
-		uint32_t first = (loads[i].tier == CORE_TIER_HOST ? fs->host : fs->file)[loads[i].slot];
+		uint32_t first = (loads[i].tier == HOST ? fs->host : fs->file)[loads[i].slot];
 
 		loads[i].result = first == loads[i].key.tokens[0] ? 0 : -EBADMSG;
 		if (fs->fail_load_at && i + 1 == (uint32_t)fs->fail_load_at)
@@ -66,8 +72,14 @@ static const struct core_tier_ops ops = { .store = store, .load = load };
 static struct fake_mem mem;
 static struct fake_store fs;
 
+/* The cost model's figures: the model's, and each tier's bandwidth (0: unknown). */
+struct tier_cost {
+	struct core_cost_config model;
+	double host_bandwidth, file_bandwidth;
+};
+
 static struct core *tiered(uint32_t capacity, uint32_t host, uint32_t file,
-			   const struct core_cost_config *cost)
+			   const struct tier_cost *cost)
 {
 	struct core_config cfg = {
 		.capacity_blocks = capacity,
@@ -76,14 +88,24 @@ static struct core *tiered(uint32_t capacity, uint32_t host, uint32_t file,
 		.max_seq_tokens = 64,
 		.copy_block = fake_copy,
 		.copy_ctx = &mem,
-		.tier_slots = { 0, host, file },
-		.tier_ops = &ops,
-		.tier_ctx = &fs,
 	};
 	struct core *c = NULL;
 
+	HOST = FILE_TIER = 0;
+	if (host) {
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){
+			.slots = host, .bandwidth = cost ? cost->host_bandwidth : 0, .ops = &ops,
+			.ctx = &fs };
+		HOST = cfg.ntiers;
+	}
+	if (file) {
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){
+			.slots = file, .bandwidth = cost ? cost->file_bandwidth : 0, .ops = &ops,
+			.ctx = &fs };
+		FILE_TIER = cfg.ntiers;
+	}
 	if (cost)
-		cfg.cost = *cost;
+		cfg.cost = cost->model;
 	memset(&fs, 0, sizeof(fs));
 	fake_mem_init(&mem, capacity, B);
 	ck_assert_int_eq(core_new(&cfg, &c), 0);
@@ -130,7 +152,7 @@ START_TEST(test_config_needs_storage)
 {
 	struct core_config cfg = { .capacity_blocks = 4, .block_tokens = B, .max_sequences = 1,
 				   .max_seq_tokens = 16, .copy_block = fake_copy,
-				   .tier_slots = { 0, 4, 0 } };
+				   .tiers = { { .slots = 4 } }, .ntiers = 1 };
 	struct core *c = NULL;
 
 	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
@@ -152,10 +174,10 @@ START_TEST(test_demote_then_promote_in_one_batch)
 	fill_tokens(q, 16, 500);
 	cache_prompt(c, p, 12);
 	ck_assert_uint_eq(open_cached(c, q, 16, &s), 0);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).demotions, 3);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).demotions, 1);
+	ck_assert_uint_eq(tstats(c, HOST).demotions, 3);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).demotions, 1);
 	ck_assert_uint_eq(fs.file[0], 108); /* p2 */
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 2);
+	ck_assert_uint_eq(tstats(c, HOST).used, 2);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	assert_verified(c);
@@ -163,10 +185,10 @@ START_TEST(test_demote_then_promote_in_one_batch)
 	ck_assert_uint_eq(open_cached(c, p, 12, &s), 12);
 	ck_assert_uint_eq(fs.batches, 1);
 	ck_assert_uint_eq(fs.loaded, 3);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).promotions, 2);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).promotions, 1);
+	ck_assert_uint_eq(tstats(c, HOST).promotions, 2);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).promotions, 1);
 	/* Promotion moves: the slots are free again, and the blocks are findable in the pool. */
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 0);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 0);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	ck_assert_uint_eq(open_cached(c, p, 12, &s), 12);
 	ck_assert_uint_eq(fs.batches, 1); /* from the pool this time */
@@ -189,12 +211,12 @@ START_TEST(test_failed_load_is_a_counted_miss)
 	fill_tokens(q, 16, 500);
 	cache_prompt(c, p, 12);
 	cache_prompt(c, q, 16);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 3);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 3);
 	fs.fail_load_at = 2;
 	fs.fail_code = -EIO;
 	ck_assert_uint_eq(open_cached(c, p, 12, &s), 4);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).load_errors, 1);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 2 + 3); /* p1 and p2 stay */
+	ck_assert_uint_eq(tstats(c, FILE_TIER).load_errors, 1);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 2 + 3); /* p1 and p2 stay */
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	assert_verified(c);
 	core_free(c);
@@ -207,13 +229,13 @@ START_TEST(test_failed_load_is_a_counted_miss)
 	fs.fail_code = -EBADMSG;
 	cached = open_cached(c, p, 12, &s);
 	ck_assert_uint_eq(cached, 4);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).load_errors, 1);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).promotions, 1);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).load_errors, 1);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).promotions, 1);
 	/*
 	 * p0 moved up, p1 was thrown away, p2 stays below (unreachable until p1 is back); the
 	 * three blocks of q the open evicted came down.
 	 */
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 1 + 3);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 1 + 3);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	done(c);
 }
@@ -290,7 +312,7 @@ START_TEST(test_deferred_loads)
 	ck_assert_int_eq(core_seq_loaded(c, s), 0);
 	ck_assert_int_eq(core_seq_loaded(c, s), -EINVAL);
 	ck_assert_uint_eq(committed(c, s), 12);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).promotions + tstats(c, CORE_TIER_FILE).promotions,
+	ck_assert_uint_eq(tstats(c, HOST).promotions + tstats(c, FILE_TIER).promotions,
 			  3);
 	assert_verified(c);
 	/*
@@ -360,7 +382,7 @@ START_TEST(test_deferred_resume)
 END_TEST
 
 /* One parked victim each way: the cost model swaps a big model's blocks, drops a tiny one's. */
-static void preempt_one(const struct core_cost_config *cost, struct core_preemption *ret,
+static void preempt_one(const struct tier_cost *cost, struct core_preemption *ret,
 			uint32_t *ret_host_demotions)
 {
 	struct core *c = tiered(4, 8, 0, cost);
@@ -374,7 +396,7 @@ static void preempt_one(const struct core_cost_config *cost, struct core_preempt
 	ck_assert_int_eq(core_seq_park(c, sa), 0);
 	ck_assert_uint_eq(open_cached(c, b, 16, &sb), 0);
 	ck_assert_uint_eq(core_get_preemptions(c, ret, 1), 1);
-	*ret_host_demotions = (uint32_t)tstats(c, CORE_TIER_HOST).demotions;
+	*ret_host_demotions = (uint32_t)tstats(c, HOST).demotions;
 	ck_assert_int_eq(core_seq_close(c, sb), 0);
 	ck_assert_int_eq(core_seq_close(c, sa), 0);
 	done(c);
@@ -383,19 +405,19 @@ static void preempt_one(const struct core_cost_config *cost, struct core_preempt
 START_TEST(test_swap_or_drop_by_cost)
 {
 	/* 1 MB blocks over 1 GB/s: 4 ms to bring 4 blocks back. */
-	struct core_cost_config big = { .block_bytes = 1e6, .params = 1e9, .flops = 1e12,
-					.bandwidth = { 0, 1e9, 0 } };
-	struct core_cost_config tiny = big;
+	struct tier_cost big = { .model = { .block_bytes = 1e6, .params = 1e9, .flops = 1e12 },
+				 .host_bandwidth = 1e9 };
+	struct tier_cost tiny = big;
 	struct core_preemption p;
 	uint32_t demoted;
 
-	tiny.params = 1e6;
+	tiny.model.params = 1e6;
 	/* Recompute 16 tokens of a 1e9-parameter model at 1 TFLOP/s: 32 ms > 4 ms: swap. */
 	preempt_one(&big, &p, &demoted);
 	ck_assert_uint_eq(p.decision, CORE_DECISION_SWAP);
 	ck_assert_uint_eq(p.reason, CORE_REASON_SWAP_CHEAPER);
 	ck_assert_uint_eq(p.swap_blocks, 4);
-	ck_assert_uint_eq(p.tier, CORE_TIER_HOST);
+	ck_assert_uint_eq(p.tier, HOST);
 	ck_assert_double_eq_tol(p.swap_s, 4e-3, 1e-12);
 	ck_assert_double_eq_tol(p.recompute_s, 32e-3, 1e-12);
 	ck_assert_uint_eq(demoted, 4);
@@ -415,22 +437,22 @@ END_TEST
 /* A tier too slow to beat recomputing is searched but not promoted from: counted skipped. */
 START_TEST(test_slow_tier_is_not_promoted_from)
 {
-	struct core_cost_config cost = { .block_bytes = 1e6, .params = 1e6, .flops = 1e12,
-					 .bandwidth = { 0, 0, 1e6 } };
+	struct tier_cost cost = { .model = { .block_bytes = 1e6, .params = 1e6, .flops = 1e12 },
+				  .file_bandwidth = 1e6 };
 	struct core *c = tiered(4, 0, 8, &cost);
 	uint32_t p[12], q[16];
 	uint64_t s;
 
-	ck_assert(!core_tier_promotes(c, CORE_TIER_FILE));
-	ck_assert(!core_tier_promotes(c, CORE_TIER_HOST)); /* there is no host tier */
+	ck_assert(!core_tier_promotes(c, FILE_TIER));
+	ck_assert(!core_tier_promotes(c, HOST)); /* there is no host tier */
 	fill_tokens(p, 12, 100);
 	fill_tokens(q, 16, 500);
 	cache_prompt(c, p, 12);
 	cache_prompt(c, q, 16);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 3);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 3);
 	ck_assert_uint_eq(open_cached(c, p, 12, &s), 0);
 	ck_assert_uint_eq(fs.batches, 0);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).skipped, 1);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).skipped, 1);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	done(c);
 }
@@ -462,18 +484,18 @@ START_TEST(test_restore_and_lose)
 	c = tiered(4, 0, 8, NULL);
 	fs.file[5] = 100;
 	fs.file[2] = 104;
-	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 5, &k0), 0);
-	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 2, &k1), 0);
-	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 3, &k1), -EEXIST);
-	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 5, &k1), -EEXIST);
-	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, 8, &k1), -EINVAL);
-	ck_assert_int_eq(core_tier_restore(c, CORE_TIER_HOST, 0, &k1), -EINVAL);
+	ck_assert_int_eq(core_tier_restore(c, FILE_TIER, 5, &k0), 0);
+	ck_assert_int_eq(core_tier_restore(c, FILE_TIER, 2, &k1), 0);
+	ck_assert_int_eq(core_tier_restore(c, FILE_TIER, 3, &k1), -EEXIST);
+	ck_assert_int_eq(core_tier_restore(c, FILE_TIER, 5, &k1), -EEXIST);
+	ck_assert_int_eq(core_tier_restore(c, FILE_TIER, 8, &k1), -EINVAL);
+	ck_assert_int_eq(core_tier_restore(c, HOST, 0, &k1), -EINVAL);
 	assert_verified(c);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 8 }), 8);
 
-	ck_assert_int_eq(core_tier_lost(c, CORE_TIER_FILE, 2), 0);
-	ck_assert_int_eq(core_tier_lost(c, CORE_TIER_FILE, 2), -ENOENT);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).lost, 1);
+	ck_assert_int_eq(core_tier_lost(c, FILE_TIER, 2), 0);
+	ck_assert_int_eq(core_tier_lost(c, FILE_TIER, 2), -ENOENT);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).lost, 1);
 	ck_assert_uint_eq(open_cached(c, p, 8, &s), 4);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	done(c);
@@ -495,7 +517,7 @@ START_TEST(test_restored_chain_longer_than_the_pool)
 		struct core_key k = { .parent = parent };
 
 		k.hash = core_hash_block(NULL, parent, core_hash_ns(0, 0), p + i * B, B);
-		ck_assert_int_eq(core_tier_restore(c, CORE_TIER_FILE, i, &k), 0);
+		ck_assert_int_eq(core_tier_restore(c, FILE_TIER, i, &k), 0);
 		fs.file[i] = p[i * B];
 		parent = k.hash;
 	}
@@ -516,13 +538,13 @@ START_TEST(test_drop_cache_empties_the_tiers)
 	fill_tokens(q, 16, 500);
 	cache_prompt(c, p, 12);
 	cache_prompt(c, q, 16);
-	stores = fs.stores[CORE_TIER_HOST] + fs.stores[CORE_TIER_FILE];
-	below = tstats(c, CORE_TIER_HOST).used + tstats(c, CORE_TIER_FILE).used;
+	stores = fs.stores[HOST] + fs.stores[FILE_TIER];
+	below = tstats(c, HOST).used + tstats(c, FILE_TIER).used;
 	ck_assert_uint_eq(below, 2 + 1);
 	ck_assert_uint_eq(core_drop_cache(c), 4 + below);
-	ck_assert_uint_eq(fs.stores[CORE_TIER_HOST] + fs.stores[CORE_TIER_FILE], stores);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 0);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 0);
+	ck_assert_uint_eq(fs.stores[HOST] + fs.stores[FILE_TIER], stores);
+	ck_assert_uint_eq(tstats(c, HOST).used, 0);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 0);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 0);
 	done(c);
 }
@@ -534,7 +556,7 @@ static struct core_persist_pass persist_all(struct core *c, uint32_t max)
 	struct core_persist_pass pass = { 0 };
 	int n, calls = 0;
 
-	while ((n = core_tier_persist(c, CORE_TIER_FILE, max, &pass)) > 0) {
+	while ((n = core_tier_persist(c, FILE_TIER, max, &pass)) > 0) {
 		ck_assert_int_le(n, (int)max);
 		ck_assert_int_lt(++calls, 100);
 		assert_verified(c);
@@ -566,8 +588,8 @@ START_TEST(test_persist_moves_the_pool_and_the_host_tier_down)
 	ck_assert_uint_eq(fs.nfile_order, 1); /* p2, pushed out of the host tier */
 	fs.nfile_order = 0;
 	ck_assert_int_eq(core_tier_persist(c, CORE_TIER_POOL, 8, &pass), -EINVAL); /* no tier */
-	ck_assert_int_eq(core_tier_persist(c, CORE_NTIERS, 8, &pass), -EINVAL);
-	ck_assert_int_eq(core_tier_persist(c, CORE_TIER_FILE, 8, NULL), -EINVAL);
+	ck_assert_int_eq(core_tier_persist(c, c->cfg.ntiers + 1, 8, &pass), -EINVAL);
+	ck_assert_int_eq(core_tier_persist(c, FILE_TIER, 8, NULL), -EINVAL);
 
 	pass = persist_all(c, 2);
 	ck_assert_uint_eq(pass.moved, 6);
@@ -580,8 +602,8 @@ START_TEST(test_persist_moves_the_pool_and_the_host_tier_down)
 	core_get_usage(c, &u);
 	ck_assert_uint_eq(u.cached, 0);
 	ck_assert_uint_eq(u.free, 4);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 0);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).used, 7);
+	ck_assert_uint_eq(tstats(c, HOST).used, 0);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).used, 7);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = q, .ntokens = 16 }), 16);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
 	/* A second pass finds nothing to move. */
@@ -589,7 +611,7 @@ START_TEST(test_persist_moves_the_pool_and_the_host_tier_down)
 	ck_assert_uint_eq(pass.moved, 0);
 	/* And they load back from the file. */
 	ck_assert_uint_eq(open_cached(c, q, 16, &s), 16);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).promotions, 4);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).promotions, 4);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 
 	/* A block a sequence holds is not the pass's. */
@@ -628,7 +650,7 @@ START_TEST(test_persist_stops_when_the_tier_is_full)
 	ck_assert(pass.full);
 	core_get_usage(c, &u);
 	ck_assert_uint_eq(u.cached, 1); /* q3, the leaf */
-	ck_assert_uint_eq(tstats(c, CORE_TIER_HOST).used, 2);
+	ck_assert_uint_eq(tstats(c, HOST).used, 2);
 	/* q0..q2 from the file (a walk that went below the pool stays below it), p0 and p1. */
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = q, .ntokens = 16 }), 12);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 8);
@@ -645,7 +667,7 @@ START_TEST(test_persist_stops_when_the_tier_is_full)
 	pass = persist_all(c, 8);
 	ck_assert_uint_eq(pass.moved, 4); /* q0, q3, p0, p1 */
 	ck_assert_uint_eq(pass.dropped, 2);
-	ck_assert_uint_eq(tstats(c, CORE_TIER_FILE).store_errors, 1);
+	ck_assert_uint_eq(tstats(c, FILE_TIER).store_errors, 1);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = q, .ntokens = 16 }), 4);
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p, .ntokens = 12 }), 12);
 	done(c);

@@ -157,15 +157,25 @@ int replay_core_tiers(const struct workload *w, uint32_t B, uint32_t capacity, u
 		.max_sequences = 4,
 		.max_seq_tokens = w->max_tokens ? w->max_tokens : 1,
 		.copy_block = no_copy,
-		.tier_slots = { 0, host, file },
-		.tier_ops = &no_tier_ops,
 	};
+	uint32_t level[REPLAY_LEVELS] = { 0 }; /* each one's level in the core; 0: none */
 	uint64_t t_start = now_ns(), t;
 	struct core_stats st;
 	struct core *c;
 	uint32_t *prompt;
 	int r;
 
+	/* The core lists only the levels there are. */
+	if (host) {
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){ .slots = host,
+								     .ops = &no_tier_ops };
+		level[REPLAY_HOST] = cfg.ntiers;
+	}
+	if (file) {
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){ .slots = file,
+								     .ops = &no_tier_ops };
+		level[REPLAY_FILE] = cfg.ntiers;
+	}
 	r = core_new(&cfg, &c);
 	if (r < 0)
 		return r;
@@ -218,13 +228,14 @@ int replay_core_tiers(const struct workload *w, uint32_t B, uint32_t capacity, u
 	core_get_stats(c, &st);
 	res->requests = w->nreqs;
 	res->blocks = st.query_blocks;
-	res->tier_hit_blocks[CORE_TIER_POOL] = st.hit_blocks;
+	res->tier_hit_blocks[REPLAY_POOL] = st.hit_blocks;
 	res->hit_blocks = st.hit_blocks;
-	for (uint32_t tier = 1; tier < CORE_NTIERS; tier++) {
+	for (uint32_t k = REPLAY_HOST; k < REPLAY_LEVELS; k++) {
 		struct core_tier_stats ts;
 
-		core_get_tier_stats(c, tier, &ts);
-		res->tier_hit_blocks[tier] = ts.promotions;
+		if (!level[k] || core_get_tier_stats(c, level[k], &ts) < 0)
+			continue;
+		res->tier_hit_blocks[k] = ts.promotions;
 		res->hit_blocks += ts.promotions;
 	}
 	res->hit_tokens = st.hit_tokens;
@@ -466,11 +477,11 @@ void replay_print(const struct replay_result *res, bool json)
 		json_object_object_add(o, "wall_ms", json_object_new_double((double)res->wall_ns / 1e6));
 		json_object_object_add(o, "ns_per_op", json_object_new_double(ns_op));
 		replay_json_belady(o, res);
-		if (res->tier_capacity[1] || res->tier_capacity[2]) {
-			static const char *const names[] = { "pool", "host", "file" };
+		if (res->tier_capacity[REPLAY_HOST] || res->tier_capacity[REPLAY_FILE]) {
+			static const char *const names[REPLAY_LEVELS] = { "pool", "host", "file" };
 			json_object *tiers = json_object_new_object();
 
-			for (uint32_t t = 0; t < CORE_NTIERS; t++) {
+			for (uint32_t t = 0; t < REPLAY_LEVELS; t++) {
 				json_object *to = json_object_new_object();
 
 				json_object_object_add(to, "capacity_blocks",
@@ -494,10 +505,10 @@ void replay_print(const struct replay_result *res, bool json)
 	if (res->rejected)
 		printf("  (%u rejected: larger than the pool)", res->rejected);
 	putchar('\n');
-	if (res->tier_capacity[1] || res->tier_capacity[2]) {
-		static const char *const names[] = { "pool", "host", "file" };
+	if (res->tier_capacity[REPLAY_HOST] || res->tier_capacity[REPLAY_FILE]) {
+		static const char *const names[REPLAY_LEVELS] = { "pool", "host", "file" };
 
-		for (uint32_t t = 0; t < CORE_NTIERS; t++)
+		for (uint32_t t = 0; t < REPLAY_LEVELS; t++)
 			printf("%10s %10u blocks: %9" PRIu64 " hits, hit_frac %.4f\n", names[t],
 			       res->tier_capacity[t], res->tier_hit_blocks[t],
 			       res->blocks ? (double)res->tier_hit_blocks[t] / (double)res->blocks : 0);

@@ -50,6 +50,9 @@ void workload_prompt(const struct workload *w, uint32_t r, uint32_t *out);
 /* Identity of request r's prefix up to and including token pos. */
 uint64_t workload_prefix_key(const struct workload *w, uint32_t r, uint32_t pos);
 
+/* The levels a replay reports, each shown even when it has no capacity. */
+enum replay_level { REPLAY_POOL, REPLAY_HOST, REPLAY_FILE, REPLAY_LEVELS };
+
 struct replay_result {
 	uint32_t capacity;
 	uint32_t block_tokens;
@@ -58,8 +61,8 @@ struct replay_result {
 	uint64_t blocks;   /* prompt blocks, partial ones included */
 	uint64_t hit_blocks; /* from the pool and every tier */
 	uint64_t hit_tokens;
-	uint32_t tier_capacity[CORE_NTIERS];   /* pool, host, file */
-	uint64_t tier_hit_blocks[CORE_NTIERS]; /* where the hits came from */
+	uint32_t tier_capacity[REPLAY_LEVELS];   /* by enum replay_level */
+	uint64_t tier_hit_blocks[REPLAY_LEVELS]; /* where the hits came from */
 	uint64_t evictions;
 	uint64_t collisions;
 	uint64_t ops;     /* core calls */
