@@ -62,6 +62,8 @@ struct redis_cluster {
 	uint64_t refresh_after_ns;
 	struct redis_options o;
 	size_t active; /* commands of the current run without a status */
+	redis_done_fn *done; /* the current run's callback, or NULL */
+	void *done_arg;
 	char *rbuf;
 };
 
@@ -310,16 +312,17 @@ void redis_cmd_release(struct redis_cmd *cmd)
 	cmd->reply = NULL;
 	cmd->data = NULL;
 	cmd->data_len = 0;
-	cmd->status = REDIS_CMD_PENDING;
-	cmd->flags = 0;
 }
 
 static void finish(struct redis_cluster *c, struct redis_cmd *cmd, enum redis_status s)
 {
-	if (cmd->status != REDIS_CMD_PENDING)
+	if (cmd->finished)
 		return;
+	cmd->finished = 1;
 	cmd->status = s;
 	c->active--;
+	if (c->done && cmd->op != OP_RAW)
+		c->done(cmd, c->done_arg);
 }
 
 static int ring_grow(void **ring, size_t *cap, size_t head, size_t len, size_t elem)
@@ -379,7 +382,7 @@ static void node_fail(struct redis_cluster *c, struct node *n, enum redis_status
 		n->qhead = (n->qhead + 1) % n->qcap;
 		n->qlen--;
 		if (e->kind != P_ORPHAN) {
-			n->errors += e->cmd->status == REDIS_CMD_PENDING;
+			n->errors += !e->cmd->finished;
 			finish(c, e->cmd, s);
 		}
 	}
@@ -389,7 +392,7 @@ static void node_fail(struct redis_cluster *c, struct node *n, enum redis_status
 
 		n->whead = (n->whead + 1) % n->wcap;
 		n->wlen--;
-		n->errors += cmd->status == REDIS_CMD_PENDING;
+		n->errors += !cmd->finished;
 		finish(c, cmd, REDIS_CMD_DOWN);
 	}
 	n->state = REDIS_NODE_DOWN;
@@ -416,6 +419,11 @@ static bool node_ready(struct redis_cluster *c, struct node *n)
 	}
 	/* hiredis 0.14 does not ask for close-on-exec: the daemon's fds never leak into children. */
 	(void)fcntl(n->ctx->fd, F_SETFD, FD_CLOEXEC);
+	/*
+	 * hiredis frees its read buffer whenever it empties with more than 16 KiB unused, and
+	 * regrows it for the next 2 MiB value: keep it instead (at most a value and a read).
+	 */
+	n->ctx->reader->maxbuf = 0;
 	n->state = REDIS_NODE_CONNECTING;
 	return true;
 }
@@ -492,7 +500,7 @@ static void fill(struct redis_cluster *c, struct node *n)
 
 		n->whead = (n->whead + 1) % n->wcap;
 		n->wlen--;
-		if (cmd->status != REDIS_CMD_PENDING)
+		if (cmd->finished)
 			continue;
 		if (append(n, cmd) < 0) {
 			n->errors++;
@@ -754,7 +762,7 @@ static int drive(struct redis_cluster *c, struct redis_cmd *cmds, size_t ncmds, 
 			node_close(n), n->qlen = n->orphans = 0, n->state = REDIS_NODE_IDLE;
 	}
 	for (size_t i = 0; i < ncmds; i++)
-		if (cmds[i].status == REDIS_CMD_PENDING) {
+		if (!cmds[i].finished) {
 			if (cmds[i].node >= 0)
 				c->nodes[cmds[i].node]->errors++;
 			finish(c, &cmds[i], ret < 0 ? REDIS_CMD_DOWN : REDIS_CMD_TIMEOUT);
@@ -871,7 +879,7 @@ static int parse_slots(struct redis_cluster *c, const struct node *asked, const 
 static redisReply *ask_node(struct redis_cluster *c, int idx, const char *cmdline,
 			    uint64_t deadline)
 {
-	struct redis_cmd cmd = { .node = idx, .ask_node = -1 };
+	struct redis_cmd cmd = { .node = idx, .ask_node = -1, .status = REDIS_CMD_PENDING };
 	struct node *n = c->nodes[idx];
 	char *out = NULL;
 	int len;
@@ -969,18 +977,22 @@ int redis_cluster_refresh(struct redis_cluster *c, uint32_t timeout_ms)
 	return refresh(c, now_ns() + (uint64_t)timeout_ms * 1000000u);
 }
 
-int redis_cluster_run(struct redis_cluster *c, struct redis_cmd *cmds, size_t n,
-		      uint32_t timeout_ms)
+int redis_cluster_run_cb(struct redis_cluster *c, struct redis_cmd *cmds, size_t n,
+			 uint32_t timeout_ms, redis_done_fn *done, void *arg)
 {
 	uint64_t deadline = now_ns() + (uint64_t)timeout_ms * 1000000u;
+	int r;
 
 	if (c->need_refresh && now_ns() >= c->refresh_after_ns)
 		(void)refresh(c, deadline);
 	c->active = n;
+	c->done = done;
+	c->done_arg = arg;
 	for (size_t i = 0; i < n; i++) {
 		struct redis_cmd *cmd = &cmds[i];
 
 		cmd->status = REDIS_CMD_PENDING;
+		cmd->finished = 0;
 		cmd->flags = 0;
 		cmd->data = NULL;
 		cmd->data_len = 0;
@@ -991,7 +1003,15 @@ int redis_cluster_run(struct redis_cluster *c, struct redis_cmd *cmds, size_t n,
 	}
 	for (size_t i = 0; i < n; i++)
 		route(c, &cmds[i]);
-	return drive(c, cmds, n, deadline);
+	r = drive(c, cmds, n, deadline);
+	c->done = NULL;
+	return r;
+}
+
+int redis_cluster_run(struct redis_cluster *c, struct redis_cmd *cmds, size_t n,
+		      uint32_t timeout_ms)
+{
+	return redis_cluster_run_cb(c, cmds, n, timeout_ms, NULL, NULL);
 }
 
 size_t redis_cluster_nodes(const struct redis_cluster *c, struct redis_node_info *out,

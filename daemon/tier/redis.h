@@ -114,7 +114,7 @@ struct redis_cmd {
 	void *reply;
 	int node, ask_node;
 	uint16_t slot;
-	uint8_t moved, asked;
+	uint8_t moved, asked, finished;
 };
 
 /*
@@ -124,7 +124,16 @@ struct redis_cmd {
  */
 int redis_cluster_run(struct redis_cluster *c, struct redis_cmd *cmds, size_t n,
 		      uint32_t timeout_ms);
-/* Frees what a run left in cmd (GET's value), resetting its outputs. */
+/*
+ * The same, calling done(cmd, arg) as each command gets its status, in the order they finish:
+ * the caller can open and release a GET's value as it arrives (redis_cmd_release in done is
+ * fine), so a batch of 2 MiB values holds one at a time instead of all.  done must not call
+ * the client.
+ */
+typedef void redis_done_fn(struct redis_cmd *cmd, void *arg);
+int redis_cluster_run_cb(struct redis_cluster *c, struct redis_cmd *cmds, size_t n,
+			 uint32_t timeout_ms, redis_done_fn *done, void *arg);
+/* Frees what a run left in cmd (GET's value or an error's text): data is NULL after it. */
 void redis_cmd_release(struct redis_cmd *cmd);
 
 /* Refreshes the slot map now: 0, -EHOSTUNREACH (no node answered), -EPROTO. */
