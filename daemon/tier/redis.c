@@ -41,6 +41,7 @@ struct node {
 	redisContext *ctx;
 	enum redis_node_state state;
 	uint64_t retry_at_ns;
+	uint64_t connect_until_ns; /* CONNECTING: given up on after this */
 	uint32_t backoff_ms;
 	/* Replies awaited, in the order the commands went out (a ring). */
 	struct pending *q;
@@ -260,6 +261,8 @@ int redis_cluster_new(const struct redis_addr *seeds, size_t nseeds,
 		c->o.backoff_max_ms = c->o.backoff_min_ms;
 	if (!c->o.refresh_min_ms)
 		c->o.refresh_min_ms = 100;
+	if (!c->o.connect_timeout_ms)
+		c->o.connect_timeout_ms = 1000;
 	for (size_t i = 0; i < REDIS_SLOTS; i++)
 		c->owner[i] = -1;
 	c->rbuf = malloc(READ_CHUNK);
@@ -407,6 +410,12 @@ static void node_fail(struct redis_cluster *c, struct node *n, enum redis_status
 /* Starts a connection if the node has none; false when it is down (in backoff, or refused). */
 static bool node_ready(struct redis_cluster *c, struct node *n)
 {
+	/*
+	 * A connect that neither succeeds nor fails (a host that drops SYNs) would cost every
+	 * batch its whole deadline: past connect_timeout_ms the node is down instead.
+	 */
+	if (n->ctx && n->state == REDIS_NODE_CONNECTING && now_ns() >= n->connect_until_ns)
+		node_fail(c, n, REDIS_CMD_DOWN);
 	if (n->ctx)
 		return true;
 	if (n->state == REDIS_NODE_DOWN && now_ns() < n->retry_at_ns)
@@ -425,6 +434,7 @@ static bool node_ready(struct redis_cluster *c, struct node *n)
 	 */
 	n->ctx->reader->maxbuf = 0;
 	n->state = REDIS_NODE_CONNECTING;
+	n->connect_until_ns = now_ns() + (uint64_t)c->o.connect_timeout_ms * 1000000u;
 	return true;
 }
 
@@ -704,6 +714,18 @@ static int drive(struct redis_cluster *c, struct redis_cmd *cmds, size_t ncmds, 
 		if (!np)
 			break; /* only nodes that failed are left: their commands have statuses */
 		timeout = (int)((deadline - now + 999999) / 1000000);
+		for (size_t j = 0; j < np; j++) {
+			struct node *n = c->nodes[which[j]];
+
+			if (n->state == REDIS_NODE_CONNECTING && n->connect_until_ns < deadline) {
+				int t = n->connect_until_ns > now
+						? (int)((n->connect_until_ns - now + 999999) / 1000000)
+						: 0;
+
+				if (t < timeout)
+					timeout = t;
+			}
+		}
 		r = poll(pfd, np, timeout);
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -713,6 +735,11 @@ static int drive(struct redis_cluster *c, struct redis_cmd *cmds, size_t ncmds, 
 			struct node *n = c->nodes[which[j]];
 			short re = pfd[j].revents;
 
+			if (n->ctx && n->state == REDIS_NODE_CONNECTING && !re &&
+			    now_ns() >= n->connect_until_ns) {
+				node_fail(c, n, REDIS_CMD_DOWN);
+				continue;
+			}
 			if (!re || !n->ctx)
 				continue;
 			if (n->state == REDIS_NODE_CONNECTING) {
@@ -758,8 +785,11 @@ static int drive(struct redis_cluster *c, struct redis_cmd *cmds, size_t ncmds, 
 			}
 		}
 		n->wlen = 0;
-		if (n->orphans > MAX_ORPHANS)
-			node_close(n), n->qlen = n->orphans = 0, n->state = REDIS_NODE_IDLE;
+		if (n->orphans > MAX_ORPHANS) {
+			node_close(n);
+			n->qlen = n->orphans = 0;
+			n->state = REDIS_NODE_IDLE;
+		}
 	}
 	for (size_t i = 0; i < ncmds; i++)
 		if (!cmds[i].finished) {

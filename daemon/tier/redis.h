@@ -20,12 +20,13 @@
  *   disabled is a one-node cluster owning every slot.  MOVED points the slot at the node named,
  *   marks the map for a refresh before the next batch, and the command is retried there once;
  *   ASK sends ASKING and the command to the node named, once.
- * - Failures: a node is connected when first needed.  A failed connect, a reset or EOF makes it
- *   down: its commands in flight fail (REDIS_CMD_DOWN) and so does every command for it, at once,
- *   until its backoff (doubling from backoff_min_ms to backoff_max_ms) allows another connect;
- *   a down node also asks for a map refresh (a failover moves its slots).  Nothing waits past
- *   the deadline: commands still unanswered then are REDIS_CMD_TIMEOUT, and their replies, when
- *   they come, are read and dropped (the connection stays in step).
+ * - Failures: a node is connected when first needed.  A failed connect, one not done within
+ *   connect_timeout_ms (it may span batches), a reset or EOF makes it down: its commands in
+ *   flight fail (REDIS_CMD_DOWN) and so does every command for it, at once, until its backoff
+ *   (doubling from backoff_min_ms to backoff_max_ms) allows another connect; a down node also
+ *   asks for a map refresh (a failover moves its slots).  Nothing waits past the deadline:
+ *   commands still unanswered then are REDIS_CMD_TIMEOUT, and their replies, when they come,
+ *   are read and dropped (the connection stays in step).
  *
  * Host names are resolved by hiredis with getaddrinfo, which blocks: seeds and cluster
  * addresses should be IP addresses (Redis announces IPs unless told otherwise).
@@ -64,6 +65,7 @@ struct redis_options {
 	uint32_t backoff_min_ms; /* the first wait after a node fails (0: 100) */
 	uint32_t backoff_max_ms; /* the cap of its doubling (0: 5000) */
 	uint32_t refresh_min_ms; /* refreshes of the slot map at most this often (0: 100) */
+	uint32_t connect_timeout_ms; /* a connect not done by then makes the node down (0: 1000) */
 };
 
 /*

@@ -4,7 +4,8 @@
  * masters with a replica each, and standalone servers.  Batches over every slot, CRC16 against
  * CLUSTER KEYSLOT, MOVED after a slot is migrated, ASK during a migration, 2 MiB values
  * pipelined, a hung master (timeouts, then the pipeline still in step), a killed master (its
- * keys down at once, the others fine; back after the failover), and Redis absent at start.
+ * keys down at once, the others fine; back after the failover), Redis absent at start, and a
+ * connect that never completes (down after connect_timeout_ms, not a deadline per batch).
  * The URL parser and the slot function run without Redis; the rest is skipped (77) only when
  * redis-server is not installed.
  */
@@ -110,6 +111,56 @@ START_TEST(slots_known)
 	ck_assert_uint_ne(redis_key_slot("foo{}{bar}", 10), redis_key_slot("bar", 3));
 	ck_assert_uint_eq(redis_key_slot("foo{{bar}}zap", 13), redis_key_slot("{bar", 4));
 	ck_assert_uint_eq(redis_key_slot("foo{bar}{zap}", 13), redis_key_slot("bar", 3));
+}
+END_TEST
+
+/*
+ * A node whose connect never completes: a listener with a full accept queue drops further
+ * SYNs.  The first batch spends its deadline; once connect_timeout_ms has passed the node is
+ * down and batches return at once.
+ */
+START_TEST(connect_hangs)
+{
+	const struct redis_options o = { .connect_timeout_ms = 300, .backoff_min_ms = 1000 };
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct redis_fixture f = { .n = 1 };
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), fill[4];
+	struct redis_node_info info;
+	struct redis_cluster *c;
+	struct redis_cmd cmd;
+	uint64_t t0;
+
+	f.s[0].port = free_port();
+	sa.sin_port = htons(f.s[0].port);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(lfd, 0), 0);
+	for (int i = 0; i < 4; i++) {
+		fill[i] = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+		connect(fill[i], (struct sockaddr *)&sa, sizeof(sa));
+	}
+	fixture_msleep(50);
+	c = client_of(&f, 1, &o);
+	cmd_get(&cmd, "k");
+	t0 = fixture_now_ms();
+	ck_assert_int_eq(redis_cluster_run(c, &cmd, 1, 150), 0);
+	ck_assert_uint_lt(fixture_now_ms() - t0, 250);
+	ck_assert_int_eq(cmd.status, REDIS_CMD_DOWN); /* no map: the refresh had no answer */
+	redis_cluster_nodes(c, &info, 1);
+	ck_assert_int_eq(info.state, REDIS_NODE_CONNECTING);
+	fixture_msleep(300);
+	for (int round = 0; round < 2; round++) {
+		t0 = fixture_now_ms();
+		ck_assert_int_eq(redis_cluster_run(c, &cmd, 1, 150), 0);
+		ck_assert_uint_lt(fixture_now_ms() - t0, 50);
+		ck_assert_int_eq(cmd.status, REDIS_CMD_DOWN);
+		redis_cluster_nodes(c, &info, 1);
+		ck_assert_int_eq(info.state, REDIS_NODE_DOWN);
+		ck_assert_uint_eq(info.failures, 1);
+	}
+	redis_cluster_free(c);
+	for (int i = 0; i < 4; i++)
+		close(fill[i]);
+	close(lfd);
 }
 END_TEST
 
@@ -669,6 +720,7 @@ int main(void)
 
 	tcase_add_test(offline, url_parse);
 	tcase_add_test(offline, slots_known);
+	tcase_add_test(offline, connect_hangs);
 	suite_add_tcase(s, offline);
 	if (!redis_installed()) {
 		r = run_suite(s);
