@@ -519,8 +519,12 @@ static void fill(struct redis_cluster *c, struct node *n)
 	}
 }
 
-/* "MOVED 3999 127.0.0.1:6381": the node named, found or added; -EPROTO if unreadable. */
-static int redirect_target(struct redis_cluster *c, const char *s, size_t len)
+/*
+ * "MOVED 3999 127.0.0.1:6381": the node named, found or added; -EPROTO if unreadable.  An empty
+ * host (":6381", a server that does not know its endpoint) means the host of the node asked.
+ */
+static int redirect_target(struct redis_cluster *c, const struct node *asked, const char *s,
+			   size_t len)
 {
 	const char *sp = memchr(s, ' ', len), *addr, *colon;
 	unsigned long port;
@@ -536,6 +540,8 @@ static int redirect_target(struct redis_cluster *c, const char *s, size_t len)
 	if (end == colon + 1 || port == 0 || port > 65535)
 		return -EPROTO;
 	/* An IPv6 address comes without brackets: everything before the last colon. */
+	if (colon == addr)
+		return node_find(c, asked->addr.host, strlen(asked->addr.host), (uint16_t)port);
 	return node_find(c, addr, (size_t)(colon - addr), (uint16_t)port);
 }
 
@@ -576,7 +582,7 @@ static void on_reply(struct redis_cluster *c, struct node *n, redisReply *reply)
 		bool ask = reply->len > 4 && !strncmp(reply->str, "ASK ", 4);
 
 		if ((moved && !cmd->moved) || (ask && !cmd->asked)) {
-			int target = redirect_target(c, reply->str, reply->len);
+			int target = redirect_target(c, n, reply->str, reply->len);
 
 			freeReplyObject(reply);
 			if (target < 0) {

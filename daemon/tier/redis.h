@@ -29,7 +29,9 @@
  *   are read and dropped (the connection stays in step).
  *
  * Host names are resolved by hiredis with getaddrinfo, which blocks: seeds and cluster
- * addresses should be IP addresses (Redis announces IPs unless told otherwise).
+ * addresses should be IP addresses (Redis announces IPs unless told otherwise).  hiredis
+ * writes with write(2), not send(MSG_NOSIGNAL): the process must ignore SIGPIPE (the daemon
+ * does, in server.c), or a write to a node that just died kills it.
  */
 #pragma once
 

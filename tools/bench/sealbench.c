@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -345,6 +346,7 @@ int cmd_redis(int argc, char **argv)
 		redis_usage(stderr);
 		return 2;
 	}
+	signal(SIGPIPE, SIG_IGN); /* a node that dies mid-run fails its commands (redis.h) */
 	r = redis_parse_url(url, seeds, REDIS_MAX_SEEDS, &nseeds, err, sizeof(err));
 	if (r < 0) {
 		fprintf(stderr, "kvpaged-bench: --seeds: %s\n", err);
