@@ -225,7 +225,8 @@ static inline void redis_fixture_cluster(struct redis_fixture *f, unsigned maste
 		while (i && f->s[i].port == f->s[i - 1].port);
 		f->s[i].pid = redis_spawn(f, f->s[i].port, true);
 	}
-	len = (size_t)snprintf(cmd, sizeof(cmd), "redis-cli --cluster create");
+	/* timeout(1): redis-cli waits for the nodes to agree, with no limit of its own. */
+	len = (size_t)snprintf(cmd, sizeof(cmd), "timeout 60 redis-cli --cluster create");
 	for (unsigned i = 0; i < f->n; i++)
 		len += (size_t)snprintf(cmd + len, sizeof(cmd) - len, " 127.0.0.1:%u", f->s[i].port);
 	snprintf(cmd + len, sizeof(cmd) - len,

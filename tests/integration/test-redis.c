@@ -116,8 +116,9 @@ END_TEST
 
 /*
  * A node whose connect never completes: a listener with a full accept queue drops further
- * SYNs.  The first batch spends its deadline; once connect_timeout_ms has passed the node is
- * down and batches return at once.
+ * SYNs.  The first batch gives up on it after connect_timeout_ms, well before its deadline; from
+ * then on the node is down and batches return at once (the deadlines are long, so that only
+ * the client's own limits can explain a fast return).
  */
 START_TEST(connect_hangs)
 {
@@ -142,16 +143,17 @@ START_TEST(connect_hangs)
 	c = client_of(&f, 1, &o);
 	cmd_get(&cmd, "k");
 	t0 = fixture_now_ms();
-	ck_assert_int_eq(redis_cluster_run(c, &cmd, 1, 150), 0);
-	ck_assert_uint_lt(fixture_now_ms() - t0, 250);
+	ck_assert_int_eq(redis_cluster_run(c, &cmd, 1, 3000), 0);
+	ck_assert_uint_ge(fixture_now_ms() - t0, 290);
+	ck_assert_uint_lt(fixture_now_ms() - t0, 2000);
 	ck_assert_int_eq(cmd.status, REDIS_CMD_DOWN); /* no map: the refresh had no answer */
 	redis_cluster_nodes(c, &info, 1);
-	ck_assert_int_eq(info.state, REDIS_NODE_CONNECTING);
-	fixture_msleep(300);
+	ck_assert_int_eq(info.state, REDIS_NODE_DOWN);
+	ck_assert_uint_eq(info.failures, 1);
 	for (int round = 0; round < 2; round++) {
 		t0 = fixture_now_ms();
-		ck_assert_int_eq(redis_cluster_run(c, &cmd, 1, 150), 0);
-		ck_assert_uint_lt(fixture_now_ms() - t0, 50);
+		ck_assert_int_eq(redis_cluster_run(c, &cmd, 1, 3000), 0);
+		ck_assert_uint_lt(fixture_now_ms() - t0, 1000);
 		ck_assert_int_eq(cmd.status, REDIS_CMD_DOWN);
 		redis_cluster_nodes(c, &info, 1);
 		ck_assert_int_eq(info.state, REDIS_NODE_DOWN);
@@ -701,8 +703,8 @@ START_TEST(absent_at_start)
 			cmd_set(&cmds[i], keys[i], "v", 1);
 		}
 		t0 = fixture_now_ms();
-		ck_assert_int_eq(redis_cluster_run(c, cmds, 50, 200), 0);
-		ck_assert_uint_lt(fixture_now_ms() - t0, 100); /* refused at once, not waited for */
+		ck_assert_int_eq(redis_cluster_run(c, cmds, 50, 3000), 0);
+		ck_assert_uint_lt(fixture_now_ms() - t0, 1000); /* refused at once, not waited for */
 		for (int i = 0; i < 50; i++)
 			ck_assert_int_eq(cmds[i].status, REDIS_CMD_DOWN);
 		ck_assert_uint_eq(redis_cluster_nodes(c, &info, 1), 1);
