@@ -141,7 +141,7 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:ha
 
 echo "== fuzzers (libFuzzer, ${KVPAGED_FUZZ_SECONDS:=30} s each)"
 if scripts/build.sh build-fuzz CC=clang --enable-fuzzers --enable-werror; then
-	for target in fuzz-frame fuzz-ring fuzz-config; do
+	for target in fuzz-frame fuzz-ring fuzz-config fuzz-remote; do
 		# Each run starts from the committed seeds (tests/fuzz/corpus/TARGET) and from what
 		# earlier runs here added: libFuzzer reads both and writes new inputs to the first,
 		# build-fuzz's, only.  (-max_len: a ring input is a tail, 16 entries and a 4 KiB data

@@ -7,6 +7,7 @@ packages=(
 	autoconf automake libtool pkg-config make gcc clang python3
 	libxxhash-dev libjson-c-dev check libinih-dev liburing-dev libmicrohttpd-dev
 	libprotobuf-c-dev protobuf-c-compiler fio
+	redis-server libhiredis-dev libssl-dev # the remote tier (tests run their own redis-servers)
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
 	prometheus # promtool, and a real server (tests/ops/metrics.test, prometheus.test)
 	debootstrap systemd-container # a Debian 12 root booted under systemd (tests/ops/boot.test)
@@ -28,3 +29,14 @@ echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# The package starts a redis-server on 6379 and enables it at boot; the tests start their own on
+# free ports, so the packaged service is only in the way.
+if [[ " ${missing[*]} " == *" redis-server "* ]]; then
+	if [ -d /run/systemd/system ]; then
+		systemctl disable --now -q redis-server.service 2>/dev/null || true
+	elif [ -x /etc/init.d/redis-server ]; then
+		/etc/init.d/redis-server stop >/dev/null 2>&1 || true
+		update-rc.d redis-server disable >/dev/null 2>&1 || true
+	fi
+fi

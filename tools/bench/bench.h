@@ -50,3 +50,5 @@ int cmd_latency(int argc, char **argv);
 int cmd_throughput(int argc, char **argv);
 int cmd_swap(int argc, char **argv);
 int cmd_stall(int argc, char **argv);
+int cmd_seal(int argc, char **argv);
+int cmd_redis(int argc, char **argv);

@@ -72,6 +72,8 @@ static void usage(FILE *f)
 	      "  throughput  batched ring appends per second from several client processes\n"
 	      "  swap        file tier GB/s beside fio, host tier beside memcpy\n"
 	      "  stall       round trips while another client reads from the swap files\n"
+	      "  seal        remote-tier AES-256-GCM seal and open GB/s beside memcpy\n"
+	      "  redis       remote-tier cluster client GET/SET GB/s beside plain hiredis\n"
 	      "\n"
 	      "Run 'kvpaged-bench COMMAND --help' for a command's options.\n",
 	      f);
@@ -101,6 +103,10 @@ int main(int argc, char **argv)
 		return cmd_swap(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "stall"))
 		return cmd_stall(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "seal"))
+		return cmd_seal(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "redis"))
+		return cmd_redis(argc - 1, argv + 1);
 	fprintf(stderr, "kvpaged-bench: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 2;
