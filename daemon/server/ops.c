@@ -112,15 +112,13 @@ static int check_tokens(struct session *s, uint32_t n, const char **why)
  * The reply hands out the sequence's blocks, its table and its packed blocks (h2o's gather
  * writes those): it waits for what the pool's queue still does to any of them.
  */
-static void note_fence(struct session *s, const struct core_seq_info *info)
+static uint64_t fence_of(struct session *s, const struct core_seq_info *info)
 {
 	const uint32_t B = s->pool->cfg->block_tokens;
 	uint64_t f = dpool_fence(s->pool, info->table, info->nblocks);
 	uint64_t g = dpool_fence(s->pool, info->packed, (info->npacked + B - 1) / B);
 
-	f = g > f ? g : f;
-	if (f > s->fence)
-		s->fence = f;
+	return g > f ? g : f;
 }
 
 static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct seq_result *res)
@@ -130,13 +128,13 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 	core_seq_info(s->pool->core, seq, &info);
 	res->table = info.table + from;
 	res->table_len = info.nblocks - from;
-	note_fence(s, &info);
+	res->fence = fence_of(s, &info);
 }
 
 /*
  * Defers the tier loads of a LOADING sequence: 0 when they were all in at once (ACTIVE now),
- * -EINPROGRESS when the session waits for them.  A failure to start them fails the loads:
- * the blocks are then recomputed, as for any failed load.
+ * -EINPROGRESS when the request waits for them (session_loaded() follows).  A failure to start
+ * them fails the loads: the blocks are then recomputed, as for any failed load.
  */
 static int defer_loads(struct session *s, uint64_t seq)
 {
@@ -154,11 +152,7 @@ static int defer_loads(struct session *s, uint64_t seq)
 		core_seq_loaded(s->pool->core, seq);
 		return 0;
 	}
-	if (r == 0)
-		return 0;
-	s->loading = true;
-	s->load_seq = seq;
-	return -EINPROGRESS;
+	return r == 0 ? 0 : -EINPROGRESS;
 }
 
 /*
@@ -181,18 +175,16 @@ static void open_counted(struct session *s, uint32_t nblocks, uint32_t cached)
 	s->stats->hit_tokens += cached;
 }
 
-int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
+int ops_loaded_result(struct session *s, const struct deferred_load *d, bool resume,
+		      struct seq_result *res)
 {
 	struct core_seq_info info;
-	uint64_t seq = s->load_seq;
+	uint64_t seq = d->seq;
 
-	s->load_done = false;
-	s->load_seq = 0;
 	if (core_seq_info(s->pool->core, seq, &info) < 0)
 		return -EIO; /* cannot happen: the sequence is the session's */
-	/* The quota took load_charged blocks; a retention policy may have released some since. */
-	account_blocks(s, (int64_t)info.held_blocks - (int64_t)s->load_charged);
-	s->load_charged = 0;
+	/* The quota took d->charged blocks; a retention policy may have released some since. */
+	account_blocks(s, (int64_t)info.held_blocks - (int64_t)d->charged);
 	ops_recharge(s, seq);
 	res->seq = seq;
 	if (resume)
@@ -204,8 +196,8 @@ int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
 }
 
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, const struct core_open *retention, bool defer,
-	     struct seq_result *res, const char **why)
+	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     struct deferred_load *defer, struct seq_result *res, const char **why)
 {
 	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
 			       .flags = flags, .priority = priority };
@@ -250,12 +242,14 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	core_seq_info(s->pool->core, res->seq, &info);
 	account_blocks(s, info.held_blocks);
 	if (info.state == CORE_SEQ_LOADING) {
-		s->load_charged = info.held_blocks;
-		r = defer_loads(s, res->seq);
-		if (r < 0)
+		const struct deferred_load d = { .seq = res->seq, .charged = info.held_blocks };
+
+		r = defer_loads(s, d.seq);
+		if (r < 0) {
+			*defer = d; /* only a deferring caller gets a LOADING sequence */
 			return r;
-		s->load_seq = res->seq;
-		return ops_loaded_result(s, false, res);
+		}
+		return ops_loaded_result(s, &d, false, res);
 	}
 	open_counted(s, nblocks, res->cached);
 	fill_table(s, res->seq, 0, res);
@@ -406,8 +400,8 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 	return r;
 }
 
-int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *res,
-	       const char **why)
+int ops_resume(struct session *s, uint64_t seq, struct deferred_load *defer,
+	       struct seq_result *res, const char **why)
 {
 	struct core_seq_info info;
 	int r;
@@ -435,12 +429,14 @@ int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *r
 	core_seq_info(s->pool->core, seq, &info);
 	if (info.state == CORE_SEQ_LOADING) {
 		/* Only a dropped sequence loads: it was charged its whole table above. */
-		s->load_charged = info.nblocks;
+		const struct deferred_load d = { .seq = seq, .charged = info.nblocks };
+
 		r = defer_loads(s, seq);
-		if (r < 0)
+		if (r < 0) {
+			*defer = d;
 			return r;
-		s->load_seq = seq;
-		return ops_loaded_result(s, true, res);
+		}
+		return ops_loaded_result(s, &d, true, res);
 	}
 	res->seq = seq;
 	fill_table(s, seq, 0, res);
@@ -488,12 +484,13 @@ int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t e
 	return 0;
 }
 
-int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why)
+int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, uint64_t *ret_fence,
+	     const char **why)
 {
 	int r = check_owner(s, seq, info);
 
 	if (r == 0)
-		note_fence(s, info);
+		*ret_fence = fence_of(s, info);
 	return r;
 }
 

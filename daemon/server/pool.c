@@ -679,7 +679,7 @@ void dpool_retry_waiters(struct dpool *p, uint64_t now)
 	bool due = false;
 
 	for (s = p->waiters; s && !due; s = s->wait_next)
-		due = now >= s->wait_deadline_ns;
+		due = now >= s->req.deadline_ns;
 	if (!p->waiters || (p->epoch == p->waiters_epoch && !due))
 		return;
 	p->waiters_epoch = p->epoch;
@@ -687,17 +687,9 @@ void dpool_retry_waiters(struct dpool *p, uint64_t now)
 	list = p->waiters;
 	p->waiters = p->waiters_tail = NULL;
 	for (s = list; s; s = next) {
-		char byte;
-
 		next = s->wait_next;
 		s->wait_prev = s->wait_next = NULL;
-		s->waiting = false;
-		s->refs++; /* dispatching may close it */
-		/* Not read while it waited: a peer that hung up must not be given memory. */
-		if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
-			session_close(s, "peer closed the connection while waiting");
-		else
-			session_dispatch(s);
-		session_unref(s);
+		s->req.state = REQUEST_RUNNING; /* off the list: a close must not unlink it */
+		session_retry(s);
 	}
 }

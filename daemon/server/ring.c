@@ -293,7 +293,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		 * retention bits are taken here; any other unknown flag is refused by ops_open. */
 		rc = ops_open(s, tokens, ntok, e->extra,
 			      e->arg & KVP_RING_OPEN_FLAGS & ~KVP_RING_OPEN_RETENTION,
-			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL, false,
+			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL, NULL,
 			      &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
@@ -339,7 +339,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		rc = ops_scores(s, e->seq, e->arg, (const float *)tokens, ntok, &why);
 		break;
 	case KVP_OP_RESUME:
-		rc = ops_resume(s, e->seq, false, &res, &why);
+		rc = ops_resume(s, e->seq, NULL, &res, &why);
 		if (rc == 0) {
 			c->aux = res.recompute;
 			put_table(r, e, c, res.table, res.table_len);
@@ -348,7 +348,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_SEQ_INFO: {
 		struct core_seq_info info;
 
-		rc = ops_info(s, e->seq, &info, &why);
+		rc = ops_info(s, e->seq, &info, &res.fence, &why);
 		if (rc == 0) {
 			c->value = (uint64_t)info.ntokens << 32 | info.ncommitted;
 			put_table(r, e, c, info.table, info.nblocks);
@@ -358,13 +358,19 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_PACKED: {
 		struct core_seq_info info;
 
-		rc = ops_info(s, e->seq, &info, &why);
+		rc = ops_info(s, e->seq, &info, &res.fence, &why);
 		if (rc == 0)
 			put_packed(r, e, c, &info, s->pool->cfg->block_tokens);
 		break;
 	}
 	}
 	c->res = rc;
+	/*
+	 * A completion handing out blocks the pool's queue still works on waits for it, and the
+	 * ones after it too (the tail shows entries in order).
+	 */
+	if (res.fence > r->held_fence)
+		r->held_fence = res.fence;
 	return true;
 }
 
@@ -430,13 +436,6 @@ bool ring_process(struct session *s, const char **why)
 	if (posted)
 		session_touch(s);
 	kvp_ring_store_release(&r->sq->head, r->sq_head);
-	/*
-	 * Completions that hand out blocks the pool's queue still works on wait for it, and the
-	 * ones after them too (the tail shows entries in order).
-	 */
-	if (s->fence > r->held_fence)
-		r->held_fence = s->fence;
-	s->fence = 0;
 	if (posted || r->held_fence)
 		ring_release(s);
 	return true;
