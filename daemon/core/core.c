@@ -241,8 +241,34 @@ static int retention_check(const struct core *c, const struct core_open *o)
 	return core_retention_why(c, o, &r) ? r : 0;
 }
 
+/* What core_seq_info tells of s (and core_seq_open of the sequence it opened). */
+static void info_of(const struct core *c, const struct core_seq *s, struct core_seq_info *ret)
+{
+	*ret = (struct core_seq_info){
+		.state = s->state,
+		.priority = s->priority,
+		.salt = s->salt,
+		.extra = s->extra,
+		.ntokens = s->ntokens,
+		.ncommitted = s->ncommitted,
+		.nblocks = s->nblocks,
+		.table = s->table,
+		.retention = s->retention,
+		.n_sink = s->n_sink,
+		.recent = s->recent,
+		.budget = s->budget,
+		.granularity = s->granularity,
+		.packed = s->packed,
+		.packed_positions = s->ppos,
+		.npacked = s->npacked,
+		.held_blocks = s->nblocks - s->freed + s->packed_cap / c->cfg.block_tokens,
+		.retained_tokens = s->ntokens - s->freed * c->cfg.block_tokens + s->npacked,
+		.freed_blocks = s->freed,
+	};
+}
+
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
-		  uint32_t *ret_cached)
+		  struct core_seq_info *ret_info)
 {
 	uint32_t nblocks, nhit, ready, slot;
 	struct core_hash chain;
@@ -334,14 +360,12 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->nloads = nloads;
 		s->load_nhit = ready;
 		s->load_resume = false;
-		if (ret_cached)
-			*ret_cached = s->ncommitted;
-		return 0;
+	} else {
+		retain_prune(c, s);
+		open_counted(c, s, nhit);
 	}
-	retain_prune(c, s);
-	open_counted(c, s, nhit);
-	if (ret_cached)
-		*ret_cached = s->ncommitted;
+	if (ret_info)
+		info_of(c, s, ret_info);
 	return 0;
 }
 
@@ -732,27 +756,7 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 
 	if (!s)
 		return -ENOENT;
-	*ret = (struct core_seq_info){
-		.state = s->state,
-		.priority = s->priority,
-		.salt = s->salt,
-		.extra = s->extra,
-		.ntokens = s->ntokens,
-		.ncommitted = s->ncommitted,
-		.nblocks = s->nblocks,
-		.table = s->table,
-		.retention = s->retention,
-		.n_sink = s->n_sink,
-		.recent = s->recent,
-		.budget = s->budget,
-		.granularity = s->granularity,
-		.packed = s->packed,
-		.packed_positions = s->ppos,
-		.npacked = s->npacked,
-		.held_blocks = s->nblocks - s->freed + s->packed_cap / c->cfg.block_tokens,
-		.retained_tokens = s->ntokens - s->freed * c->cfg.block_tokens + s->npacked,
-		.freed_blocks = s->freed,
-	};
+	info_of(c, s, ret);
 	return 0;
 }
 

@@ -317,12 +317,13 @@ struct core *core_free(struct core *c);
 /*
  * Opens a sequence for a prompt.  Its leading full blocks that are cached (same salt, extra key
  * and tokens, verified token by token) are shared; blocks for the rest are allocated, reusing
- * the least recently used cached blocks when no block is free.  *ret_cached gets the number of
- * leading tokens whose K/V is already there (a multiple of block_tokens); those count as
- * committed.
+ * the least recently used cached blocks when no block is free.  *ret_info (may be NULL) gets
+ * what core_seq_info would now: its ncommitted is the number of leading tokens whose K/V is
+ * already there (a multiple of block_tokens; those count as committed), its state LOADING when
+ * loads were deferred.  Both are untouched on failure.
  */
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
-		  uint32_t *ret_cached);
+		  struct core_seq_info *ret_info);
 
 /*
  * Why core_seq_open refuses o's retention policy in this pool, in words (NULL: it does not),

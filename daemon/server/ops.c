@@ -52,20 +52,27 @@ static uint64_t more_bytes(const struct session *s, uint64_t seq, const struct c
 	return then > now ? then - now : 0;
 }
 
-void ops_recharge(struct session *s, uint64_t seq)
+/* Charges s for seq as info, its size and state now, calls for. */
+static void charge(struct session *s, uint64_t seq, const struct core_seq_info *info)
 {
 	struct seq_owner *ow = &s->pool->owners[(uint32_t)seq];
-	struct core_seq_info info;
-	uint64_t bytes;
+	uint64_t bytes = seq_bytes(s, info->retention, info->granularity, info->ntokens,
+				   info->state);
 
-	if (core_seq_info(s->pool->core, seq, &info) < 0)
-		return;
-	bytes = seq_bytes(s, info.retention, info.granularity, info.ntokens, info.state);
 	account_bytes(s, (int64_t)bytes - (int64_t)ow->bytes);
 	ow->bytes = bytes;
 }
 
-static void own(struct session *s, uint64_t seq)
+void ops_recharge(struct session *s, uint64_t seq)
+{
+	struct core_seq_info info;
+
+	if (core_seq_info(s->pool->core, seq, &info) == 0)
+		charge(s, seq, &info);
+}
+
+/* Records seq, of info, as s's: charged for its size and state, not yet for its blocks. */
+static void own(struct session *s, uint64_t seq, const struct core_seq_info *info)
 {
 	struct dpool *p = s->pool;
 	uint32_t slot = (uint32_t)seq;
@@ -74,7 +81,7 @@ static void own(struct session *s, uint64_t seq)
 	p->owners[slot] = (struct seq_owner){ .s = s, .idx = s->nseqs };
 	s->nseqs++;
 	account_sequences(s, 1);
-	ops_recharge(s, seq);
+	charge(s, seq, info);
 }
 
 static void disown(struct session *s, uint64_t seq)
@@ -121,14 +128,21 @@ static uint64_t fence_of(struct session *s, const struct core_seq_info *info)
 	return g > f ? g : f;
 }
 
+/* The reply's table from entry from on, as info has it, and what the reply waits for. */
+static void fill_table_of(struct session *s, const struct core_seq_info *info, uint32_t from,
+			  struct seq_result *res)
+{
+	res->table = info->table + from;
+	res->table_len = info->nblocks - from;
+	res->fence = fence_of(s, info);
+}
+
 static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct seq_result *res)
 {
 	struct core_seq_info info;
 
 	core_seq_info(s->pool->core, seq, &info);
-	res->table = info.table + from;
-	res->table_len = info.nblocks - from;
-	res->fence = fence_of(s, &info);
+	fill_table_of(s, &info, from, res);
 }
 
 /*
@@ -185,13 +199,13 @@ int ops_loaded_result(struct session *s, const struct deferred_load *d, bool res
 		return -EIO; /* cannot happen: the sequence is the session's */
 	/* The quota took d->charged blocks; a retention policy may have released some since. */
 	account_blocks(s, (int64_t)info.held_blocks - (int64_t)d->charged);
-	ops_recharge(s, seq);
+	charge(s, seq, &info);
 	res->seq = seq;
 	if (resume)
 		res->recompute = info.ntokens - info.ncommitted;
 	else
 		open_counted(s, info.nblocks, res->cached = info.ncommitted);
-	fill_table(s, seq, 0, res);
+	fill_table_of(s, &info, 0, res);
 	return 0;
 }
 
@@ -232,14 +246,13 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	/* Reads from the swap files go on without the loop; host RAM is copied at once. */
 	if (defer && may_defer(s->pool))
 		o.flags |= CORE_OPEN_DEFER_LOADS;
-	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
+	r = core_seq_open(s->pool->core, &o, &res->seq, &info);
 	if (r == -EINVAL || r == -EOPNOTSUPP)
 		*why = core_retention_why(s->pool->core, &o, &(int){ 0 });
 	if (r < 0)
 		return r;
-	own(s, res->seq);
+	own(s, res->seq, &info);
 	/* The quota counts blocks held: a window or sinks may have released some already. */
-	core_seq_info(s->pool->core, res->seq, &info);
 	account_blocks(s, info.held_blocks);
 	if (info.state == CORE_SEQ_LOADING) {
 		const struct deferred_load d = { .seq = res->seq, .charged = info.held_blocks };
@@ -251,8 +264,9 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		}
 		return ops_loaded_result(s, &d, false, res);
 	}
+	res->cached = info.ncommitted;
 	open_counted(s, nblocks, res->cached);
-	fill_table(s, res->seq, 0, res);
+	fill_table_of(s, &info, 0, res);
 	return 0;
 }
 
@@ -333,6 +347,7 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char **why)
 {
 	struct core_seq_info info;
+	uint32_t held;
 	int r;
 
 	r = check_owner(s, seq, &info);
@@ -346,12 +361,14 @@ int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char
 	r = reserve_seq(s);
 	if (r < 0)
 		return r;
+	held = info.held_blocks; /* the parent's, which the fork shares */
 	r = core_seq_fork(s->pool->core, seq, &res->seq);
 	if (r < 0)
 		return r;
-	own(s, res->seq);
-	account_blocks(s, info.held_blocks);
-	fill_table(s, res->seq, 0, res);
+	core_seq_info(s->pool->core, res->seq, &info);
+	own(s, res->seq, &info);
+	account_blocks(s, held);
+	fill_table_of(s, &info, 0, res);
 	return 0;
 }
 
