@@ -234,11 +234,36 @@ static void open_counted(struct core *c, const struct core_seq *s, uint32_t nhit
 	c->stats.miss_blocks += s->nblocks - ready;
 }
 
-static int retention_check(const struct core *c, const struct core_open *o)
+/* core_open_check's, with the flags the caller may set besides (CORE_OPEN_DEFER_LOADS). */
+static int open_check(const struct core *c, const struct core_open *o, uint32_t flags,
+		      const char **ret_why)
 {
+	const char *why;
 	int r;
 
-	return core_retention_why(c, o, &r) ? r : 0;
+	if (o->ntokens == 0 || !o->tokens) {
+		*ret_why = "empty prompt";
+		return -EINVAL;
+	}
+	if (tokens_check(c, o->tokens, o->ntokens) < 0) {
+		*ret_why = "a token id at or past the pool's vocab_size";
+		return -EINVAL;
+	}
+	if (o->flags & ~(CORE_OPEN_RECOMPUTE_LAST | flags)) {
+		*ret_why = "unknown flags";
+		return -EINVAL;
+	}
+	why = core_retention_why(c, o, &r);
+	if (why) {
+		*ret_why = why;
+		return r;
+	}
+	return 0;
+}
+
+int core_open_check(const struct core *c, const struct core_open *o, const char **ret_why)
+{
+	return open_check(c, o, 0, ret_why);
 }
 
 /* What core_seq_info tells of s (and core_seq_open of the sequence it opened). */
@@ -278,12 +303,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	float *score = NULL;
 	int r;
 
-	r = tokens_check(c, o->tokens, o->ntokens);
-	if (r < 0)
-		return r;
-	if (o->flags & ~(CORE_OPEN_RECOMPUTE_LAST | CORE_OPEN_DEFER_LOADS))
-		return -EINVAL;
-	r = retention_check(c, o);
+	r = open_check(c, o, CORE_OPEN_DEFER_LOADS, &(const char *){ NULL });
 	if (r < 0)
 		return r;
 	if (o->ntokens > c->cfg.max_seq_tokens)

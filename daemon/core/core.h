@@ -326,6 +326,15 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		  struct core_seq_info *ret_info);
 
 /*
+ * Whether a request's open (or lookup) arguments are what core_seq_open takes: 0, or -EINVAL
+ * (no tokens, a token id past vocab_size, flags other than CORE_OPEN_RECOMPUTE_LAST, a bad
+ * retention policy) or -EOPNOTSUPP (a policy this pool cannot serve), with the reason in words
+ * in *ret_why.  core_seq_open checks the same first (and takes CORE_OPEN_DEFER_LOADS, which is
+ * the caller's); a caller that refuses bad arguments before its own checks asks here.
+ */
+int core_open_check(const struct core *c, const struct core_open *o, const char **ret_why);
+
+/*
  * Why core_seq_open refuses o's retention policy in this pool, in words (NULL: it does not),
  * with the error it returns for it in *ret_err: -EINVAL, or -EOPNOTSUPP (token granularity
  * on a backend without a gather).  A window pool decides for its sequences: any policy is

@@ -227,11 +227,10 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		o.decay = retention->decay;
 		o.granularity = retention->granularity;
 	}
-	/* Arguments first: a bad request is -EINVAL whatever the session's usage. */
-	if (n == 0 || !tokens || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
-		*why = "empty prompt or unknown flags";
-		return -EINVAL;
-	}
+	/* Arguments first (the core's checks): a bad request is refused whatever the usage. */
+	r = core_open_check(s->pool->core, &o, why);
+	if (r < 0)
+		return r;
 	r = check_tokens(s, n, why);
 	if (r < 0)
 		return r;
@@ -247,8 +246,6 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	if (defer && may_defer(s->pool))
 		o.flags |= CORE_OPEN_DEFER_LOADS;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &info);
-	if (r == -EINVAL || r == -EOPNOTSUPP)
-		*why = core_retention_why(s->pool->core, &o, &(int){ 0 });
 	if (r < 0)
 		return r;
 	own(s, res->seq, &info);
@@ -493,10 +490,9 @@ int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t e
 
 	if (r < 0)
 		return r;
-	if (n == 0 || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
-		*why = "empty prompt or unknown flags";
-		return -EINVAL;
-	}
+	r = core_open_check(s->pool->core, &o, why);
+	if (r < 0)
+		return r;
 	*cached = core_lookup(s->pool->core, &o);
 	return 0;
 }

@@ -290,7 +290,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 			break;
 		}
 		/* Ring operations never wait: not for memory, and not for swap-file reads.  The
-		 * retention bits are taken here; any other unknown flag is refused by ops_open. */
+		 * retention bits are taken here; any other unknown flag is refused by the core. */
 		rc = ops_open(s, tokens, ntok, e->extra,
 			      e->arg & KVP_RING_OPEN_FLAGS & ~KVP_RING_OPEN_RETENTION,
 			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL, NULL,

@@ -549,6 +549,52 @@ START_TEST(test_vocabulary_limit)
 }
 END_TEST
 
+/* The checks of a request's arguments, and their reasons, are the open's own. */
+START_TEST(test_open_check)
+{
+	struct core_config cfg = { .capacity_blocks = 8, .block_tokens = B, .max_sequences = 4,
+				   .max_seq_tokens = 32, .vocab_size = 512,
+				   .copy_block = fake_copy, .copy_ctx = &mem };
+	uint32_t t[3] = { 1, 511, 512 };
+	struct core_open o = { .tokens = t, .ntokens = 2 };
+	const char *why = "untouched";
+	struct core *c;
+	uint64_t s;
+
+	fake_mem_init(&mem, 8, B);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	ck_assert_int_eq(core_open_check(c, &o, &why), 0);
+	ck_assert_str_eq(why, "untouched");
+	o.ntokens = 0;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_str_eq(why, "empty prompt");
+	o.ntokens = 3;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(why, "vocab_size"));
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
+	o.ntokens = 2;
+	o.flags = 1u << 3;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_str_eq(why, "unknown flags");
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
+	/* Deferring loads is the caller's to ask, not a request's. */
+	o.flags = CORE_OPEN_DEFER_LOADS;
+	why = NULL;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_str_eq(why, "unknown flags");
+	o.flags = CORE_OPEN_RECOMPUTE_LAST;
+	o.retention = CORE_RETAIN_SINKS; /* recent 0 */
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(why, "bad retention: recent 0"));
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
+	o.recent = 4;
+	ck_assert_int_eq(core_open_check(c, &o, &why), 0);
+	o.flags |= CORE_OPEN_DEFER_LOADS;
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
+	core_free(c);
+}
+END_TEST
+
 START_TEST(test_drop_cache)
 {
 	struct core *c = new_core(&mem, 16, B, 4, 64);
@@ -823,6 +869,7 @@ int main(void)
 	tcase_add_test(tc, test_concurrent_equal_commits_deduplicate);
 	tcase_add_test(tc, test_bad_input_changes_nothing);
 	tcase_add_test(tc, test_vocabulary_limit);
+	tcase_add_test(tc, test_open_check);
 	tcase_add_test(tc, test_drop_cache);
 	tcase_add_test(tc, test_verify_detects_corruption);
 	tcase_add_test(tc, test_park_and_resume_keeps_blocks);
