@@ -202,7 +202,7 @@ static uint64_t session_bytes(const struct session *s, uint64_t *ret_blocks, cha
 	for (const struct outbuf *o = s->outq; o; o = o->next)
 		bytes += sizeof(*o) + o->len;
 	if (s->ring)
-		bytes += sizeof(*s->ring) + s->ring->bytes;
+		bytes += sizeof(*s->ring) + s->ring->bytes + s->ring->scratch_bytes;
 	for (uint32_t i = 0; s->pool && i < s->nseqs; i++) {
 		const struct seq_owner *ow = &s->pool->owners[(uint32_t)s->seqs[i]];
 		struct core_seq_info info;

@@ -71,6 +71,23 @@ void ops_recharge(struct session *s, uint64_t seq)
 		charge(s, seq, &info);
 }
 
+/*
+ * The core call just made may have dropped parked sequences (the pool's on_drop noted them):
+ * their owners hold those blocks no more, and are charged for a history instead of a table.
+ */
+static void settle_drops(struct dpool *p)
+{
+	for (uint32_t i = 0; i < p->ndrops; i++) {
+		struct seq_owner *ow = &p->owners[(uint32_t)p->drops[i]];
+		struct session *owner = ow->s;
+
+		account_blocks(owner, -(int64_t)ow->dropped);
+		ow->dropped = 0;
+		ops_recharge(owner, p->drops[i]);
+	}
+	p->ndrops = 0;
+}
+
 /* Records seq, of info, as s's: charged for its size and state, not yet for its blocks. */
 static void own(struct session *s, uint64_t seq, const struct core_seq_info *info)
 {
@@ -246,6 +263,7 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	if (defer && may_defer(s->pool))
 		o.flags |= CORE_OPEN_DEFER_LOADS;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &info);
+	settle_drops(s->pool);
 	if (r < 0)
 		return r;
 	own(s, res->seq, &info);
@@ -294,6 +312,7 @@ int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t
 			return r;
 	}
 	r = core_seq_append(s->pool->core, seq, tokens, n);
+	settle_drops(s->pool);
 	if (r < 0)
 		return r;
 	if (grow) {
@@ -435,6 +454,7 @@ int ops_resume(struct session *s, uint64_t seq, struct deferred_load *defer,
 	r = core_seq_resume_flags(s->pool->core, seq,
 				  defer && may_defer(s->pool) ? CORE_OPEN_DEFER_LOADS : 0,
 				  &res->recompute);
+	settle_drops(s->pool);
 	if (r < 0)
 		return r;
 	if (info.state == CORE_SEQ_DROPPED)

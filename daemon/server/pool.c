@@ -21,15 +21,21 @@
 #include "daemon/server/server.h"
 #include "proto/cleanup.h"
 
-/* The core dropped a parked sequence for someone else's request: its owner holds less now. */
+/*
+ * The core dropped a parked sequence for someone else's request: its owner holds less now.
+ * Noted only: the quota is settled once the core's call has returned (ops.c: settle_drops),
+ * not from inside it.
+ */
 static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 {
 	struct dpool *p = ctx;
-	struct session *s = p->owners[(uint32_t)seq].s;
+	struct seq_owner *ow = &p->owners[(uint32_t)seq];
 
-	if (s) {
-		account_blocks(s, -(int64_t)nblocks);
-		ops_recharge(s, seq); /* its table went, its token history stays */
+	if (ow->s) {
+		/* Dropped once until resumed: a slot is listed once per call. */
+		if (!ow->dropped)
+			p->drops[p->ndrops++] = seq;
+		ow->dropped += nblocks;
 	}
 	log_debug("pool %s: parked sequence %llu dropped, %u blocks released", p->cfg->name,
 		  (unsigned long long)seq, nblocks);
@@ -413,7 +419,8 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		log_info("pool %s: %d cached blocks found in the swap files", cfg->name, r);
 	}
 	p->owners = calloc(cfg->max_sequences, sizeof(*p->owners));
-	if (!p->owners)
+	p->drops = calloc(cfg->max_sequences, sizeof(*p->drops));
+	if (!p->owners || !p->drops)
 		return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
 	snprintf(p->ns_other.name, sizeof(p->ns_other.name), "(other)");
 	return 0;
@@ -524,6 +531,7 @@ void dpool_done(struct dpool *p)
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
 	free(p->owners);
+	free(p->drops);
 	for (uint32_t i = 0; i < p->nns; i++)
 		free(p->ns[i]);
 	free(p->ns);

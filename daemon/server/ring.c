@@ -189,7 +189,8 @@ void ring_free(struct session *s)
 	close(r->mem_fd);
 	close(r->sq_event_fd);
 	close(r->cq_event_fd);
-	account_bytes(s, -(int64_t)(sizeof(*r) + r->bytes));
+	free(r->scratch);
+	account_bytes(s, -(int64_t)(sizeof(*r) + r->bytes + r->scratch_bytes));
 	s->nfds -= 3;
 	s->srv->session_fds -= 3;
 	free(r);
@@ -241,8 +242,36 @@ static void put_packed(struct session_ring *r, const struct kvp_sqe *e, struct k
 }
 
 /* Executes one copied, checked entry.  Returns false when the session must be closed. */
-static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *c,
-		    uint32_t **scratch, size_t *scratch_cap)
+/*
+ * The ring's copy of an entry's input, in_len bytes: NULL with *ret_err -EDQUOT or -ENOMEM
+ * when it cannot grow.  It grows to the largest input seen (at most the data area), charged
+ * to the session, and goes with the ring.
+ */
+static uint32_t *copy_in(struct session *s, const struct kvp_sqe *e, int *ret_err)
+{
+	struct session_ring *r = s->ring;
+	const char *why;
+	uint32_t *b;
+
+	if (r->scratch_bytes < e->in_len) {
+		if (account_check(s, e->in_len - r->scratch_bytes, 0, 0, &why) < 0) {
+			*ret_err = -EDQUOT;
+			return NULL;
+		}
+		b = realloc(r->scratch, e->in_len);
+		if (!b) {
+			*ret_err = -ENOMEM;
+			return NULL;
+		}
+		account_bytes(s, (int64_t)(e->in_len - r->scratch_bytes));
+		r->scratch = b;
+		r->scratch_bytes = e->in_len;
+	}
+	memcpy(r->scratch, r->data + e->in_off, e->in_len);
+	return r->scratch;
+}
+
+static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *c)
 {
 	struct session_ring *r = s->ring;
 	const uint32_t ntok = e->in_len / sizeof(uint32_t);
@@ -257,18 +286,11 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		return false;
 	if (e->in_len) {
 		/* Copy, then check: the client may rewrite the data area under us. */
-		if (*scratch_cap < e->in_len) {
-			uint32_t *b = realloc(*scratch, e->in_len);
-
-			if (!b) {
-				c->res = -ENOMEM;
-				return true;
-			}
-			*scratch = b;
-			*scratch_cap = e->in_len;
+		tokens = copy_in(s, e, &rc);
+		if (!tokens) {
+			c->res = rc;
+			return true;
 		}
-		tokens = *scratch;
-		memcpy(tokens, r->data + e->in_off, e->in_len);
 	}
 	c->user_data = e->user_data;
 	switch (e->opcode) {
@@ -396,8 +418,6 @@ static void wake_client(struct session *s)
 /* Consumes what the client submitted.  Returns false when the session must be closed. */
 bool ring_process(struct session *s, const char **why)
 {
-	static uint32_t *scratch;
-	static size_t scratch_cap;
 	struct session_ring *r = s->ring;
 	uint32_t tail, cq_head, posted = 0;
 
@@ -425,7 +445,7 @@ bool ring_process(struct session *s, const char **why)
 		s->requests++;
 		s->srv->requests++;
 		c.user_data = e.user_data;
-		if (!execute(s, &e, &c, &scratch, &scratch_cap)) {
+		if (!execute(s, &e, &c)) {
 			*why = "entry with a bad opcode, flags, offset or length";
 			return false;
 		}

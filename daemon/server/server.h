@@ -98,6 +98,7 @@ struct seq_owner {
 	struct session *s; /* NULL: slot free */
 	uint32_t idx;      /* position in s->seqs */
 	uint64_t bytes;    /* what it is charged (core_seq_bytes of its size and state) */
+	uint32_t dropped;  /* blocks the core dropped in the current call, not yet settled */
 };
 
 /* Demotions gathered into one move at most. */
@@ -150,6 +151,8 @@ struct dpool {
 	uint64_t bytes_per_token, block_bytes;
 	uint64_t layer_stride, kv_stride, slot_stride, head_stride;
 	struct seq_owner *owners; /* by the core's sequence slot (low 32 bits of an id) */
+	uint64_t *drops;          /* sequences with dropped blocks to settle (max_sequences) */
+	uint32_t ndrops;
 	struct ns_stats **ns;     /* its namespaces (pool.c: dpool_ns_join) */
 	uint32_t nns, ns_cap;
 	struct ns_stats ns_other; /* what folded entries counted */
@@ -202,6 +205,8 @@ struct session_ring {
 	uint32_t cq_tail;
 	uint32_t cq_published; /* the tail the client was shown */
 	uint64_t held_fence;   /* entries past cq_published wait for this ticket */
+	uint32_t *scratch;     /* the daemon's copy of an entry's input (ring.c: copy_in) */
+	uint32_t scratch_bytes; /* its size, charged to the session */
 	struct op doorbell_op;
 	bool doorbell_armed;
 	bool doorbell_canceled; /* the session closed: a cancel of the poll is on its way */
