@@ -197,7 +197,7 @@ bool account_over(const struct session *s)
 static uint64_t session_bytes(const struct session *s, uint64_t *ret_blocks, char *why,
 			      size_t len, bool *bad)
 {
-	uint64_t bytes = sizeof(*s) + s->rcap, blocks = 0;
+	uint64_t bytes = sizeof(*s) + s->rcap + s->req.bytes, blocks = 0;
 
 	for (const struct outbuf *o = s->outq; o; o = o->next)
 		bytes += sizeof(*o) + o->len;

@@ -292,6 +292,8 @@ struct request_kind {
 	void (*reply)(struct session *s, const struct request *req, struct request_result *res);
 	/* The message's wait_ms (NULL: it never waits for memory). */
 	uint32_t (*wait_ms)(const ProtobufCMessage *m);
+	/* What the unpacked message holds, charged while the request outlives its dispatch. */
+	size_t (*bytes)(const ProtobufCMessage *m);
 };
 
 #define REPLY(TYPE, msg)                                                                      \
@@ -333,6 +335,12 @@ static uint32_t wait_ms_open(const ProtobufCMessage *m)
 	return ((const Kvpaged__V1__Open *)m)->wait_ms;
 }
 
+static size_t bytes_open(const ProtobufCMessage *m)
+{
+	return sizeof(Kvpaged__V1__Open) +
+	       ((const Kvpaged__V1__Open *)m)->n_tokens * sizeof(uint32_t);
+}
+
 static int run_append(struct session *s, struct request *req, struct request_result *res,
 		      const char **why)
 {
@@ -357,6 +365,12 @@ static void reply_append(struct session *s, const struct request *req,
 static uint32_t wait_ms_append(const ProtobufCMessage *m)
 {
 	return ((const Kvpaged__V1__Append *)m)->wait_ms;
+}
+
+static size_t bytes_append(const ProtobufCMessage *m)
+{
+	return sizeof(Kvpaged__V1__Append) +
+	       ((const Kvpaged__V1__Append *)m)->n_tokens * sizeof(uint32_t);
 }
 
 static int run_commit(struct session *s, struct request *req, struct request_result *res,
@@ -520,13 +534,20 @@ static uint32_t wait_ms_resume(const ProtobufCMessage *m)
 	return ((const Kvpaged__V1__Resume *)m)->wait_ms;
 }
 
+static size_t bytes_resume(const ProtobufCMessage *m)
+{
+	return sizeof(Kvpaged__V1__Resume);
+}
+
 #define KIND(type, desc, ...)                                                                 \
 	{ .name = #type, .descriptor = &kvpaged__v1__##desc##__descriptor, .run = run_##type,  \
 	  .reply = reply_##type, __VA_ARGS__ }
 
+/* Those that may outlive their dispatch (they wait, or load) say what their message holds. */
 static const struct request_kind kind_open =
-	KIND(open, open, .loaded = loaded_open, .wait_ms = wait_ms_open);
-static const struct request_kind kind_append = KIND(append, append, .wait_ms = wait_ms_append);
+	KIND(open, open, .loaded = loaded_open, .wait_ms = wait_ms_open, .bytes = bytes_open);
+static const struct request_kind kind_append =
+	KIND(append, append, .wait_ms = wait_ms_append, .bytes = bytes_append);
 static const struct request_kind kind_commit = KIND(commit, commit);
 static const struct request_kind kind_fork = KIND(fork, fork);
 static const struct request_kind kind_close = KIND(close, close);
@@ -535,7 +556,8 @@ static const struct request_kind kind_seq_info = KIND(seq_info, seq_info);
 static const struct request_kind kind_park = KIND(park, park);
 static const struct request_kind kind_scores = KIND(scores, scores);
 static const struct request_kind kind_resume =
-	KIND(resume, resume, .loaded = loaded_resume, .wait_ms = wait_ms_resume);
+	KIND(resume, resume, .loaded = loaded_resume, .wait_ms = wait_ms_resume,
+	     .bytes = bytes_resume);
 
 static const struct request_kind *kind_of(uint16_t type)
 {
@@ -566,6 +588,7 @@ static const struct request_kind *kind_of(uint16_t type)
 
 void client_request_end(struct session *s)
 {
+	account_bytes(s, -(int64_t)s->req.bytes);
 	if (s->req.msg)
 		protobuf_c_message_free_unpacked(s->req.msg, NULL);
 	s->req = (struct request){ .state = REQUEST_NONE };
@@ -587,6 +610,20 @@ static void request_finish(struct session *s, int r, struct request_result *res,
 }
 
 /*
+ * A request kept past its dispatch holds its message (its frame has left the receive buffer):
+ * charged like the buffer was, once.
+ */
+static void request_keep(struct session *s)
+{
+	struct request *req = &s->req;
+
+	if (req->bytes || !req->kind->bytes)
+		return;
+	req->bytes = req->kind->bytes(req->msg);
+	account_bytes(s, (int64_t)req->bytes);
+}
+
+/*
  * Runs s's request: it ends with its reply, or waits (-ENOSPC with time left: the pool
  * retries it, client_retry) or loads (-EINPROGRESS: client_loaded completes it).
  */
@@ -598,16 +635,20 @@ static void request_run(struct session *s)
 	int r = req->kind->run(s, req, &res, &why);
 
 	if (s->closing) {
-		client_request_end(s); /* no operation closes it today; if one did, none to answer */
+		/* No operation closes the session today; if one did, there is none to answer. */
+		client_request_end(s);
 		return;
 	}
 	if (r == -EINPROGRESS) {
 		req->state = REQUEST_LOADING;
+		request_keep(s);
 		return;
 	}
 	if (r == -ENOSPC && req->wait_ms) {
-		if (session_wait(s))
+		if (session_wait(s)) {
+			request_keep(s);
 			return;
+		}
 		why = "no memory came free within wait_ms";
 	}
 	request_finish(s, r, &res, why);
@@ -661,8 +702,8 @@ void client_dispatch(struct session *s, const struct kvp_frame_header *h, const 
 		session_close(s, "malformed message");
 		return;
 	}
-	s->req = (struct request){ .state = REQUEST_RUNNING, .kind = kind, .msg = msg, .seq = h->seq,
-				   .wait_ms = kind->wait_ms ? kind->wait_ms(msg) : 0 };
+	s->req = (struct request){ .state = REQUEST_RUNNING, .kind = kind, .msg = msg,
+				   .seq = h->seq, .wait_ms = kind->wait_ms ? kind->wait_ms(msg) : 0 };
 	/* A wait_ms the daemon does not allow: refused before the operation runs. */
 	if (s->req.wait_ms > s->srv->cfg->limits.max_wait_ms) {
 		reply_refused(s, h->seq, -EINVAL, "wait_ms is above the daemon's max_wait_ms",

@@ -315,8 +315,8 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		 * retention bits are taken here; any other unknown flag is refused by the core. */
 		rc = ops_open(s, tokens, ntok, e->extra,
 			      e->arg & KVP_RING_OPEN_FLAGS & ~KVP_RING_OPEN_RETENTION,
-			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL, NULL,
-			      &res, &why);
+			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL,
+			      NULL, &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
 			c->aux = res.cached;

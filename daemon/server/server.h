@@ -244,6 +244,7 @@ struct request {
 	uint64_t deadline_ns;             /* set when it first waits: it fails once this passes */
 	uint64_t fence;                   /* its reply waits for this ticket of the pool's queue */
 	struct deferred_load load;        /* REQUEST_LOADING */
+	size_t bytes;                     /* charged for msg while it waits or loads */
 };
 
 struct session {
