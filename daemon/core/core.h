@@ -136,7 +136,10 @@ struct core_config {
 	core_copy_slots_fn copy_slots; /* optional (H2O at token granularity); ctx copy_ctx */
 	core_hash_fn hash_fn; /* NULL: XXH3-128.  Tests set a weak one to force collisions. */
 	enum core_policy policy;
-	/* Told about every sequence dropped to make room (may be NULL). */
+	/*
+	 * Told about every sequence dropped to make room (may be NULL), from within the call
+	 * that drops it: the core is in the middle of that call, so note it and act after.
+	 */
 	void (*on_drop)(void *ctx, uint64_t seq, uint32_t nblocks);
 	void *drop_ctx;
 	/* Slots of each tier below the pool (index 0 unused); 0: no such tier. */
