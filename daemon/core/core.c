@@ -243,15 +243,66 @@ static void open_counted(struct core *c, const struct core_seq *s, uint32_t nhit
 	c->stats.miss_blocks += s->nblocks - ready;
 }
 
-static int retention_check(const struct core *c, const struct core_open *o)
+/* core_open_check's, with the flags the caller may set besides (CORE_OPEN_DEFER_LOADS). */
+static int open_check(const struct core *c, const struct core_open *o, uint32_t flags,
+		      const char **ret_why)
 {
+	const char *why;
 	int r;
 
-	return core_retention_why(c, o, &r) ? r : 0;
+	if (o->ntokens == 0 || !o->tokens) {
+		*ret_why = "empty prompt";
+		return -EINVAL;
+	}
+	if (tokens_check(c, o->tokens, o->ntokens) < 0) {
+		*ret_why = "a token id at or past the pool's vocab_size";
+		return -EINVAL;
+	}
+	if (o->flags & ~(CORE_OPEN_RECOMPUTE_LAST | flags)) {
+		*ret_why = "unknown flags";
+		return -EINVAL;
+	}
+	why = core_retention_why(c, o, &r);
+	if (why) {
+		*ret_why = why;
+		return r;
+	}
+	return 0;
+}
+
+int core_open_check(const struct core *c, const struct core_open *o, const char **ret_why)
+{
+	return open_check(c, o, 0, ret_why);
+}
+
+/* What core_seq_info tells of s (and core_seq_open of the sequence it opened). */
+static void info_of(const struct core *c, const struct core_seq *s, struct core_seq_info *ret)
+{
+	*ret = (struct core_seq_info){
+		.state = s->state,
+		.priority = s->priority,
+		.salt = s->salt,
+		.extra = s->extra,
+		.ntokens = s->ntokens,
+		.ncommitted = s->ncommitted,
+		.nblocks = s->nblocks,
+		.table = s->table,
+		.retention = s->retention,
+		.n_sink = s->n_sink,
+		.recent = s->recent,
+		.budget = s->budget,
+		.granularity = s->granularity,
+		.packed = s->packed,
+		.packed_positions = s->ppos,
+		.npacked = s->npacked,
+		.held_blocks = s->nblocks - s->freed + s->packed_cap / c->cfg.block_tokens,
+		.retained_tokens = s->ntokens - s->freed * c->cfg.block_tokens + s->npacked,
+		.freed_blocks = s->freed,
+	};
 }
 
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
-		  uint32_t *ret_cached)
+		  struct core_seq_info *ret_info)
 {
 	uint32_t nblocks, nhit, ready, slot;
 	struct core_hash chain;
@@ -261,12 +312,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	float *score = NULL;
 	int r;
 
-	r = tokens_check(c, o->tokens, o->ntokens);
-	if (r < 0)
-		return r;
-	if (o->flags & ~(CORE_OPEN_RECOMPUTE_LAST | CORE_OPEN_DEFER_LOADS))
-		return -EINVAL;
-	r = retention_check(c, o);
+	r = open_check(c, o, CORE_OPEN_DEFER_LOADS, &(const char *){ NULL });
 	if (r < 0)
 		return r;
 	if (o->ntokens > c->cfg.max_seq_tokens)
@@ -343,14 +389,12 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 		s->nloads = nloads;
 		s->load_nhit = ready;
 		s->load_resume = false;
-		if (ret_cached)
-			*ret_cached = s->ncommitted;
-		return 0;
+	} else {
+		retain_prune(c, s);
+		open_counted(c, s, nhit);
 	}
-	retain_prune(c, s);
-	open_counted(c, s, nhit);
-	if (ret_cached)
-		*ret_cached = s->ncommitted;
+	if (ret_info)
+		info_of(c, s, ret_info);
 	return 0;
 }
 
@@ -741,27 +785,7 @@ int core_seq_info(const struct core *c, uint64_t id, struct core_seq_info *ret)
 
 	if (!s)
 		return -ENOENT;
-	*ret = (struct core_seq_info){
-		.state = s->state,
-		.priority = s->priority,
-		.salt = s->salt,
-		.extra = s->extra,
-		.ntokens = s->ntokens,
-		.ncommitted = s->ncommitted,
-		.nblocks = s->nblocks,
-		.table = s->table,
-		.retention = s->retention,
-		.n_sink = s->n_sink,
-		.recent = s->recent,
-		.budget = s->budget,
-		.granularity = s->granularity,
-		.packed = s->packed,
-		.packed_positions = s->ppos,
-		.npacked = s->npacked,
-		.held_blocks = s->nblocks - s->freed + s->packed_cap / c->cfg.block_tokens,
-		.retained_tokens = s->ntokens - s->freed * c->cfg.block_tokens + s->npacked,
-		.freed_blocks = s->freed,
-	};
+	info_of(c, s, ret);
 	return 0;
 }
 

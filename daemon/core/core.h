@@ -157,7 +157,10 @@ struct core_config {
 	core_copy_slots_fn copy_slots; /* optional (H2O at token granularity); ctx copy_ctx */
 	core_hash_fn hash_fn; /* NULL: XXH3-128.  Tests set a weak one to force collisions. */
 	enum core_policy policy;
-	/* Told about every sequence dropped to make room (may be NULL). */
+	/*
+	 * Told about every sequence dropped to make room (may be NULL), from within the call
+	 * that drops it: the core is in the middle of that call, so note it and act after.
+	 */
 	void (*on_drop)(void *ctx, uint64_t seq, uint32_t nblocks);
 	void *drop_ctx;
 	/*
@@ -340,12 +343,22 @@ struct core *core_free(struct core *c);
 /*
  * Opens a sequence for a prompt.  Its leading full blocks that are cached (same salt, extra key
  * and tokens, verified token by token) are shared; blocks for the rest are allocated, reusing
- * the least recently used cached blocks when no block is free.  *ret_cached gets the number of
- * leading tokens whose K/V is already there (a multiple of block_tokens); those count as
- * committed.
+ * the least recently used cached blocks when no block is free.  *ret_info (may be NULL) gets
+ * what core_seq_info would now: its ncommitted is the number of leading tokens whose K/V is
+ * already there (a multiple of block_tokens; those count as committed), its state LOADING when
+ * loads were deferred.  Both are untouched on failure.
  */
 int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
-		  uint32_t *ret_cached);
+		  struct core_seq_info *ret_info);
+
+/*
+ * Whether a request's open (or lookup) arguments are what core_seq_open takes: 0, or -EINVAL
+ * (no tokens, a token id past vocab_size, flags other than CORE_OPEN_RECOMPUTE_LAST, a bad
+ * retention policy) or -EOPNOTSUPP (a policy this pool cannot serve), with the reason in words
+ * in *ret_why.  core_seq_open checks the same first (and takes CORE_OPEN_DEFER_LOADS, which is
+ * the caller's); a caller that refuses bad arguments before its own checks asks here.
+ */
+int core_open_check(const struct core *c, const struct core_open *o, const char **ret_why);
 
 /*
  * Why core_seq_open refuses o's retention policy in this pool, in words (NULL: it does not),

@@ -197,12 +197,12 @@ bool account_over(const struct session *s)
 static uint64_t session_bytes(const struct session *s, uint64_t *ret_blocks, char *why,
 			      size_t len, bool *bad)
 {
-	uint64_t bytes = sizeof(*s) + s->rcap, blocks = 0;
+	uint64_t bytes = sizeof(*s) + s->rcap + s->req.bytes, blocks = 0;
 
 	for (const struct outbuf *o = s->outq; o; o = o->next)
 		bytes += sizeof(*o) + o->len;
 	if (s->ring)
-		bytes += sizeof(*s->ring) + s->ring->bytes;
+		bytes += sizeof(*s->ring) + s->ring->bytes + s->ring->scratch_bytes;
 	for (uint32_t i = 0; s->pool && i < s->nseqs; i++) {
 		const struct seq_owner *ow = &s->pool->owners[(uint32_t)s->seqs[i]];
 		struct core_seq_info info;

@@ -272,330 +272,449 @@ static void reply_refused(struct session *s, uint32_t seq, int r, const char *wh
 	session_reply_error(s, seq, -r, "%s: %s", op, why ? why : strerror(-r));
 }
 
-/* A wait_ms the daemon does not allow: refused before the operation runs. */
-static int wait_ok(struct session *s, uint32_t wait_ms, const char **why)
+/*
+ * What a request's reply needs, whatever its type: the sequence operation's result (lookup's
+ * cached tokens too), a sequence's info (seq_info).
+ */
+struct request_result {
+	struct seq_result seq;
+	struct core_seq_info info;
+};
+
+/*
+ * One request type of the client socket.  run does the operation from the unpacked message
+ * (a waiting request runs it again, from the same message); a deferred one is completed by
+ * loaded instead; reply answers a success.  Refusals are answered alike for every type.
+ */
+struct request_kind {
+	const char *name; /* "malformed <name> message", "<name>: <why>" */
+	const ProtobufCMessageDescriptor *descriptor;
+	/* 0, or -errno (why may say more); -EINPROGRESS: its loads are deferred (req->load). */
+	int (*run)(struct session *s, struct request *req, struct request_result *res,
+		   const char **why);
+	/* The result of a deferred run once its loads are in (NULL: it never defers). */
+	int (*loaded)(struct session *s, struct request *req, struct request_result *res);
+	void (*reply)(struct session *s, const struct request *req, struct request_result *res);
+	/* The message's wait_ms (NULL: it never waits for memory). */
+	uint32_t (*wait_ms)(const ProtobufCMessage *m);
+	/* What the unpacked message holds, charged while the request outlives its dispatch. */
+	size_t (*bytes)(const ProtobufCMessage *m);
+};
+
+#define REPLY(TYPE, msg)                                                                      \
+	session_reply_fenced(s, req->fence, KVPAGED__V1__MESSAGE_TYPE__##TYPE, req->seq,      \
+			     &(msg).base)
+
+static int run_open(struct session *s, struct request *req, struct request_result *res,
+		    const char **why)
 {
-	if (wait_ms <= s->srv->cfg->limits.max_wait_ms)
-		return 0;
-	*why = "wait_ms is above the daemon's max_wait_ms";
-	return -EINVAL;
+	const Kvpaged__V1__Open *m = (const Kvpaged__V1__Open *)req->msg;
+
+	if (m->n_tokens > UINT32_MAX)
+		return -E2BIG;
+	return ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
+			&(struct core_open){ .retention = m->retention, .n_sink = m->n_sink,
+					     .recent = m->recent, .budget = m->budget,
+					     .decay = m->decay, .granularity = m->granularity },
+			&req->load, &res->seq, why);
+}
+
+static int loaded_open(struct session *s, struct request *req, struct request_result *res)
+{
+	return ops_loaded_result(s, &req->load, false, &res->seq);
+}
+
+static void reply_open(struct session *s, const struct request *req, struct request_result *res)
+{
+	Kvpaged__V1__OpenReply rep = KVPAGED__V1__OPEN_REPLY__INIT;
+
+	rep.seq = res->seq.seq;
+	rep.cached_tokens = res->seq.cached;
+	rep.n_table = res->seq.table_len;
+	rep.table = (uint32_t *)res->seq.table;
+	REPLY(OPEN_REPLY, rep);
+}
+
+static uint32_t wait_ms_open(const ProtobufCMessage *m)
+{
+	return ((const Kvpaged__V1__Open *)m)->wait_ms;
+}
+
+static size_t bytes_open(const ProtobufCMessage *m)
+{
+	return sizeof(Kvpaged__V1__Open) +
+	       ((const Kvpaged__V1__Open *)m)->n_tokens * sizeof(uint32_t);
+}
+
+static int run_append(struct session *s, struct request *req, struct request_result *res,
+		      const char **why)
+{
+	const Kvpaged__V1__Append *m = (const Kvpaged__V1__Append *)req->msg;
+
+	if (m->n_tokens > UINT32_MAX)
+		return -E2BIG;
+	return ops_append(s, m->seq, m->tokens, (uint32_t)m->n_tokens, &res->seq, why);
+}
+
+static void reply_append(struct session *s, const struct request *req,
+			 struct request_result *res)
+{
+	Kvpaged__V1__AppendReply rep = KVPAGED__V1__APPEND_REPLY__INIT;
+
+	rep.first_changed = res->seq.first_changed;
+	rep.n_table = res->seq.table_len;
+	rep.table = (uint32_t *)res->seq.table;
+	REPLY(APPEND_REPLY, rep);
+}
+
+static uint32_t wait_ms_append(const ProtobufCMessage *m)
+{
+	return ((const Kvpaged__V1__Append *)m)->wait_ms;
+}
+
+static size_t bytes_append(const ProtobufCMessage *m)
+{
+	return sizeof(Kvpaged__V1__Append) +
+	       ((const Kvpaged__V1__Append *)m)->n_tokens * sizeof(uint32_t);
+}
+
+static int run_commit(struct session *s, struct request *req, struct request_result *res,
+		      const char **why)
+{
+	const Kvpaged__V1__Commit *m = (const Kvpaged__V1__Commit *)req->msg;
+
+	return ops_commit(s, m->seq, m->tokens, &res->seq, why);
+}
+
+static void reply_commit(struct session *s, const struct request *req,
+			 struct request_result *res)
+{
+	Kvpaged__V1__CommitReply rep = KVPAGED__V1__COMMIT_REPLY__INIT;
+
+	rep.replaced = res->seq.replaced;
+	rep.released = res->seq.released;
+	rep.n_table = res->seq.table_len;
+	rep.table = (uint32_t *)res->seq.table;
+	REPLY(COMMIT_REPLY, rep);
+}
+
+static int run_fork(struct session *s, struct request *req, struct request_result *res,
+		    const char **why)
+{
+	return ops_fork(s, ((const Kvpaged__V1__Fork *)req->msg)->seq, &res->seq, why);
+}
+
+static void reply_fork(struct session *s, const struct request *req, struct request_result *res)
+{
+	Kvpaged__V1__ForkReply rep = KVPAGED__V1__FORK_REPLY__INIT;
+
+	rep.seq = res->seq.seq;
+	rep.n_table = res->seq.table_len;
+	rep.table = (uint32_t *)res->seq.table;
+	REPLY(FORK_REPLY, rep);
+}
+
+static int run_close(struct session *s, struct request *req, struct request_result *res,
+		     const char **why)
+{
+	return ops_close(s, ((const Kvpaged__V1__Close *)req->msg)->seq, why);
+}
+
+static void reply_close(struct session *s, const struct request *req, struct request_result *res)
+{
+	Kvpaged__V1__CloseReply rep = KVPAGED__V1__CLOSE_REPLY__INIT;
+
+	REPLY(CLOSE_REPLY, rep);
+}
+
+static int run_lookup(struct session *s, struct request *req, struct request_result *res,
+		      const char **why)
+{
+	const Kvpaged__V1__Lookup *m = (const Kvpaged__V1__Lookup *)req->msg;
+
+	if (m->n_tokens > UINT32_MAX)
+		return -E2BIG;
+	return ops_lookup(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags,
+			  &res->seq.cached, why);
+}
+
+static void reply_lookup(struct session *s, const struct request *req,
+			 struct request_result *res)
+{
+	Kvpaged__V1__LookupReply rep = KVPAGED__V1__LOOKUP_REPLY__INIT;
+
+	rep.cached_tokens = res->seq.cached;
+	REPLY(LOOKUP_REPLY, rep);
+}
+
+static int run_seq_info(struct session *s, struct request *req, struct request_result *res,
+			const char **why)
+{
+	return ops_info(s, ((const Kvpaged__V1__SeqInfo *)req->msg)->seq, &res->info,
+			&res->seq.fence, why);
+}
+
+static void reply_seq_info(struct session *s, const struct request *req,
+			   struct request_result *res)
+{
+	Kvpaged__V1__SeqInfoReply rep = KVPAGED__V1__SEQ_INFO_REPLY__INIT;
+	const struct core_seq_info *info = &res->info;
+
+	rep.tokens = info->ntokens;
+	rep.committed = info->ncommitted;
+	rep.state = info->state;
+	rep.n_table = info->nblocks;
+	rep.table = (uint32_t *)info->table;
+	rep.retention = info->retention;
+	rep.n_sink = info->n_sink;
+	rep.recent = info->recent;
+	rep.held_blocks = info->held_blocks;
+	rep.freed_blocks = info->freed_blocks;
+	rep.budget = info->budget;
+	rep.granularity = info->granularity;
+	rep.n_packed_table = (info->npacked + s->pool->cfg->block_tokens - 1) /
+			     s->pool->cfg->block_tokens;
+	rep.packed_table = (uint32_t *)info->packed;
+	rep.n_packed_positions = info->npacked;
+	rep.packed_positions = (uint32_t *)info->packed_positions;
+	REPLY(SEQ_INFO_REPLY, rep);
+}
+
+static int run_park(struct session *s, struct request *req, struct request_result *res,
+		    const char **why)
+{
+	return ops_park(s, ((const Kvpaged__V1__Park *)req->msg)->seq, why);
+}
+
+static void reply_park(struct session *s, const struct request *req, struct request_result *res)
+{
+	Kvpaged__V1__ParkReply rep = KVPAGED__V1__PARK_REPLY__INIT;
+
+	REPLY(PARK_REPLY, rep);
+}
+
+static int run_scores(struct session *s, struct request *req, struct request_result *res,
+		      const char **why)
+{
+	const Kvpaged__V1__Scores *m = (const Kvpaged__V1__Scores *)req->msg;
+
+	if (m->n_weights > UINT32_MAX)
+		return -E2BIG;
+	return ops_scores(s, m->seq, m->first, m->weights, (uint32_t)m->n_weights, why);
+}
+
+static void reply_scores(struct session *s, const struct request *req,
+			 struct request_result *res)
+{
+	Kvpaged__V1__ScoresReply rep = KVPAGED__V1__SCORES_REPLY__INIT;
+
+	REPLY(SCORES_REPLY, rep);
+}
+
+static int run_resume(struct session *s, struct request *req, struct request_result *res,
+		      const char **why)
+{
+	return ops_resume(s, ((const Kvpaged__V1__Resume *)req->msg)->seq, &req->load, &res->seq,
+			  why);
+}
+
+static int loaded_resume(struct session *s, struct request *req, struct request_result *res)
+{
+	return ops_loaded_result(s, &req->load, true, &res->seq);
+}
+
+static void reply_resume(struct session *s, const struct request *req,
+			 struct request_result *res)
+{
+	Kvpaged__V1__ResumeReply rep = KVPAGED__V1__RESUME_REPLY__INIT;
+
+	rep.recompute_tokens = res->seq.recompute;
+	rep.n_table = res->seq.table_len;
+	rep.table = (uint32_t *)res->seq.table;
+	REPLY(RESUME_REPLY, rep);
+}
+
+static uint32_t wait_ms_resume(const ProtobufCMessage *m)
+{
+	return ((const Kvpaged__V1__Resume *)m)->wait_ms;
+}
+
+static size_t bytes_resume(const ProtobufCMessage *m)
+{
+	return sizeof(Kvpaged__V1__Resume);
+}
+
+#define KIND(type, desc, ...)                                                                 \
+	{ .name = #type, .descriptor = &kvpaged__v1__##desc##__descriptor, .run = run_##type,  \
+	  .reply = reply_##type, __VA_ARGS__ }
+
+/* Those that may outlive their dispatch (they wait, or load) say what their message holds. */
+static const struct request_kind kind_open =
+	KIND(open, open, .loaded = loaded_open, .wait_ms = wait_ms_open, .bytes = bytes_open);
+static const struct request_kind kind_append =
+	KIND(append, append, .wait_ms = wait_ms_append, .bytes = bytes_append);
+static const struct request_kind kind_commit = KIND(commit, commit);
+static const struct request_kind kind_fork = KIND(fork, fork);
+static const struct request_kind kind_close = KIND(close, close);
+static const struct request_kind kind_lookup = KIND(lookup, lookup);
+static const struct request_kind kind_seq_info = KIND(seq_info, seq_info);
+static const struct request_kind kind_park = KIND(park, park);
+static const struct request_kind kind_scores = KIND(scores, scores);
+static const struct request_kind kind_resume =
+	KIND(resume, resume, .loaded = loaded_resume, .wait_ms = wait_ms_resume,
+	     .bytes = bytes_resume);
+
+static const struct request_kind *kind_of(uint16_t type)
+{
+	switch (type) {
+	case KVPAGED__V1__MESSAGE_TYPE__OPEN:
+		return &kind_open;
+	case KVPAGED__V1__MESSAGE_TYPE__APPEND:
+		return &kind_append;
+	case KVPAGED__V1__MESSAGE_TYPE__COMMIT:
+		return &kind_commit;
+	case KVPAGED__V1__MESSAGE_TYPE__FORK:
+		return &kind_fork;
+	case KVPAGED__V1__MESSAGE_TYPE__CLOSE:
+		return &kind_close;
+	case KVPAGED__V1__MESSAGE_TYPE__LOOKUP:
+		return &kind_lookup;
+	case KVPAGED__V1__MESSAGE_TYPE__SEQ_INFO:
+		return &kind_seq_info;
+	case KVPAGED__V1__MESSAGE_TYPE__PARK:
+		return &kind_park;
+	case KVPAGED__V1__MESSAGE_TYPE__RESUME:
+		return &kind_resume;
+	case KVPAGED__V1__MESSAGE_TYPE__SCORES:
+		return &kind_scores;
+	}
+	return NULL;
+}
+
+void client_request_end(struct session *s)
+{
+	account_bytes(s, -(int64_t)s->req.bytes);
+	if (s->req.msg)
+		protobuf_c_message_free_unpacked(s->req.msg, NULL);
+	s->req = (struct request){ .state = REQUEST_NONE };
+}
+
+/* Answers s's request with r (and res, or why) and ends it. */
+static void request_finish(struct session *s, int r, struct request_result *res,
+			   const char *why)
+{
+	struct request *req = &s->req;
+
+	if (r < 0) {
+		reply_refused(s, req->seq, r, why, req->kind->name);
+	} else {
+		req->fence = res->seq.fence; /* what its reply hands out */
+		req->kind->reply(s, req, res);
+	}
+	client_request_end(s);
 }
 
 /*
- * A request that may wait for memory: -ENOSPC with time left makes it wait (true: do not
- * reply, the frame is dispatched again when blocks free up).
+ * A request kept past its dispatch holds its message (its frame has left the receive buffer):
+ * charged like the buffer was, once.
  */
-static bool waits(struct session *s, int *r, uint32_t wait_ms, const char **why)
+static void request_keep(struct session *s)
 {
-	if (*r != -ENOSPC || !wait_ms)
-		return false;
-	if (session_wait(s, wait_ms))
-		return true;
-	*why = "no memory came free within wait_ms";
-	return false;
+	struct request *req = &s->req;
+
+	if (req->bytes || !req->kind->bytes)
+		return;
+	req->bytes = req->kind->bytes(req->msg);
+	account_bytes(s, (int64_t)req->bytes);
 }
 
-#define UNPACK(type, var)                                                                     \
-	var = kvpaged__v1__##type##__unpack(NULL, h->len, payload);                           \
-	if (!var) {                                                                           \
-		s->srv->refused[CLOSED_PROTOCOL]++;                                            \
-		session_reply_error(s, h->seq, EPROTO, "malformed " #type " message");        \
-		session_close(s, "malformed message");                                        \
-		return;                                                                       \
-	}
-
-#define REPLY(TYPE, msg) session_reply(s, KVPAGED__V1__MESSAGE_TYPE__##TYPE, h->seq, &(msg).base, NULL, 0)
-
-static void on_open(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+/*
+ * Runs s's request: it ends with its reply, or waits (-ENOSPC with time left: the pool
+ * retries it, client_retry) or loads (-EINPROGRESS: client_loaded completes it).
+ */
+static void request_run(struct session *s)
 {
-	Kvpaged__V1__OpenReply rep = KVPAGED__V1__OPEN_REPLY__INIT;
-	struct seq_result res;
+	struct request *req = &s->req;
+	struct request_result res = { 0 };
 	const char *why = NULL;
-	Kvpaged__V1__Open *m;
-	int r;
+	int r = req->kind->run(s, req, &res, &why);
 
-	UNPACK(open, m);
-	/* Dispatched again once its deferred loads are in: it ran already. */
-	if (s->load_done)
-		r = ops_loaded_result(s, false, &res);
-	else if (m->n_tokens > UINT32_MAX)
-		r = -E2BIG;
-	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
-		r = ops_open(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, m->priority,
-			     &(struct core_open){ .retention = m->retention, .n_sink = m->n_sink,
-						  .recent = m->recent, .budget = m->budget,
-						  .decay = m->decay, .granularity = m->granularity },
-			     true, &res, &why);
-	if (r == -EINPROGRESS || waits(s, &r, m->wait_ms, &why)) {
-		kvpaged__v1__open__free_unpacked(m, NULL);
+	if (s->closing) {
+		/* No operation closes the session today; if one did, there is none to answer. */
+		client_request_end(s);
 		return;
 	}
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "open");
-	} else {
-		rep.seq = res.seq;
-		rep.cached_tokens = res.cached;
-		rep.n_table = res.table_len;
-		rep.table = (uint32_t *)res.table;
-		REPLY(OPEN_REPLY, rep);
-	}
-	kvpaged__v1__open__free_unpacked(m, NULL);
-}
-
-static void on_append(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__AppendReply rep = KVPAGED__V1__APPEND_REPLY__INIT;
-	struct seq_result res;
-	const char *why = NULL;
-	Kvpaged__V1__Append *m;
-	int r;
-
-	UNPACK(append, m);
-	if (m->n_tokens > UINT32_MAX)
-		r = -E2BIG;
-	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
-		r = ops_append(s, m->seq, m->tokens, (uint32_t)m->n_tokens, &res, &why);
-	if (waits(s, &r, m->wait_ms, &why)) {
-		kvpaged__v1__append__free_unpacked(m, NULL);
+	if (r == -EINPROGRESS) {
+		req->state = REQUEST_LOADING;
+		request_keep(s);
 		return;
 	}
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "append");
-	} else {
-		rep.first_changed = res.first_changed;
-		rep.n_table = res.table_len;
-		rep.table = (uint32_t *)res.table;
-		REPLY(APPEND_REPLY, rep);
+	if (r == -ENOSPC && req->wait_ms) {
+		if (session_wait(s)) {
+			request_keep(s);
+			return;
+		}
+		why = "no memory came free within wait_ms";
 	}
-	kvpaged__v1__append__free_unpacked(m, NULL);
+	request_finish(s, r, &res, why);
 }
 
-static void on_commit(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+void client_retry(struct session *s)
 {
-	Kvpaged__V1__CommitReply rep = KVPAGED__V1__COMMIT_REPLY__INIT;
-	struct seq_result res;
-	const char *why = NULL;
-	Kvpaged__V1__Commit *m;
-	int r;
-
-	UNPACK(commit, m);
-	r = ops_commit(s, m->seq, m->tokens, &res, &why);
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "commit");
-	} else {
-		rep.replaced = res.replaced;
-		rep.released = res.released;
-		rep.n_table = res.table_len;
-		rep.table = (uint32_t *)res.table;
-		REPLY(COMMIT_REPLY, rep);
-	}
-	kvpaged__v1__commit__free_unpacked(m, NULL);
-}
-
-static void on_fork(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__ForkReply rep = KVPAGED__V1__FORK_REPLY__INIT;
-	struct seq_result res;
-	const char *why = NULL;
-	Kvpaged__V1__Fork *m;
-	int r;
-
-	UNPACK(fork, m);
-	r = ops_fork(s, m->seq, &res, &why);
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "fork");
-	} else {
-		rep.seq = res.seq;
-		rep.n_table = res.table_len;
-		rep.table = (uint32_t *)res.table;
-		REPLY(FORK_REPLY, rep);
-	}
-	kvpaged__v1__fork__free_unpacked(m, NULL);
-}
-
-static void on_close(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__CloseReply rep = KVPAGED__V1__CLOSE_REPLY__INIT;
-	const char *why = NULL;
-	Kvpaged__V1__Close *m;
-	int r;
-
-	UNPACK(close, m);
-	r = ops_close(s, m->seq, &why);
-	if (r < 0)
-		reply_refused(s, h->seq, r, why, "close");
-	else
-		REPLY(CLOSE_REPLY, rep);
-	kvpaged__v1__close__free_unpacked(m, NULL);
-}
-
-static void on_lookup(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__LookupReply rep = KVPAGED__V1__LOOKUP_REPLY__INIT;
-	const char *why = NULL;
-	Kvpaged__V1__Lookup *m;
-	uint32_t cached = 0;
-	int r;
-
-	UNPACK(lookup, m);
-	if (m->n_tokens > UINT32_MAX)
-		r = -E2BIG;
-	else
-		r = ops_lookup(s, m->tokens, (uint32_t)m->n_tokens, m->extra_key, m->flags, &cached,
-			       &why);
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "lookup");
-	} else {
-		rep.cached_tokens = cached;
-		REPLY(LOOKUP_REPLY, rep);
-	}
-	kvpaged__v1__lookup__free_unpacked(m, NULL);
-}
-
-static void on_seq_info(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__SeqInfoReply rep = KVPAGED__V1__SEQ_INFO_REPLY__INIT;
-	struct core_seq_info info;
-	const char *why = NULL;
-	Kvpaged__V1__SeqInfo *m;
-	int r;
-
-	UNPACK(seq_info, m);
-	r = ops_info(s, m->seq, &info, &why);
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "seq_info");
-	} else {
-		rep.tokens = info.ntokens;
-		rep.committed = info.ncommitted;
-		rep.state = info.state;
-		rep.n_table = info.nblocks;
-		rep.table = (uint32_t *)info.table;
-		rep.retention = info.retention;
-		rep.n_sink = info.n_sink;
-		rep.recent = info.recent;
-		rep.held_blocks = info.held_blocks;
-		rep.freed_blocks = info.freed_blocks;
-		rep.budget = info.budget;
-		rep.granularity = info.granularity;
-		rep.n_packed_table = (info.npacked + s->pool->cfg->block_tokens - 1) /
-				     s->pool->cfg->block_tokens;
-		rep.packed_table = (uint32_t *)info.packed;
-		rep.n_packed_positions = info.npacked;
-		rep.packed_positions = (uint32_t *)info.packed_positions;
-		REPLY(SEQ_INFO_REPLY, rep);
-	}
-	kvpaged__v1__seq_info__free_unpacked(m, NULL);
-}
-
-static void on_park(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__ParkReply rep = KVPAGED__V1__PARK_REPLY__INIT;
-	const char *why = NULL;
-	Kvpaged__V1__Park *m;
-	int r;
-
-	UNPACK(park, m);
-	r = ops_park(s, m->seq, &why);
-	if (r < 0)
-		reply_refused(s, h->seq, r, why, "park");
-	else
-		REPLY(PARK_REPLY, rep);
-	kvpaged__v1__park__free_unpacked(m, NULL);
-}
-
-static void on_scores(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__ScoresReply rep = KVPAGED__V1__SCORES_REPLY__INIT;
-	const char *why = NULL;
-	Kvpaged__V1__Scores *m;
-	int r;
-
-	UNPACK(scores, m);
-	if (m->n_weights > UINT32_MAX)
-		r = -E2BIG;
-	else
-		r = ops_scores(s, m->seq, m->first, m->weights, (uint32_t)m->n_weights, &why);
-	if (r < 0)
-		reply_refused(s, h->seq, r, why, "scores");
-	else
-		REPLY(SCORES_REPLY, rep);
-	kvpaged__v1__scores__free_unpacked(m, NULL);
-}
-
-static void on_resume(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
-{
-	Kvpaged__V1__ResumeReply rep = KVPAGED__V1__RESUME_REPLY__INIT;
-	struct seq_result res;
-	const char *why = NULL;
-	Kvpaged__V1__Resume *m;
-	int r;
-
-	UNPACK(resume, m);
-	if (s->load_done)
-		r = ops_loaded_result(s, true, &res);
-	else if ((r = wait_ok(s, m->wait_ms, &why)) == 0)
-		r = ops_resume(s, m->seq, true, &res, &why);
-	if (r == -EINPROGRESS || waits(s, &r, m->wait_ms, &why)) {
-		kvpaged__v1__resume__free_unpacked(m, NULL);
+	if (!s->req.msg)
 		return;
-	}
-	if (r < 0) {
-		reply_refused(s, h->seq, r, why, "resume");
-	} else {
-		rep.recompute_tokens = res.recompute;
-		rep.n_table = res.table_len;
-		rep.table = (uint32_t *)res.table;
-		REPLY(RESUME_REPLY, rep);
-	}
-	kvpaged__v1__resume__free_unpacked(m, NULL);
+	s->req.state = REQUEST_RUNNING;
+	request_run(s);
 }
 
-bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+void client_loaded(struct session *s)
 {
+	struct request_result res = { 0 };
+	int r;
+
+	if (!s->req.msg)
+		return;
+	s->req.state = REQUEST_RUNNING;
+	r = s->req.kind->loaded(s, &s->req, &res);
+	request_finish(s, r, &res, NULL);
+}
+
+void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload)
+{
+	const struct request_kind *kind;
+	ProtobufCMessage *msg;
+
 	if (!s->welcomed) {
 		if (h->type != KVPAGED__V1__MESSAGE_TYPE__HELLO) {
 			session_reply_error(s, h->seq, EPROTO, "the first message must be Hello");
 			session_close(s, "no Hello");
-			return true;
+			return;
 		}
 		on_hello(s, h, payload);
-		return true;
+		return;
 	}
-	switch (h->type) {
-	case KVPAGED__V1__MESSAGE_TYPE__OPEN:
-		on_open(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__APPEND:
-		on_append(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__COMMIT:
-		on_commit(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__FORK:
-		on_fork(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__CLOSE:
-		on_close(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__LOOKUP:
-		on_lookup(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__SEQ_INFO:
-		on_seq_info(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__PARK:
-		on_park(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__RESUME:
-		on_resume(s, h, payload);
-		break;
-	case KVPAGED__V1__MESSAGE_TYPE__SCORES:
-		on_scores(s, h, payload);
-		break;
-	default:
+	kind = kind_of(h->type);
+	if (!kind) {
 		s->srv->refused[CLOSED_PROTOCOL]++;
 		session_reply_error(s, h->seq, EPROTO, "unknown message type %u", h->type);
 		session_close(s, "unknown message type");
+		return;
 	}
-	return !s->waiting && !s->loading;
+	msg = protobuf_c_message_unpack(kind->descriptor, NULL, h->len, payload);
+	if (!msg) {
+		s->srv->refused[CLOSED_PROTOCOL]++;
+		session_reply_error(s, h->seq, EPROTO, "malformed %s message", kind->name);
+		session_close(s, "malformed message");
+		return;
+	}
+	s->req = (struct request){ .state = REQUEST_RUNNING, .kind = kind, .msg = msg,
+				   .seq = h->seq, .wait_ms = kind->wait_ms ? kind->wait_ms(msg) : 0 };
+	/* A wait_ms the daemon does not allow: refused before the operation runs. */
+	if (s->req.wait_ms > s->srv->cfg->limits.max_wait_ms) {
+		reply_refused(s, h->seq, -EINVAL, "wait_ms is above the daemon's max_wait_ms",
+			      kind->name);
+		client_request_end(s);
+		return;
+	}
+	request_run(s);
 }

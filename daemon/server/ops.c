@@ -52,20 +52,44 @@ static uint64_t more_bytes(const struct session *s, uint64_t seq, const struct c
 	return then > now ? then - now : 0;
 }
 
-void ops_recharge(struct session *s, uint64_t seq)
+/* Charges s for seq as info, its size and state now, calls for. */
+static void charge(struct session *s, uint64_t seq, const struct core_seq_info *info)
 {
 	struct seq_owner *ow = &s->pool->owners[(uint32_t)seq];
-	struct core_seq_info info;
-	uint64_t bytes;
+	uint64_t bytes = seq_bytes(s, info->retention, info->granularity, info->ntokens,
+				   info->state);
 
-	if (core_seq_info(s->pool->core, seq, &info) < 0)
-		return;
-	bytes = seq_bytes(s, info.retention, info.granularity, info.ntokens, info.state);
 	account_bytes(s, (int64_t)bytes - (int64_t)ow->bytes);
 	ow->bytes = bytes;
 }
 
-static void own(struct session *s, uint64_t seq)
+void ops_recharge(struct session *s, uint64_t seq)
+{
+	struct core_seq_info info;
+
+	if (core_seq_info(s->pool->core, seq, &info) == 0)
+		charge(s, seq, &info);
+}
+
+/*
+ * The core call just made may have dropped parked sequences (the pool's on_drop noted them):
+ * their owners hold those blocks no more, and are charged for a history instead of a table.
+ */
+static void settle_drops(struct dpool *p)
+{
+	for (uint32_t i = 0; i < p->ndrops; i++) {
+		struct seq_owner *ow = &p->owners[(uint32_t)p->drops[i]];
+		struct session *owner = ow->s;
+
+		account_blocks(owner, -(int64_t)ow->dropped);
+		ow->dropped = 0;
+		ops_recharge(owner, p->drops[i]);
+	}
+	p->ndrops = 0;
+}
+
+/* Records seq, of info, as s's: charged for its size and state, not yet for its blocks. */
+static void own(struct session *s, uint64_t seq, const struct core_seq_info *info)
 {
 	struct dpool *p = s->pool;
 	uint32_t slot = (uint32_t)seq;
@@ -74,7 +98,7 @@ static void own(struct session *s, uint64_t seq)
 	p->owners[slot] = (struct seq_owner){ .s = s, .idx = s->nseqs };
 	s->nseqs++;
 	account_sequences(s, 1);
-	ops_recharge(s, seq);
+	charge(s, seq, info);
 }
 
 static void disown(struct session *s, uint64_t seq)
@@ -112,15 +136,22 @@ static int check_tokens(struct session *s, uint32_t n, const char **why)
  * The reply hands out the sequence's blocks, its table and its packed blocks (h2o's gather
  * writes those): it waits for what the pool's queue still does to any of them.
  */
-static void note_fence(struct session *s, const struct core_seq_info *info)
+static uint64_t fence_of(struct session *s, const struct core_seq_info *info)
 {
 	const uint32_t B = s->pool->cfg->block_tokens;
 	uint64_t f = dpool_fence(s->pool, info->table, info->nblocks);
 	uint64_t g = dpool_fence(s->pool, info->packed, (info->npacked + B - 1) / B);
 
-	f = g > f ? g : f;
-	if (f > s->fence)
-		s->fence = f;
+	return g > f ? g : f;
+}
+
+/* The reply's table from entry from on, as info has it, and what the reply waits for. */
+static void fill_table_of(struct session *s, const struct core_seq_info *info, uint32_t from,
+			  struct seq_result *res)
+{
+	res->table = info->table + from;
+	res->table_len = info->nblocks - from;
+	res->fence = fence_of(s, info);
 }
 
 static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct seq_result *res)
@@ -128,15 +159,13 @@ static void fill_table(struct session *s, uint64_t seq, uint32_t from, struct se
 	struct core_seq_info info;
 
 	core_seq_info(s->pool->core, seq, &info);
-	res->table = info.table + from;
-	res->table_len = info.nblocks - from;
-	note_fence(s, &info);
+	fill_table_of(s, &info, from, res);
 }
 
 /*
  * Defers the tier loads of a LOADING sequence: 0 when they were all in at once (ACTIVE now),
- * -EINPROGRESS when the session waits for them.  A failure to start them fails the loads:
- * the blocks are then recomputed, as for any failed load.
+ * -EINPROGRESS when the request waits for them (session_loaded() follows).  A failure to start
+ * them fails the loads: the blocks are then recomputed, as for any failed load.
  */
 static int defer_loads(struct session *s, uint64_t seq)
 {
@@ -154,11 +183,7 @@ static int defer_loads(struct session *s, uint64_t seq)
 		core_seq_loaded(s->pool->core, seq);
 		return 0;
 	}
-	if (r == 0)
-		return 0;
-	s->loading = true;
-	s->load_seq = seq;
-	return -EINPROGRESS;
+	return r == 0 ? 0 : -EINPROGRESS;
 }
 
 /*
@@ -181,31 +206,29 @@ static void open_counted(struct session *s, uint32_t nblocks, uint32_t cached)
 	s->stats->hit_tokens += cached;
 }
 
-int ops_loaded_result(struct session *s, bool resume, struct seq_result *res)
+int ops_loaded_result(struct session *s, const struct deferred_load *d, bool resume,
+		      struct seq_result *res)
 {
 	struct core_seq_info info;
-	uint64_t seq = s->load_seq;
+	uint64_t seq = d->seq;
 
-	s->load_done = false;
-	s->load_seq = 0;
 	if (core_seq_info(s->pool->core, seq, &info) < 0)
 		return -EIO; /* cannot happen: the sequence is the session's */
-	/* The quota took load_charged blocks; a retention policy may have released some since. */
-	account_blocks(s, (int64_t)info.held_blocks - (int64_t)s->load_charged);
-	s->load_charged = 0;
-	ops_recharge(s, seq);
+	/* The quota took d->charged blocks; a retention policy may have released some since. */
+	account_blocks(s, (int64_t)info.held_blocks - (int64_t)d->charged);
+	charge(s, seq, &info);
 	res->seq = seq;
 	if (resume)
 		res->recompute = info.ntokens - info.ncommitted;
 	else
 		open_counted(s, info.nblocks, res->cached = info.ncommitted);
-	fill_table(s, seq, 0, res);
+	fill_table_of(s, &info, 0, res);
 	return 0;
 }
 
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, const struct core_open *retention, bool defer,
-	     struct seq_result *res, const char **why)
+	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     struct deferred_load *defer, struct seq_result *res, const char **why)
 {
 	struct core_open o = { .salt = s->salt, .extra = extra, .tokens = tokens, .ntokens = n,
 			       .flags = flags, .priority = priority };
@@ -221,11 +244,10 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 		o.decay = retention->decay;
 		o.granularity = retention->granularity;
 	}
-	/* Arguments first: a bad request is -EINVAL whatever the session's usage. */
-	if (n == 0 || !tokens || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
-		*why = "empty prompt or unknown flags";
-		return -EINVAL;
-	}
+	/* Arguments first (the core's checks): a bad request is refused whatever the usage. */
+	r = core_open_check(s->pool->core, &o, why);
+	if (r < 0)
+		return r;
 	r = check_tokens(s, n, why);
 	if (r < 0)
 		return r;
@@ -240,25 +262,26 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	/* Reads from the swap files go on without the loop; host RAM is copied at once. */
 	if (defer && may_defer(s->pool))
 		o.flags |= CORE_OPEN_DEFER_LOADS;
-	r = core_seq_open(s->pool->core, &o, &res->seq, &res->cached);
-	if (r == -EINVAL || r == -EOPNOTSUPP)
-		*why = core_retention_why(s->pool->core, &o, &(int){ 0 });
+	r = core_seq_open(s->pool->core, &o, &res->seq, &info);
+	settle_drops(s->pool);
 	if (r < 0)
 		return r;
-	own(s, res->seq);
+	own(s, res->seq, &info);
 	/* The quota counts blocks held: a window or sinks may have released some already. */
-	core_seq_info(s->pool->core, res->seq, &info);
 	account_blocks(s, info.held_blocks);
 	if (info.state == CORE_SEQ_LOADING) {
-		s->load_charged = info.held_blocks;
-		r = defer_loads(s, res->seq);
-		if (r < 0)
+		const struct deferred_load d = { .seq = res->seq, .charged = info.held_blocks };
+
+		r = defer_loads(s, d.seq);
+		if (r < 0) {
+			*defer = d; /* only a deferring caller gets a LOADING sequence */
 			return r;
-		s->load_seq = res->seq;
-		return ops_loaded_result(s, false, res);
+		}
+		return ops_loaded_result(s, &d, false, res);
 	}
+	res->cached = info.ncommitted;
 	open_counted(s, nblocks, res->cached);
-	fill_table(s, res->seq, 0, res);
+	fill_table_of(s, &info, 0, res);
 	return 0;
 }
 
@@ -289,6 +312,7 @@ int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t
 			return r;
 	}
 	r = core_seq_append(s->pool->core, seq, tokens, n);
+	settle_drops(s->pool);
 	if (r < 0)
 		return r;
 	if (grow) {
@@ -339,6 +363,7 @@ int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_res
 int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char **why)
 {
 	struct core_seq_info info;
+	uint32_t held;
 	int r;
 
 	r = check_owner(s, seq, &info);
@@ -352,12 +377,14 @@ int ops_fork(struct session *s, uint64_t seq, struct seq_result *res, const char
 	r = reserve_seq(s);
 	if (r < 0)
 		return r;
+	held = info.held_blocks; /* the parent's, which the fork shares */
 	r = core_seq_fork(s->pool->core, seq, &res->seq);
 	if (r < 0)
 		return r;
-	own(s, res->seq);
-	account_blocks(s, info.held_blocks);
-	fill_table(s, res->seq, 0, res);
+	core_seq_info(s->pool->core, res->seq, &info);
+	own(s, res->seq, &info);
+	account_blocks(s, held);
+	fill_table_of(s, &info, 0, res);
 	return 0;
 }
 
@@ -406,8 +433,8 @@ int ops_park(struct session *s, uint64_t seq, const char **why)
 	return r;
 }
 
-int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *res,
-	       const char **why)
+int ops_resume(struct session *s, uint64_t seq, struct deferred_load *defer,
+	       struct seq_result *res, const char **why)
 {
 	struct core_seq_info info;
 	int r;
@@ -427,6 +454,7 @@ int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *r
 	r = core_seq_resume_flags(s->pool->core, seq,
 				  defer && may_defer(s->pool) ? CORE_OPEN_DEFER_LOADS : 0,
 				  &res->recompute);
+	settle_drops(s->pool);
 	if (r < 0)
 		return r;
 	if (info.state == CORE_SEQ_DROPPED)
@@ -435,12 +463,14 @@ int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *r
 	core_seq_info(s->pool->core, seq, &info);
 	if (info.state == CORE_SEQ_LOADING) {
 		/* Only a dropped sequence loads: it was charged its whole table above. */
-		s->load_charged = info.nblocks;
+		const struct deferred_load d = { .seq = seq, .charged = info.nblocks };
+
 		r = defer_loads(s, seq);
-		if (r < 0)
+		if (r < 0) {
+			*defer = d;
 			return r;
-		s->load_seq = seq;
-		return ops_loaded_result(s, true, res);
+		}
+		return ops_loaded_result(s, &d, true, res);
 	}
 	res->seq = seq;
 	fill_table(s, seq, 0, res);
@@ -480,20 +510,20 @@ int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t e
 
 	if (r < 0)
 		return r;
-	if (n == 0 || (flags & ~CORE_OPEN_RECOMPUTE_LAST)) {
-		*why = "empty prompt or unknown flags";
-		return -EINVAL;
-	}
+	r = core_open_check(s->pool->core, &o, why);
+	if (r < 0)
+		return r;
 	*cached = core_lookup(s->pool->core, &o);
 	return 0;
 }
 
-int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why)
+int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, uint64_t *ret_fence,
+	     const char **why)
 {
 	int r = check_owner(s, seq, info);
 
 	if (r == 0)
-		note_fence(s, info);
+		*ret_fence = fence_of(s, info);
 	return r;
 }
 

@@ -21,15 +21,21 @@
 #include "daemon/server/server.h"
 #include "proto/cleanup.h"
 
-/* The core dropped a parked sequence for someone else's request: its owner holds less now. */
+/*
+ * The core dropped a parked sequence for someone else's request: its owner holds less now.
+ * Noted only: the quota is settled once the core's call has returned (ops.c: settle_drops),
+ * not from inside it.
+ */
 static void on_drop(void *ctx, uint64_t seq, uint32_t nblocks)
 {
 	struct dpool *p = ctx;
-	struct session *s = p->owners[(uint32_t)seq].s;
+	struct seq_owner *ow = &p->owners[(uint32_t)seq];
 
-	if (s) {
-		account_blocks(s, -(int64_t)nblocks);
-		ops_recharge(s, seq); /* its table went, its token history stays */
+	if (ow->s) {
+		/* Dropped once until resumed: a slot is listed once per call. */
+		if (!ow->dropped)
+			p->drops[p->ndrops++] = seq;
+		ow->dropped += nblocks;
 	}
 	log_debug("pool %s: parked sequence %llu dropped, %u blocks released", p->cfg->name,
 		  (unsigned long long)seq, nblocks);
@@ -428,7 +434,8 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		log_info("pool %s: %d cached blocks found in the swap files", cfg->name, r);
 	}
 	p->owners = calloc(cfg->max_sequences, sizeof(*p->owners));
-	if (!p->owners)
+	p->drops = calloc(cfg->max_sequences, sizeof(*p->drops));
+	if (!p->owners || !p->drops)
 		return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
 	snprintf(p->ns_other.name, sizeof(p->ns_other.name), "(other)");
 	return 0;
@@ -539,6 +546,7 @@ void dpool_done(struct dpool *p)
 	if (p->mem.ops)
 		p->mem.ops->destroy(&p->mem);
 	free(p->owners);
+	free(p->drops);
 	for (uint32_t i = 0; i < p->nns; i++)
 		free(p->ns[i]);
 	free(p->ns);
@@ -694,7 +702,7 @@ void dpool_retry_waiters(struct dpool *p, uint64_t now)
 	bool due = false;
 
 	for (s = p->waiters; s && !due; s = s->wait_next)
-		due = now >= s->wait_deadline_ns;
+		due = now >= s->req.deadline_ns;
 	if (!p->waiters || (p->epoch == p->waiters_epoch && !due))
 		return;
 	p->waiters_epoch = p->epoch;
@@ -702,17 +710,9 @@ void dpool_retry_waiters(struct dpool *p, uint64_t now)
 	list = p->waiters;
 	p->waiters = p->waiters_tail = NULL;
 	for (s = list; s; s = next) {
-		char byte;
-
 		next = s->wait_next;
 		s->wait_prev = s->wait_next = NULL;
-		s->waiting = false;
-		s->refs++; /* dispatching may close it */
-		/* Not read while it waited: a peer that hung up must not be given memory. */
-		if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
-			session_close(s, "peer closed the connection while waiting");
-		else
-			session_dispatch(s);
-		session_unref(s);
+		s->req.state = REQUEST_RUNNING; /* off the list: a close must not unlink it */
+		session_retry(s);
 	}
 }

@@ -189,7 +189,8 @@ void ring_free(struct session *s)
 	close(r->mem_fd);
 	close(r->sq_event_fd);
 	close(r->cq_event_fd);
-	account_bytes(s, -(int64_t)(sizeof(*r) + r->bytes));
+	free(r->scratch);
+	account_bytes(s, -(int64_t)(sizeof(*r) + r->bytes + r->scratch_bytes));
 	s->nfds -= 3;
 	s->srv->session_fds -= 3;
 	free(r);
@@ -241,8 +242,36 @@ static void put_packed(struct session_ring *r, const struct kvp_sqe *e, struct k
 }
 
 /* Executes one copied, checked entry.  Returns false when the session must be closed. */
-static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *c,
-		    uint32_t **scratch, size_t *scratch_cap)
+/*
+ * The ring's copy of an entry's input, in_len bytes: NULL with *ret_err -EDQUOT or -ENOMEM
+ * when it cannot grow.  It grows to the largest input seen (at most the data area), charged
+ * to the session, and goes with the ring.
+ */
+static uint32_t *copy_in(struct session *s, const struct kvp_sqe *e, int *ret_err)
+{
+	struct session_ring *r = s->ring;
+	const char *why;
+	uint32_t *b;
+
+	if (r->scratch_bytes < e->in_len) {
+		if (account_check(s, e->in_len - r->scratch_bytes, 0, 0, &why) < 0) {
+			*ret_err = -EDQUOT;
+			return NULL;
+		}
+		b = realloc(r->scratch, e->in_len);
+		if (!b) {
+			*ret_err = -ENOMEM;
+			return NULL;
+		}
+		account_bytes(s, (int64_t)(e->in_len - r->scratch_bytes));
+		r->scratch = b;
+		r->scratch_bytes = e->in_len;
+	}
+	memcpy(r->scratch, r->data + e->in_off, e->in_len);
+	return r->scratch;
+}
+
+static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *c)
 {
 	struct session_ring *r = s->ring;
 	const uint32_t ntok = e->in_len / sizeof(uint32_t);
@@ -257,18 +286,11 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		return false;
 	if (e->in_len) {
 		/* Copy, then check: the client may rewrite the data area under us. */
-		if (*scratch_cap < e->in_len) {
-			uint32_t *b = realloc(*scratch, e->in_len);
-
-			if (!b) {
-				c->res = -ENOMEM;
-				return true;
-			}
-			*scratch = b;
-			*scratch_cap = e->in_len;
+		tokens = copy_in(s, e, &rc);
+		if (!tokens) {
+			c->res = rc;
+			return true;
 		}
-		tokens = *scratch;
-		memcpy(tokens, r->data + e->in_off, e->in_len);
 	}
 	c->user_data = e->user_data;
 	switch (e->opcode) {
@@ -290,11 +312,11 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 			break;
 		}
 		/* Ring operations never wait: not for memory, and not for swap-file reads.  The
-		 * retention bits are taken here; any other unknown flag is refused by ops_open. */
+		 * retention bits are taken here; any other unknown flag is refused by the core. */
 		rc = ops_open(s, tokens, ntok, e->extra,
 			      e->arg & KVP_RING_OPEN_FLAGS & ~KVP_RING_OPEN_RETENTION,
-			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL, false,
-			      &res, &why);
+			      e->arg >> KVP_RING_OPEN_PRIORITY_SHIFT, retention ? &keep : NULL,
+			      NULL, &res, &why);
 		if (rc == 0) {
 			c->value = res.seq;
 			c->aux = res.cached;
@@ -339,7 +361,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 		rc = ops_scores(s, e->seq, e->arg, (const float *)tokens, ntok, &why);
 		break;
 	case KVP_OP_RESUME:
-		rc = ops_resume(s, e->seq, false, &res, &why);
+		rc = ops_resume(s, e->seq, NULL, &res, &why);
 		if (rc == 0) {
 			c->aux = res.recompute;
 			put_table(r, e, c, res.table, res.table_len);
@@ -348,7 +370,7 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_SEQ_INFO: {
 		struct core_seq_info info;
 
-		rc = ops_info(s, e->seq, &info, &why);
+		rc = ops_info(s, e->seq, &info, &res.fence, &why);
 		if (rc == 0) {
 			c->value = (uint64_t)info.ntokens << 32 | info.ncommitted;
 			put_table(r, e, c, info.table, info.nblocks);
@@ -358,13 +380,19 @@ static bool execute(struct session *s, const struct kvp_sqe *e, struct kvp_cqe *
 	case KVP_OP_PACKED: {
 		struct core_seq_info info;
 
-		rc = ops_info(s, e->seq, &info, &why);
+		rc = ops_info(s, e->seq, &info, &res.fence, &why);
 		if (rc == 0)
 			put_packed(r, e, c, &info, s->pool->cfg->block_tokens);
 		break;
 	}
 	}
 	c->res = rc;
+	/*
+	 * A completion handing out blocks the pool's queue still works on waits for it, and the
+	 * ones after it too (the tail shows entries in order).
+	 */
+	if (res.fence > r->held_fence)
+		r->held_fence = res.fence;
 	return true;
 }
 
@@ -390,8 +418,6 @@ static void wake_client(struct session *s)
 /* Consumes what the client submitted.  Returns false when the session must be closed. */
 bool ring_process(struct session *s, const char **why)
 {
-	static uint32_t *scratch;
-	static size_t scratch_cap;
 	struct session_ring *r = s->ring;
 	uint32_t tail, cq_head, posted = 0;
 
@@ -419,7 +445,7 @@ bool ring_process(struct session *s, const char **why)
 		s->requests++;
 		s->srv->requests++;
 		c.user_data = e.user_data;
-		if (!execute(s, &e, &c, &scratch, &scratch_cap)) {
+		if (!execute(s, &e, &c)) {
 			*why = "entry with a bad opcode, flags, offset or length";
 			return false;
 		}
@@ -430,13 +456,6 @@ bool ring_process(struct session *s, const char **why)
 	if (posted)
 		session_touch(s);
 	kvp_ring_store_release(&r->sq->head, r->sq_head);
-	/*
-	 * Completions that hand out blocks the pool's queue still works on wait for it, and the
-	 * ones after them too (the tail shows entries in order).
-	 */
-	if (s->fence > r->held_fence)
-		r->held_fence = s->fence;
-	s->fence = 0;
 	if (posted || r->held_fence)
 		ring_release(s);
 	return true;

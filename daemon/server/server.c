@@ -469,11 +469,11 @@ static void drain_sessions(struct server *srv)
 		if (!srv->pools[i].waiters)
 			continue;
 		for (struct session *s = srv->pools[i].waiters; s; s = s->wait_next)
-			s->wait_deadline_ns = 1;
+			s->req.deadline_ns = 1;
 		dpool_retry_waiters(&srv->pools[i], now);
 	}
 	for (struct session *s = srv->sessions; s; s = s->next) {
-		if (s->closing || s->waiting || s->loading || s->drained)
+		if (s->closing || s->req.state != REQUEST_NONE || s->drained)
 			continue;
 		s->drained = true;
 		shutdown(s->fd, SHUT_RD);
@@ -863,7 +863,7 @@ static uint64_t session_deadline(const struct session *s)
 	 * for its copies or its peer, a request waiting for memory or loads).  A session holding
 	 * sequences is closed only when the configuration says so: closing frees them.
 	 */
-	if (!l->idle_timeout_ms || s->waiting || s->loading || s->held || s->outq ||
+	if (!l->idle_timeout_ms || s->req.state != REQUEST_NONE || s->held || s->outq ||
 	    (s->nseqs && !l->idle_timeout_with_sequences))
 		return 0;
 	return s->active_ns + (uint64_t)l->idle_timeout_ms * 1000000u;
@@ -1065,8 +1065,8 @@ uint64_t server_next_deadline(const struct server *srv)
 		const struct dpool *p = &srv->pools[i];
 
 		for (const struct session *s = p->waiters; s; s = s->wait_next)
-			if (!first || s->wait_deadline_ns < first)
-				first = s->wait_deadline_ns;
+			if (!first || s->req.deadline_ns < first)
+				first = s->req.deadline_ns;
 		/*
 		 * A pool whose eventfd poll failed is looked at after every pass of the loop
 		 * instead; while replies or reads wait on it, a pass comes every millisecond.

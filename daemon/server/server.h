@@ -98,6 +98,7 @@ struct seq_owner {
 	struct session *s; /* NULL: slot free */
 	uint32_t idx;      /* position in s->seqs */
 	uint64_t bytes;    /* what it is charged (core_seq_bytes of its size and state) */
+	uint32_t dropped;  /* blocks the core dropped in the current call, not yet settled */
 };
 
 /* Demotions gathered into one move at most. */
@@ -158,6 +159,8 @@ struct dpool {
 	uint64_t bytes_per_token, block_bytes;
 	uint64_t layer_stride, kv_stride, slot_stride, head_stride;
 	struct seq_owner *owners; /* by the core's sequence slot (low 32 bits of an id) */
+	uint64_t *drops;          /* sequences with dropped blocks to settle (max_sequences) */
+	uint32_t ndrops;
 	struct ns_stats **ns;     /* its namespaces (pool.c: dpool_ns_join) */
 	uint32_t nns, ns_cap;
 	struct ns_stats ns_other; /* what folded entries counted */
@@ -217,10 +220,46 @@ struct session_ring {
 	uint32_t cq_tail;
 	uint32_t cq_published; /* the tail the client was shown */
 	uint64_t held_fence;   /* entries past cq_published wait for this ticket */
+	uint32_t *scratch;     /* the daemon's copy of an entry's input (ring.c: copy_in) */
+	uint32_t scratch_bytes; /* its size, charged to the session */
 	struct op doorbell_op;
 	bool doorbell_armed;
 	bool doorbell_canceled; /* the session closed: a cancel of the poll is on its way */
 	bool polled; /* the daemon polls this ring (ring_poll_us) instead of sleeping on it */
+};
+
+/*
+ * A deferred open or resume (ops.c): its sequence is LOADING while its swap-file reads are in
+ * flight, and the quota took charged blocks for it.
+ */
+struct deferred_load {
+	uint64_t seq;
+	uint32_t charged;
+};
+
+enum request_state {
+	REQUEST_NONE,    /* no request in progress */
+	REQUEST_RUNNING, /* being run: dispatched, retried or completed just now */
+	REQUEST_WAITING, /* got -ENOSPC with wait_ms: on the pool's waiters until its deadline */
+	REQUEST_LOADING, /* its sequence's tier loads are deferred: completed by session_loaded */
+};
+
+struct request_kind;
+
+/*
+ * A socket request that did not end where it was dispatched (client.c): the message, unpacked
+ * once, and what its retries and its completion need.  Its frame has left the receive buffer.
+ */
+struct request {
+	enum request_state state;
+	const struct request_kind *kind; /* its type's run, reply and completion */
+	ProtobufCMessage *msg;            /* the unpacked message; freed when the request ends */
+	uint32_t seq;                     /* the frame's sequence: the reply's */
+	uint32_t wait_ms;                 /* how long it may wait for memory (0: it does not) */
+	uint64_t deadline_ns;             /* set when it first waits: it fails once this passes */
+	uint64_t fence;                   /* its reply waits for this ticket of the pool's queue */
+	struct deferred_load load;        /* REQUEST_LOADING */
+	size_t bytes;                     /* charged for msg while it waits or loads */
 };
 
 struct session {
@@ -280,26 +319,13 @@ struct session {
 
 	struct session_ring *ring;
 
-	/*
-	 * Replies that hand out blocks still being written by the pool's queue: fence is the
-	 * ticket the request being answered needs (taken by its reply); held: a reply or ring
-	 * completion waits for the queue, and the pool releases it (session_release).
-	 */
-	uint64_t fence;
+	/* held: a reply or ring completion waits for the pool's queue (session_release). */
 	bool held;
 
-	/* waiting for memory: the request at the head of rbuf is retried until its deadline */
-	bool waiting;
-	uint64_t wait_deadline_ns; /* 0: the current request has not waited */
+	/* The socket request in progress (at most one: the session is not read meanwhile). */
+	struct request req;
+	/* On the pool's waiters while req waits for memory. */
 	struct session *wait_prev, *wait_next;
-	/*
-	 * Loading: the request at the head of rbuf (an open or resume) waits for its sequence's
-	 * tier loads; the session is not read meanwhile.  load_done: they are in, and the
-	 * request, dispatched again, replies with load_seq instead of running again.
-	 */
-	bool loading, load_done;
-	uint64_t load_seq;
-	uint32_t load_charged; /* blocks the quota took for it at the open or resume */
 };
 
 /* A session's receive buffer at first, and what a new session is charged. */
@@ -485,13 +511,15 @@ void dpool_backend_poll(struct dpool *p);
 /* Dispatches the whole frames in the receive buffer (after a wait, too). */
 void session_dispatch(struct session *s);
 /*
- * A request that asked to wait wait_ms got -ENOSPC: true when it should wait (the session
- * stops reading and the pool retries it), false when its deadline has passed.
+ * s's request got -ENOSPC and may wait: true when it waits (on the pool's waiters, the session
+ * not read, until dpool_retry_waiters calls session_retry), false when its deadline passed.
  */
-bool session_wait(struct session *s, uint32_t wait_ms);
+bool session_wait(struct session *s);
+/* s's waiting request may go on (memory may have come free, or its time is up). */
+void session_retry(struct session *s);
 /*
- * A deferred load of s's head request finished (its sequence is ACTIVE): dispatches the
- * request again so it replies, or, if s closed meanwhile, closes the sequence.
+ * A deferred load of s's request finished (its sequence is ACTIVE): completes the request,
+ * then reads on; or, if s closed meanwhile, closes the sequence.
  */
 void session_loaded(struct session *s, uint64_t seq);
 /* s's reply or ring completions wait for its pool's queue (counted in the pool's nheld). */
@@ -513,6 +541,9 @@ void session_touch(struct session *s);
 /* Queues a reply frame (msg NULL: empty payload).  Returns 0 or -ENOMEM (session closed). */
 int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
 		  const int *fds, unsigned nfds);
+/* The same, for a reply handing out blocks: it goes out once the pool's queue passed fence. */
+int session_reply_fenced(struct session *s, uint64_t fence, uint16_t type, uint32_t seq,
+			 const ProtobufCMessage *msg);
 int session_reply_error(struct session *s, uint32_t seq, int error, const char *fmt, ...)
 	__attribute__((format(printf, 4, 5)));
 
@@ -551,22 +582,25 @@ struct seq_result {
 	uint32_t recompute; /* resume: trailing tokens whose K/V must be computed again */
 	const uint32_t *table; /* valid until the next core call */
 	uint32_t table_len;
+	/* The reply hands out blocks: it waits for this ticket of the pool's queue (0: none). */
+	uint64_t fence;
 };
 /* retention: NULL is full; else policy, n_sink and recent as in core_open. */
 /*
- * defer (the socket): when the file tier holds some of the prompt, its reads go on without
- * the event loop waiting: -EINPROGRESS, the session is loading, and the request is dispatched
- * again once they are in (ops_loaded_result gives its result then).
+ * defer (the socket; NULL on the rings): when the file tier holds some of the prompt, its reads
+ * go on without the event loop waiting: -EINPROGRESS with *defer filled, and session_loaded()
+ * is called once they are in (ops_loaded_result gives the result then).
  */
 int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
-	     uint32_t flags, uint32_t priority, const struct core_open *retention, bool defer,
-	     struct seq_result *res, const char **why);
-/* The result of the open or resume whose loads were deferred (s->load_done). */
-int ops_loaded_result(struct session *s, bool resume, struct seq_result *res);
+	     uint32_t flags, uint32_t priority, const struct core_open *retention,
+	     struct deferred_load *defer, struct seq_result *res, const char **why);
+/* The result of the open or resume whose loads were deferred, now that they are in. */
+int ops_loaded_result(struct session *s, const struct deferred_load *d, bool resume,
+		      struct seq_result *res);
 int ops_park(struct session *s, uint64_t seq, const char **why);
 /* res->recompute gets the tokens to recompute; res->table the whole table. */
-int ops_resume(struct session *s, uint64_t seq, bool defer, struct seq_result *res,
-	       const char **why);
+int ops_resume(struct session *s, uint64_t seq, struct deferred_load *defer,
+	       struct seq_result *res, const char **why);
 int ops_append(struct session *s, uint64_t seq, const uint32_t *tokens, uint32_t n,
 	       struct seq_result *res, const char **why);
 int ops_commit(struct session *s, uint64_t seq, uint32_t ntokens, struct seq_result *res,
@@ -578,14 +612,26 @@ int ops_scores(struct session *s, uint64_t seq, uint32_t first, const float *wei
 	       uint32_t n, const char **why);
 int ops_lookup(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t extra,
 	       uint32_t flags, uint32_t *cached, const char **why);
-int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, const char **why);
+/* *ret_fence: what a reply handing out info's blocks waits for. */
+int ops_info(struct session *s, uint64_t seq, struct core_seq_info *info, uint64_t *ret_fence,
+	     const char **why);
 void ops_close_all(struct session *s);
 /* Charges s for seq as its size and state now call for (core_seq_bytes). */
 void ops_recharge(struct session *s, uint64_t seq);
 
 /* client.c / admin.c: message dispatch */
-/* Returns false when the request waits for memory: the frame stays and is dispatched again. */
-bool client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+/*
+ * Starts the request in frame h (payload is its protobuf).  It either ends there (replied to,
+ * or the session closed) or stays in s->req: waiting for memory (client_retry runs it again)
+ * or for its deferred loads (client_loaded completes it).  The frame is not needed after.
+ */
+void client_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
+/* Runs s's waiting request again, from its unpacked message. */
+void client_retry(struct session *s);
+/* s's request's deferred loads are in: completes it (its reply). */
+void client_loaded(struct session *s);
+/* Ends s's request, whatever its state: frees its message. */
+void client_request_end(struct session *s);
 void admin_dispatch(struct session *s, const struct kvp_frame_header *h, const uint8_t *payload);
 /* Whether the peer on fd may use the admin socket: root, the daemon's user, admin_group. */
 bool admin_peer_allowed(const struct server *srv, int fd, const struct ucred *cred);

@@ -133,7 +133,6 @@ static void wait_unlink(struct session *s)
 	else
 		p->waiters_tail = s->wait_prev;
 	s->wait_prev = s->wait_next = NULL;
-	s->waiting = false;
 }
 
 /*
@@ -149,8 +148,10 @@ void session_close(struct session *s, const char *why)
 	s->closing = true;
 	if (why)
 		log_debug("session %llu (%s): closing: %s", (unsigned long long)s->id, s->name, why);
-	if (s->waiting)
+	if (s->req.state == REQUEST_WAITING)
 		wait_unlink(s);
+	/* Nothing will answer it.  A LOADING one's sequence stays for its load job (an orphan). */
+	client_request_end(s);
 	ops_close_all(s);
 	if (s->pool && s->welcomed)
 		s->pool->sessions--;
@@ -271,10 +272,10 @@ void session_arm_recv(struct session *s)
 	struct io_uring_sqe *sqe;
 
 	/*
-	 * A session waiting for memory is not read: its request stays at the head of the buffer
-	 * (which a receive in flight must not see moved) and later ones wait in the socket.
+	 * A session with a request in progress (waiting for memory or loads) is not read: the
+	 * frames after it wait in the buffer and the socket, answered in order once it ends.
 	 */
-	if (s->closing || s->recv_armed || s->waiting || s->loading)
+	if (s->closing || s->recv_armed || s->req.state != REQUEST_NONE)
 		return;
 	if (held_back(s))
 		return;
@@ -313,16 +314,16 @@ static unsigned drop_fds(struct msghdr *mh)
 	return n;
 }
 
-bool session_wait(struct session *s, uint32_t wait_ms)
+bool session_wait(struct session *s)
 {
 	struct dpool *p = s->pool;
 	uint64_t now = server_now_ns();
 
-	if (!s->wait_deadline_ns)
-		s->wait_deadline_ns = now + (uint64_t)wait_ms * 1000000u;
-	if (now >= s->wait_deadline_ns || s->closing)
+	if (!s->req.deadline_ns)
+		s->req.deadline_ns = now + (uint64_t)s->req.wait_ms * 1000000u;
+	if (now >= s->req.deadline_ns || s->closing)
 		return false;
-	s->waiting = true;
+	s->req.state = REQUEST_WAITING;
 	s->wait_prev = p->waiters_tail;
 	s->wait_next = NULL;
 	if (p->waiters_tail)
@@ -343,7 +344,7 @@ void session_dispatch(struct session *s)
 	 * thousands of small requests, and their replies must not pile up past the limits.  The
 	 * rest stays in the buffer until replies drain.
 	 */
-	while (!s->closing && !s->waiting && !s->loading &&
+	while (!s->closing && s->req.state == REQUEST_NONE &&
 	       s->rlen - off >= KVP_FRAME_HEADER_BYTES && !held_back(s)) {
 		struct kvp_frame_header h;
 		int r = kvp_frame_header_decode(s->rbuf + off, (uint32_t)s->srv->cfg->max_frame_bytes,
@@ -364,18 +365,14 @@ void session_dispatch(struct session *s)
 			want_seq = h.seq;
 			break;
 		}
-		if (!s->wait_deadline_ns && !s->load_done) {
-			/* Counted once, however often a waiting request is retried. */
-			s->requests++;
-			s->srv->requests++;
-			session_touch(s);
-		}
-		if (s->admin) {
+		/* Dispatched once: a request that waits is retried from s->req, not from here. */
+		s->requests++;
+		s->srv->requests++;
+		session_touch(s);
+		if (s->admin)
 			admin_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
-		} else if (!client_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES)) {
-			break; /* waits for memory: the frame stays at the head of the buffer */
-		}
-		s->wait_deadline_ns = 0;
+		else
+			client_dispatch(s, &h, s->rbuf + off + KVP_FRAME_HEADER_BYTES);
 		off += KVP_FRAME_HEADER_BYTES + h.len;
 	}
 	if (off > 0 && !s->closing) {
@@ -430,11 +427,28 @@ void session_loaded(struct session *s, uint64_t seq)
 		s->pool->epoch++;
 		return;
 	}
-	s->loading = false;
-	s->load_done = true;
-	s->load_seq = seq;
-	s->refs++; /* dispatching may close it */
-	session_dispatch(s);
+	s->refs++; /* replying may close it */
+	client_loaded(s);
+	if (!s->closing)
+		session_dispatch(s); /* the frames that came after it */
+	session_unref(s);
+}
+
+void session_retry(struct session *s)
+{
+	char byte;
+
+	if (s->closing)
+		return;
+	s->refs++; /* retrying may close it */
+	/* Not read while it waited: a peer that hung up must not be given memory. */
+	if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+		session_close(s, "peer closed the connection while waiting");
+	} else {
+		client_retry(s);
+		if (!s->closing)
+			session_dispatch(s);
+	}
 	session_unref(s);
 }
 
@@ -555,8 +569,8 @@ void session_release(struct session *s)
 	session_unref(s);
 }
 
-int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
-		  const int *fds, unsigned nfds)
+static int queue_reply(struct session *s, uint64_t fence, uint16_t type, uint32_t seq,
+		       const ProtobufCMessage *msg, const int *fds, unsigned nfds)
 {
 	size_t len = msg ? protobuf_c_message_get_packed_size(msg) : 0;
 	struct kvp_frame_header h = { .len = (uint32_t)len, .seq = seq, .type = type,
@@ -577,8 +591,7 @@ int session_reply(struct session *s, uint16_t type, uint32_t seq, const Protobuf
 	if (msg)
 		protobuf_c_message_pack(msg, o->data + KVP_FRAME_HEADER_BYTES);
 	o->len = KVP_FRAME_HEADER_BYTES + len;
-	o->fence = s->fence; /* what the request being answered handed out */
-	s->fence = 0;
+	o->fence = fence;
 	o->nfds = nfds;
 	if (nfds)
 		memcpy(o->fds, fds, nfds * sizeof(int));
@@ -592,6 +605,18 @@ int session_reply(struct session *s, uint16_t type, uint32_t seq, const Protobuf
 	account_bytes(s, outbuf_bytes(o));
 	arm_send(s);
 	return 0;
+}
+
+int session_reply(struct session *s, uint16_t type, uint32_t seq, const ProtobufCMessage *msg,
+		  const int *fds, unsigned nfds)
+{
+	return queue_reply(s, 0, type, seq, msg, fds, nfds);
+}
+
+int session_reply_fenced(struct session *s, uint64_t fence, uint16_t type, uint32_t seq,
+			 const ProtobufCMessage *msg)
+{
+	return queue_reply(s, fence, type, seq, msg, NULL, 0);
 }
 
 int session_reply_error(struct session *s, uint32_t seq, int error, const char *fmt, ...)

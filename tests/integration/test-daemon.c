@@ -549,8 +549,8 @@ START_TEST(test_wait_for_memory)
 	uint32_t ta[200], tb[80], cached;
 	struct kvp_client *a, *b, *c;
 	struct timespec t0;
-	uint64_t sa, sb;
-	long long lookups;
+	uint64_t sa, sb, sc;
+	long long lookups, requests, per_status;
 	char out[8192];
 	pid_t child;
 
@@ -568,6 +568,29 @@ START_TEST(test_wait_for_memory)
 	ck_assert_int_eq(kvp_lookup(c, ta, 200, 0, 0, &cached), 0); /* others are served */
 	ck_assert_int_eq(kvp_close(a, sa), 0);
 	ck_assert_int_eq(wait_child(child), 0);
+
+	/*
+	 * Retried each time blocks come free (too few), yet a request is counted once: the
+	 * daemon counts what was sent, however often it ran.
+	 */
+	ck_assert_int_eq(kvp_open(a, ta, 200, 0, 0, &sa, NULL, NULL), 0);
+	ck_assert_int_eq(ctl(&d, "status", out, sizeof(out)), 0);
+	requests = json_int(out, "requests");
+	ck_assert_int_eq(ctl(&d, "status", out, sizeof(out)), 0);
+	per_status = json_int(out, "requests") - requests;
+	requests += per_status;
+	child = waiting_opener(3000);
+	msleep(300);
+	for (int i = 0; i < 5; i++) {
+		ck_assert_int_eq(kvp_open(c, tb, 16, 0, 0, &sc, NULL, NULL), 0); /* 1 of 3 blocks */
+		ck_assert_int_eq(kvp_close(c, sc), 0);
+		msleep(20);
+	}
+	ck_assert_int_eq(kvp_close(a, sa), 0);
+	ck_assert_int_eq(wait_child(child), 0);
+	ck_assert_int_eq(ctl(&d, "status", out, sizeof(out)), 0);
+	/* The waiter's Hello and open, c's ten, a's close, and this status. */
+	ck_assert_int_eq(json_int(out, "requests") - requests, 2 + 10 + 1 + per_status);
 
 	/* Never freed: ENOSPC at the deadline, not before. */
 	ck_assert_int_eq(kvp_open(a, ta, 200, 0, 0, &sa, NULL, NULL), 0);

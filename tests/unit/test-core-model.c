@@ -230,7 +230,7 @@ static void op_open(struct run *r)
 	struct core_open o = { .salt = m->salt, .tokens = m->tokens, .ntokens = m->ntokens };
 	model_assert(r, core_lookup(r->c, &o) <= bound, "lookup beats an infinite cache");
 	snapshot(r, &u0, &s0);
-	rc = core_seq_open(r->c, &o, &m->id, &cached);
+	rc = seq_open_cached(r->c, &o, &m->id, &cached);
 	if (rc == -ENOSPC) {
 		model_assert(r, !r->exact, "ENOSPC in a pool that never fills");
 		expect_unchanged(r, &u0, &s0);

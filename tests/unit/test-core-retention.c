@@ -87,7 +87,7 @@ START_TEST(test_sinks_stay_bounded_over_a_million_tokens)
 			       .n_sink = 4, .recent = 64 };
 
 	fill_tokens(prompt, 40, 1);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	ck_assert_int_eq(core_seq_commit(c, s, 40), 0);
 	/* One block for the sinks, the blocks over the last 64 tokens and the one being filled. */
 	stream(c, s, 4, 1 + 64 / B + 1);
@@ -106,7 +106,7 @@ START_TEST(test_window_pool_stays_at_its_bound)
 	struct core_open o = { .tokens = prompt, .ntokens = 1 };
 
 	prompt[0] = 3;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	stream(c, s, 0, 256 / B + 1);
 	ck_assert_uint_eq(info_of(c, s).recent, 256);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
@@ -131,7 +131,7 @@ START_TEST(test_pruned_commits_are_private)
 	struct core_seq_info si;
 
 	fill_tokens(p, 112, 1000);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	ck_assert_int_eq(core_seq_commit(c, s, 48), 0);
 	ck_assert_uint_eq(info_of(c, s).freed_blocks, 0);
 	ck_assert_int_ge(core_seq_append(c, s, p + 48, 48), 0);
@@ -157,7 +157,7 @@ START_TEST(test_pruned_commits_are_private)
 
 	/* Another sequence gets the intact prefix, released blocks included (still cached). */
 	probe.retention = CORE_RETAIN_FULL;
-	ck_assert_int_eq(core_seq_open(c, &probe, &other, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &probe, &other, &cached), 0);
 	ck_assert_uint_eq(cached, 48);
 	ck_assert_int_eq(core_seq_close(c, other), 0);
 
@@ -181,7 +181,7 @@ START_TEST(test_window_pool_blocks_are_shared)
 	struct core_open o = { .tokens = p, .ntokens = 1 };
 
 	fill_tokens(p, 200, 1);
-	ck_assert_int_eq(core_seq_open(c, &o, &a, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &a, NULL), 0);
 	for (uint32_t k = 1; k < 200; k++) {
 		ck_assert_int_ge(core_seq_append(c, a, p + k, 1), 0);
 		ck_assert_int_eq(core_seq_commit(c, a, k + 1), 0);
@@ -189,7 +189,7 @@ START_TEST(test_window_pool_blocks_are_shared)
 	ck_assert_uint_eq(info_of(c, a).freed_blocks, (200 - 64) / B);
 	ck_assert_int_eq(core_seq_close(c, a), 0);
 	o.ntokens = 200;
-	ck_assert_int_eq(core_seq_open(c, &o, &b, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &b, &cached), 0);
 	ck_assert_uint_eq(cached, 192); /* every full block */
 	/* Opening releases what the window no longer needs at once. */
 	ck_assert_uint_eq(info_of(c, b).held_blocks, 5);
@@ -213,7 +213,7 @@ START_TEST(test_window_hit_without_early_blocks)
 
 	fill_tokens(p, 200, 1);
 	fill_tokens(q, 100, 5000);
-	ck_assert_int_eq(core_seq_open(c, &o, &a, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &a, NULL), 0);
 	for (uint32_t k = 1; k < 200; k++) {
 		ck_assert_int_ge(core_seq_append(c, a, p + k, 1), 0);
 		ck_assert_int_eq(core_seq_commit(c, a, k + 1), 0);
@@ -221,11 +221,11 @@ START_TEST(test_window_hit_without_early_blocks)
 	ck_assert_int_eq(core_seq_close(c, a), 0);
 	/* 7 blocks: the 4 free ones and the 3 oldest cached, a's blocks 0, 1 and 2. */
 	o = (struct core_open){ .tokens = q, .ntokens = 100 };
-	ck_assert_int_eq(core_seq_open(c, &o, &b, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &b, NULL), 0);
 	ck_assert_int_eq(core_seq_close(c, b), 0);
 	o = (struct core_open){ .tokens = p, .ntokens = 200 };
 	ck_assert_uint_eq(core_lookup(c, &o), 192);
-	ck_assert_int_eq(core_seq_open(c, &o, &b, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &b, &cached), 0);
 	ck_assert_uint_eq(cached, 192);
 	si = info_of(c, b);
 	for (uint32_t i = 0; i < 8; i++)
@@ -252,20 +252,20 @@ START_TEST(test_bad_policies)
 
 	fill_tokens(p, 8, 1);
 	o.retention = 7;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
 	o.retention = CORE_RETAIN_SINKS;
 	o.recent = 0;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
 	o.recent = 16;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	ck_assert_int_eq(core_seq_park(c, s), -EINVAL); /* its released tokens are gone */
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	done(c);
 
 	w = pool_with(16, 64, 4096);
-	ck_assert_int_eq(core_seq_open(w, &o, &s, NULL), -EINVAL); /* the pool's window applies */
+	ck_assert_int_eq(seq_open_cached(w, &o, &s, NULL), -EINVAL); /* the pool's window applies */
 	o.retention = CORE_RETAIN_FULL;
-	ck_assert_int_eq(core_seq_open(w, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(w, &o, &s, NULL), 0);
 	ck_assert_uint_eq(info_of(w, s).retention, CORE_RETAIN_SINKS);
 	ck_assert_int_eq(core_seq_close(w, s), 0);
 	done(w);
@@ -279,7 +279,7 @@ static uint64_t open_h2o(struct core *c, const uint32_t *p, uint32_t n, uint32_t
 			       .budget = budget, .recent = recent, .decay = decay };
 	uint64_t s;
 
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	return s;
 }
 
@@ -360,7 +360,7 @@ START_TEST(test_h2o_keeps_the_sinks)
 
 	fill_tokens(p, 128, 1);
 	o.tokens = p;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	report(c, s, 128, 1u << 2 | 1u << 5, 1.0f, 0.01f);
 	ck_assert_int_eq(core_seq_commit(c, s, 128), 0);
 	ck_assert_uint_eq(holes_mask(c, s), 1u << 1 | 1u << 3 | 1u << 4 | 1u << 6);
@@ -457,21 +457,21 @@ START_TEST(test_h2o_bad_input)
 
 	fill_tokens(p, 64, 1);
 	o.tokens = p;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL); /* budget < recent */
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL); /* budget < recent */
 	o.budget = 32;
 	o.decay = 1.5f;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
 	o.decay = 0;
 	o.recent = 0;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
 	/* Sinks must fit in the budget beside the recent tokens. */
 	o.recent = 16;
 	o.n_sink = 32;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL); /* n_sink >= budget */
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL); /* n_sink >= budget */
 	o.n_sink = 17;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL); /* n_sink + recent > budget */
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL); /* n_sink + recent > budget */
 	o.n_sink = 16;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	ck_assert_uint_eq(info_of(c, s).n_sink, 16);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	s = open_h2o(c, p, 64, 32, 16, 0);
@@ -486,7 +486,7 @@ START_TEST(test_h2o_bad_input)
 	ck_assert_int_eq(core_seq_scores(c, s, 0, w, 4), -EINVAL); /* released */
 	ck_assert_int_eq(core_seq_scores(c, s, 60, w, 4), 0);
 	o = (struct core_open){ .tokens = p, .ntokens = 8 };
-	ck_assert_int_eq(core_seq_open(c, &o, &full, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &full, NULL), 0);
 	ck_assert_int_eq(core_seq_scores(c, full, 0, w, 4), -EINVAL); /* not an H2O sequence */
 	ck_assert_int_eq(core_seq_close(c, full), 0);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
@@ -543,7 +543,7 @@ START_TEST(test_h2o_tokens_pack_the_heavy_hitters)
 	ck_assert_int_eq(core_new(&cfg, &c), 0);
 	fill_tokens(p, 16, 100);
 	o.tokens = p;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	si = info_of(c, s);
 	/* The engine's K/V: a word naming the position. */
 	for (uint32_t pos = 0; pos < 16; pos++)
@@ -604,7 +604,7 @@ START_TEST(test_h2o_tokens_keep_the_sinks)
 	ck_assert_int_eq(core_new(&cfg, &c), 0);
 	fill_tokens(p, 16, 100);
 	o.tokens = p;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	si = info_of(c, s);
 	for (uint32_t pos = 0; pos < 16; pos++)
 		mem.slots[(size_t)si.table[pos / 4] * 4 + pos % 4] = 1000 + pos;
@@ -654,8 +654,8 @@ START_TEST(test_fork_into_a_used_slot)
 	fill_tokens(p, 16, 100);
 	blocks.tokens = tokens.tokens = p;
 	tokens.granularity = CORE_H2O_TOKENS;
-	ck_assert_int_eq(core_seq_open(c, &blocks, &s, NULL), 0);
-	ck_assert_int_eq(core_seq_open(c, &tokens, &t, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &blocks, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &tokens, &t, NULL), 0);
 	ck_assert_int_eq(core_seq_close(c, t), 0);
 	ck_assert_int_eq(core_seq_fork(c, s, &child), 0);
 	ck_assert_uint_eq((uint32_t)child, (uint32_t)t); /* the slot t left */
@@ -679,9 +679,9 @@ START_TEST(test_h2o_tokens_need_a_gather)
 			       .budget = 8, .recent = 4, .granularity = CORE_H2O_TOKENS };
 
 	fill_tokens(p, 8, 1);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EOPNOTSUPP);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EOPNOTSUPP);
 	o.granularity = 2;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
 	done(c);
 }
 END_TEST
@@ -702,7 +702,7 @@ START_TEST(test_h2o_tokens_stream)
 	fake_mem_init(&mem, 64, B);
 	ck_assert_int_eq(core_new(&cfg, &c), 0);
 	o.tokens = &t;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	for (uint32_t k = 1; k < 50000; k++) {
 		struct core_seq_info si;
 

@@ -134,7 +134,7 @@ static void cache_prompt(struct core *c, const uint32_t *t, uint32_t n)
 	struct core_open o = { .tokens = t, .ntokens = n };
 	uint64_t s;
 
-	ck_assert_int_eq(core_seq_open(c, &o, &s, NULL), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	ck_assert_int_eq(core_seq_commit(c, s, n), 0);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 }
@@ -144,7 +144,7 @@ static uint32_t open_cached(struct core *c, const uint32_t *t, uint32_t n, uint6
 	struct core_open o = { .tokens = t, .ntokens = n };
 	uint32_t cached = 99;
 
-	ck_assert_int_eq(core_seq_open(c, &o, s, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, s, &cached), 0);
 	return cached;
 }
 
@@ -246,7 +246,7 @@ static uint64_t open_deferred(struct core *c, const uint32_t *t, uint32_t n, uin
 	struct core_open o = { .tokens = t, .ntokens = n, .flags = CORE_OPEN_DEFER_LOADS };
 	uint64_t s;
 
-	ck_assert_int_eq(core_seq_open(c, &o, &s, cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, cached), 0);
 	return s;
 }
 

@@ -15,7 +15,7 @@ static uint64_t open_seq(struct core *c, const uint32_t *t, uint32_t n, uint64_t
 	struct core_open o = { .salt = salt, .tokens = t, .ntokens = n };
 	uint64_t id = 0;
 
-	ck_assert_int_eq(core_seq_open(c, &o, &id, cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &id, cached), 0);
 	return id;
 }
 
@@ -144,12 +144,12 @@ START_TEST(test_recompute_last_flag)
 
 	struct core_open o = { .tokens = t, .ntokens = 8, .flags = CORE_OPEN_RECOMPUTE_LAST };
 	ck_assert_uint_eq(core_lookup(c, &o), 4);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, &cached), 0);
 	ck_assert_uint_eq(cached, 4);
 	o.ntokens = 7; /* the last block is partial anyway */
 	ck_assert_uint_eq(core_lookup(c, &o), 4);
 	o.flags = 1u << 7;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, &cached), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, &cached), -EINVAL);
 	core_free(c);
 }
 END_TEST
@@ -420,12 +420,12 @@ START_TEST(test_namespaces_and_extra_keys_never_share)
 	struct core_open o = { .salt = 1, .tokens = t, .ntokens = 8 };
 
 	fill_tokens(t, 8, 5);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, &cached), 0);
 	ck_assert_int_eq(core_seq_commit(c, s, 8), 0);
 	ck_assert_uint_eq(core_lookup(c, &o), 8);
 	o.salt = 2;
 	ck_assert_uint_eq(core_lookup(c, &o), 0);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, &cached), 0);
 	ck_assert_uint_eq(cached, 0);
 	ck_assert_int_eq(core_seq_commit(c, s, 8), 0);
 	o.salt = 1;
@@ -491,11 +491,11 @@ START_TEST(test_bad_input_changes_nothing)
 
 	/* Zero and huge lengths, null tokens, commit beyond the end. */
 	o.ntokens = 0;
-	ck_assert_int_eq(core_seq_open(c, &o, &fake, &cached), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &fake, &cached), -EINVAL);
 	o.ntokens = 33;
-	ck_assert_int_eq(core_seq_open(c, &o, &fake, &cached), -E2BIG);
+	ck_assert_int_eq(seq_open_cached(c, &o, &fake, &cached), -E2BIG);
 	o.tokens = NULL, o.ntokens = 4;
-	ck_assert_int_eq(core_seq_open(c, &o, &fake, &cached), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &fake, &cached), -EINVAL);
 	o.tokens = t;
 	ck_assert_int_eq(core_seq_append(c, s, t, 0), -EINVAL);
 	ck_assert_int_eq(core_seq_append(c, s, NULL, 1), -EINVAL);
@@ -505,14 +505,14 @@ START_TEST(test_bad_input_changes_nothing)
 
 	/* Out of blocks: 2 held, 2 free; a 3-block prompt of other tokens cannot fit. */
 	o.tokens = t + 20, o.ntokens = 12;
-	ck_assert_int_eq(core_seq_open(c, &o, &fake, &cached), -ENOSPC);
+	ck_assert_int_eq(seq_open_cached(c, &o, &fake, &cached), -ENOSPC);
 	ck_assert_int_eq(core_seq_append(c, s, t, 12), -ENOSPC);
 
 	/* Out of sequence slots. */
 	uint64_t s2;
 	o.tokens = t, o.ntokens = 1;
-	ck_assert_int_eq(core_seq_open(c, &o, &s2, &cached), 0);
-	ck_assert_int_eq(core_seq_open(c, &o, &fake, &cached), -EMFILE);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s2, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &fake, &cached), -EMFILE);
 	ck_assert_int_eq(core_seq_fork(c, s, &fake), -EMFILE);
 	ck_assert_int_eq(core_seq_close(c, s2), 0);
 	ck_assert_int_eq(core_seq_close(c, s2), -ENOENT); /* double close */
@@ -540,11 +540,57 @@ START_TEST(test_vocabulary_limit)
 
 	fake_mem_init(&mem, 8, B);
 	ck_assert_int_eq(core_new(&cfg, &c), 0);
-	ck_assert_int_eq(core_seq_open(c, &o, &s, &cached), -EINVAL);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, &cached), -EINVAL);
 	o.ntokens = 2;
-	ck_assert_int_eq(core_seq_open(c, &o, &s, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, &cached), 0);
 	ck_assert_int_eq(core_seq_append(c, s, &t[2], 1), -EINVAL);
 	ck_assert_uint_eq(info(c, s).ntokens, 2);
+	core_free(c);
+}
+END_TEST
+
+/* The checks of a request's arguments, and their reasons, are the open's own. */
+START_TEST(test_open_check)
+{
+	struct core_config cfg = { .capacity_blocks = 8, .block_tokens = B, .max_sequences = 4,
+				   .max_seq_tokens = 32, .vocab_size = 512,
+				   .copy_block = fake_copy, .copy_ctx = &mem };
+	uint32_t t[3] = { 1, 511, 512 };
+	struct core_open o = { .tokens = t, .ntokens = 2 };
+	const char *why = "untouched";
+	struct core *c;
+	uint64_t s;
+
+	fake_mem_init(&mem, 8, B);
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	ck_assert_int_eq(core_open_check(c, &o, &why), 0);
+	ck_assert_str_eq(why, "untouched");
+	o.ntokens = 0;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_str_eq(why, "empty prompt");
+	o.ntokens = 3;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(why, "vocab_size"));
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
+	o.ntokens = 2;
+	o.flags = 1u << 3;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_str_eq(why, "unknown flags");
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
+	/* Deferring loads is the caller's to ask, not a request's. */
+	o.flags = CORE_OPEN_DEFER_LOADS;
+	why = NULL;
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_str_eq(why, "unknown flags");
+	o.flags = CORE_OPEN_RECOMPUTE_LAST;
+	o.retention = CORE_RETAIN_SINKS; /* recent 0 */
+	ck_assert_int_eq(core_open_check(c, &o, &why), -EINVAL);
+	ck_assert_ptr_nonnull(strstr(why, "bad retention: recent 0"));
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), -EINVAL);
+	o.recent = 4;
+	ck_assert_int_eq(core_open_check(c, &o, &why), 0);
+	o.flags |= CORE_OPEN_DEFER_LOADS;
+	ck_assert_int_eq(seq_open_cached(c, &o, &s, NULL), 0);
 	core_free(c);
 }
 END_TEST
@@ -637,7 +683,7 @@ static uint64_t open_prio(struct core *c, uint32_t n, uint32_t base, uint32_t pr
 	uint64_t id;
 
 	fill_tokens(t, n, base);
-	ck_assert_int_eq(core_seq_open(c, &o, &id, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &id, &cached), 0);
 	return id;
 }
 
@@ -708,13 +754,13 @@ START_TEST(test_priority_never_preempts_a_more_important_sequence)
 	open_prio(c, 16, 600, 5);
 	fill_tokens(t, 12, 500);
 	core_get_usage(c, &u0);
-	ck_assert_int_eq(core_seq_open(c, &o, &d, &cached), -ENOSPC);
+	ck_assert_int_eq(seq_open_cached(c, &o, &d, &cached), -ENOSPC);
 	core_get_usage(c, &u1);
 	ck_assert_mem_eq(&u0, &u1, sizeof(u0));
 	ck_assert_uint_eq(info(c, hi).state, CORE_SEQ_PARKED);
 	/* The same request at priority 5 may. */
 	o.priority = 5;
-	ck_assert_int_eq(core_seq_open(c, &o, &d, &cached), 0);
+	ck_assert_int_eq(seq_open_cached(c, &o, &d, &cached), 0);
 	ck_assert_uint_eq(info(c, hi).state, CORE_SEQ_DROPPED);
 	assert_verified(c);
 	core_free(c);
@@ -764,7 +810,7 @@ START_TEST(test_failed_request_drops_nothing)
 	core_get_stats(c, &s0);
 	/* 10 blocks needed; 6 free + 2 from dropping a = 8: refused, a stays parked. */
 	fill_tokens(t, 40, 7);
-	ck_assert_int_eq(core_seq_open(c, &o, &d, &cached), -ENOSPC);
+	ck_assert_int_eq(seq_open_cached(c, &o, &d, &cached), -ENOSPC);
 	ck_assert_uint_eq(info(c, a).state, CORE_SEQ_PARKED);
 	core_get_stats(c, &s1);
 	ck_assert_mem_eq(&s0, &s1, sizeof(s0));
@@ -823,6 +869,7 @@ int main(void)
 	tcase_add_test(tc, test_concurrent_equal_commits_deduplicate);
 	tcase_add_test(tc, test_bad_input_changes_nothing);
 	tcase_add_test(tc, test_vocabulary_limit);
+	tcase_add_test(tc, test_open_check);
 	tcase_add_test(tc, test_drop_cache);
 	tcase_add_test(tc, test_verify_detects_corruption);
 	tcase_add_test(tc, test_park_and_resume_keeps_blocks);

@@ -82,3 +82,35 @@ static inline void fill_tokens(uint32_t *t, uint32_t n, uint32_t base)
 	for (uint32_t i = 0; i < n; i++)
 		t[i] = base + i;
 }
+
+/*
+ * core_seq_open, checking that what it says of the new sequence is what core_seq_info says;
+ * *ret_cached (may be NULL) gets its cached tokens.  Outputs untouched on failure.
+ */
+static inline int seq_open_cached(struct core *c, const struct core_open *o, uint64_t *ret_seq,
+				  uint32_t *ret_cached)
+{
+	struct core_seq_info got = { .state = 0xdead }, want;
+	uint64_t seq = 0;
+	int r = core_seq_open(c, o, &seq, &got);
+
+	if (r < 0) {
+		ck_assert_uint_eq(got.state, 0xdead); /* untouched */
+		return r;
+	}
+	ck_assert_int_eq(core_seq_info(c, seq, &want), 0);
+	ck_assert_uint_eq(got.state, want.state);
+	ck_assert_uint_eq(got.ntokens, want.ntokens);
+	ck_assert_uint_eq(got.ncommitted, want.ncommitted);
+	ck_assert_uint_eq(got.nblocks, want.nblocks);
+	ck_assert_ptr_eq(got.table, want.table);
+	ck_assert_uint_eq(got.retention, want.retention);
+	ck_assert_uint_eq(got.held_blocks, want.held_blocks);
+	ck_assert_uint_eq(got.freed_blocks, want.freed_blocks);
+	ck_assert_uint_eq(got.retained_tokens, want.retained_tokens);
+	ck_assert_uint_eq(got.npacked, want.npacked);
+	*ret_seq = seq;
+	if (ret_cached)
+		*ret_cached = got.ncommitted;
+	return 0;
+}

@@ -407,7 +407,7 @@ static int inprocess_appends(const struct lat_run *run)
 	struct core_config cfg = { .capacity_blocks = run->seq_tokens / B + 4, .block_tokens = B,
 				   .max_sequences = 4, .max_seq_tokens = run->seq_tokens + 1,
 				   .copy_block = no_copy };
-	uint32_t total = run->warm + run->iters, first = 1, cached, len = 1;
+	uint32_t total = run->warm + run->iters, first = 1, len = 1;
 	struct core_open o = { .tokens = &first, .ntokens = 1 };
 	struct core *c;
 	uint64_t seq;
@@ -416,14 +416,14 @@ static int inprocess_appends(const struct lat_run *run)
 	r = core_new(&cfg, &c);
 	if (r < 0)
 		return r;
-	r = core_seq_open(c, &o, &seq, &cached);
+	r = core_seq_open(c, &o, &seq, NULL);
 	for (uint32_t i = 0; r >= 0 && i < total; i++) {
 		uint32_t tok = token_of(STREAM_LATENCY, i);
 		uint64_t t;
 
 		if (len == run->seq_tokens) {
 			core_seq_close(c, seq);
-			r = core_seq_open(c, &o, &seq, &cached);
+			r = core_seq_open(c, &o, &seq, NULL);
 			if (r < 0)
 				break;
 			len = 1;

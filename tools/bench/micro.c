@@ -103,9 +103,7 @@ static double bench_append(uint32_t B)
 	for (uint32_t r = 0; r < repeat; r++) {
 		struct core_open o = { .tokens = &tok, .ntokens = 1 };
 		uint64_t seq, t;
-		uint32_t cached;
-
-		if (core_seq_open(c, &o, &seq, &cached) < 0)
+		if (core_seq_open(c, &o, &seq, NULL) < 0)
 			abort();
 		t = now_ns();
 		for (uint32_t i = 0; i < N; i++) {
@@ -139,9 +137,7 @@ static void bench_lookup(uint32_t B)
 	for (uint32_t k = 0; k < K; k++) {
 		struct core_open o = { .tokens = prompts + (size_t)k * L, .ntokens = L };
 		uint64_t seq;
-		uint32_t cached;
-
-		if (core_seq_open(c, &o, &seq, &cached) < 0 || core_seq_commit(c, seq, L) < 0)
+		if (core_seq_open(c, &o, &seq, NULL) < 0 || core_seq_commit(c, seq, L) < 0)
 			abort();
 		core_seq_close(c, seq);
 	}
@@ -185,14 +181,14 @@ static void bench_fork_cow(uint32_t B)
 {
 	enum { N = 1024 };
 	uint64_t *cow = calloc(repeat, sizeof(uint64_t)), *plain = calloc(repeat, sizeof(uint64_t));
-	uint32_t len = B + (B + 1) / 2, *t = malloc(len * sizeof(uint32_t)), x = 7, cached;
+	uint32_t len = B + (B + 1) / 2, *t = malloc(len * sizeof(uint32_t)), x = 7;
 	struct core *c = make_core(B, 64, 4 * B);
 	struct core_open o = { .tokens = t, .ntokens = len };
 	uint64_t seq, child;
 
 	for (uint32_t i = 0; i < len; i++)
 		t[i] = i;
-	if (core_seq_open(c, &o, &seq, &cached) < 0 || core_seq_commit(c, seq, len) < 0)
+	if (core_seq_open(c, &o, &seq, NULL) < 0 || core_seq_commit(c, seq, len) < 0)
 		abort();
 	for (uint32_t r = 0; r < repeat; r++) {
 		uint64_t t0 = now_ns();

@@ -191,11 +191,10 @@ int replay_core_tiers(const struct workload *w, uint32_t B, uint32_t capacity, u
 		const struct wreq *q = &w->reqs[i];
 		struct core_open o = { .tokens = prompt, .ntokens = q->input_len };
 		uint64_t seq;
-		uint32_t cached;
 
 		workload_prompt(w, i, prompt);
 		t = now_ns();
-		r = core_seq_open(c, &o, &seq, &cached);
+		r = core_seq_open(c, &o, &seq, NULL);
 		if (r == -ENOSPC) {
 			res->rejected++;
 			res->core_ns += now_ns() - t;
