@@ -232,8 +232,8 @@ START_TEST(test_demotion_cascades_to_the_third_level_and_back)
 	}
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }), 12);
 
-	ck_assert_int_eq(core_seq_open(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }, &s,
-				       &cached),
+	ck_assert_int_eq(seq_open_cached(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }, &s,
+					 &cached),
 			 0);
 	ck_assert_uint_eq(cached, 12);
 	assert_kv(c, s, p[0][0], 12);
@@ -249,8 +249,8 @@ START_TEST(test_demotion_cascades_to_the_third_level_and_back)
 	assert_verified(c);
 	ck_assert_int_eq(core_seq_close(c, s), 0);
 	/* From the pool this time. */
-	ck_assert_int_eq(core_seq_open(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }, &s,
-				       &cached),
+	ck_assert_int_eq(seq_open_cached(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }, &s,
+					 &cached),
 			 0);
 	ck_assert_uint_eq(cached, 12);
 	for (uint32_t lv = 1; lv <= NLEVELS; lv++)
@@ -280,8 +280,8 @@ START_TEST(test_a_slow_third_level_is_not_promoted_from)
 	/* A lookup stops where promoting stops: the leaf, in C, is recomputed. */
 	ck_assert_uint_eq(core_lookup(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }),
 			  2 * B);
-	ck_assert_int_eq(core_seq_open(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }, &s,
-				       &cached),
+	ck_assert_int_eq(seq_open_cached(c, &(struct core_open){ .tokens = p[0], .ntokens = 12 }, &s,
+					 &cached),
 			 0);
 	ck_assert_uint_eq(cached, 2 * B);
 	assert_kv(c, s, p[0][0], cached);
