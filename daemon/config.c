@@ -1205,14 +1205,18 @@ static int check_remote(struct parse *p, size_t i)
 		return fail_at(p, -EINVAL, st->key_line[key_file], "[pool %s] %s: %s", pc->name,
 			       schema[key_file].name, why);
 	for (size_t f = 0; f < pc->n_remote_tier_old_key_files; f++) {
-		if (!strcmp(pc->remote_tier_old_key_files[f], pc->remote_tier_key_file))
+		if (!strcmp(pc->remote_tier_old_key_files[f], pc->remote_tier_key_file)) {
+			explicit_bzero(secret, sizeof(secret));
 			return fail_at(p, -EINVAL, st->key_line[old],
 				       "[pool %s] %s: %s is remote_tier_key_file too", pc->name,
 				       schema[old].name, pc->remote_tier_key_file);
+		}
 		r = seal_key_load(pc->remote_tier_old_key_files[f], secret, why, sizeof(why));
-		if (r < 0)
+		if (r < 0) {
+			explicit_bzero(secret, sizeof(secret)); /* the current key, read above */
 			return fail_at(p, -EINVAL, st->key_line[old], "[pool %s] %s: %s",
 				       pc->name, schema[old].name, why);
+		}
 	}
 	explicit_bzero(secret, sizeof(secret));
 	return 0;

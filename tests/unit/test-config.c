@@ -1512,6 +1512,10 @@ START_TEST(test_remote_tier)
 	expect_remote_error(text, 10, shrt);
 	snprintf(text, sizeof(text), REMOTE("remote_tier_old_key_files = %s\n"), good, good);
 	expect_remote_error(text, 10, "is remote_tier_key_file too");
+	/* A keyring holds 8 keys: the current one and 7 old ones at most (checked before any is read). */
+	snprintf(text, sizeof(text),
+		 REMOTE("remote_tier_old_key_files = /k1, /k2, /k3, /k4, /k5, /k6, /k7, /k8\n"), good);
+	expect_remote_error(text, 10, "more than 8 keys in all");
 	/* Enumerations and ranges. */
 	snprintf(text, sizeof(text), REMOTE("remote_tier_write = always\n"), good);
 	expect_remote_error(text, 10, "'always' is not one of commit, evict");
