@@ -17,7 +17,8 @@ enum config_type {
 	TYPE_U32,
 	TYPE_U64,
 	TYPE_SIZE,
-	TYPE_PATH,      /* an absolute path that fits in a Unix socket address */
+	TYPE_PATH,      /* an absolute path that fits in a Unix socket address (KEY_FILE: a
+			   file's, up to PATH_MAX); no def_path: unset is NULL */
 	TYPE_GROUP,     /* a group name or gid; aux_offset is the bool saying it is set */
 	TYPE_NAMESPACE, /* enum kvpd_namespace_mode */
 	TYPE_POLICY,    /* enum kvpd_policy */
@@ -29,6 +30,8 @@ enum config_type {
 	TYPE_NUMBER,    /* a non-negative real number, optionally with a K, M, G, T or P suffix
 			   (powers of 1000): 7e9, 7G and 7000M are the same */
 	TYPE_LISTEN,    /* a TCP address, IPV4:PORT or [IPV6]:PORT; empty: off (NULL) */
+	TYPE_REDIS_URL, /* redis://HOST:PORT[,HOST:PORT...] (redis_parse_url); unset: NULL */
+	TYPE_REMOTE_WRITE, /* enum kvpd_remote_write */
 };
 
 /* flags: KEY_* in config.c */

@@ -81,8 +81,11 @@ static bool key_equal(const struct config_key *key, const void *a, const void *b
 		return *(const enum kvpd_policy *)fa == *(const enum kvpd_policy *)fb;
 	case TYPE_BACKEND:
 		return *(const enum kvpd_backend *)fa == *(const enum kvpd_backend *)fb;
+	case TYPE_REMOTE_WRITE:
+		return *(const enum kvpd_remote_write *)fa == *(const enum kvpd_remote_write *)fb;
 	case TYPE_PATH:
-	case TYPE_LISTEN: {
+	case TYPE_LISTEN:
+	case TYPE_REDIS_URL: {
 		const char *pa = *(char *const *)fa, *pb = *(char *const *)fb;
 
 		return (!pa && !pb) || (pa && pb && !strcmp(pa, pb));
@@ -151,8 +154,12 @@ static void take_value(const struct config_key *key, void *live, void *next)
 		*(bool *)field_at(live, key->aux_offset) =
 			*(const bool *)field_at(next, key->aux_offset);
 		break;
+	case TYPE_REMOTE_WRITE:
+		*(enum kvpd_remote_write *)fl = *(const enum kvpd_remote_write *)fn;
+		break;
 	case TYPE_PATH:
-	case TYPE_LISTEN: {
+	case TYPE_LISTEN:
+	case TYPE_REDIS_URL: {
 		char *t = *(char **)fl;
 
 		*(char **)fl = *(char **)fn;

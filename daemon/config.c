@@ -31,6 +31,8 @@
 
 #include "daemon/config.h"
 #include "daemon/config-internal.h"
+#include "daemon/tier/redis.h"
+#include "daemon/tier/seal.h"
 
 #define KiB (UINT64_C(1) << 10)
 #define MiB (UINT64_C(1) << 20)
@@ -156,6 +158,24 @@ static const struct config_key schema[] = {
 	  .offset = offsetof(struct kvpd_pool_config, engine_flops) },
 	POOL_NUMBER(TYPE_SIZE, host_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
 	POOL_NUMBER(TYPE_SIZE, file_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
+	{ .name = "remote_tier", .section = SECTION_POOL, .type = TYPE_REDIS_URL,
+	  .offset = offsetof(struct kvpd_pool_config, remote_tier) },
+	{ .name = "remote_tier_key_file", .section = SECTION_POOL, .type = TYPE_PATH,
+	  .flags = KEY_FILE, .offset = offsetof(struct kvpd_pool_config, remote_tier_key_file) },
+	{ .name = "remote_tier_old_key_files", .section = SECTION_POOL, .type = TYPE_FILES,
+	  .offset = offsetof(struct kvpd_pool_config, remote_tier_old_key_files),
+	  .aux_offset = offsetof(struct kvpd_pool_config, n_remote_tier_old_key_files) },
+	{ .name = "remote_tier_write", .section = SECTION_POOL, .type = TYPE_REMOTE_WRITE,
+	  .def = KVPD_REMOTE_COMMIT, .offset = offsetof(struct kvpd_pool_config, remote_tier_write) },
+	POOL_NUMBER(TYPE_U32, remote_tier_timeout_ms, 50, 1, 60000, 0),
+	/*
+	 * 64 blocks: a 2 MiB block is about 1 ms of sealing on the tier thread, so 64 queued
+	 * is a deadline's worth (50 ms) of work and, stores holding their pool blocks until
+	 * they complete, 128 MiB kept from reuse at most.
+	 */
+	POOL_NUMBER(TYPE_U32, remote_tier_max_inflight, 64, 1, 65536, 0),
+	POOL_NUMBER(TYPE_U64, remote_tier_ttl_ms, 0, 0, UINT64_C(31536000000), 0),
+	POOL_NUMBER(TYPE_SIZE, remote_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
 	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
 	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
 	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_uids) },
@@ -186,6 +206,11 @@ static const char *const backend_names[] = {
 	[KVPD_BACKEND_HOST] = "host",
 	[KVPD_BACKEND_CUDA] = "cuda",
 	[KVPD_BACKEND_AUTO] = "auto",
+};
+
+static const char *const remote_write_names[] = {
+	[KVPD_REMOTE_COMMIT] = "commit",
+	[KVPD_REMOTE_EVICT] = "evict",
 };
 
 static const struct {
@@ -470,7 +495,12 @@ static int apply_defaults(enum config_section section, void *base)
 		case TYPE_BACKEND:
 			*(enum kvpd_backend *)field = (enum kvpd_backend)key->def;
 			break;
+		case TYPE_REMOTE_WRITE:
+			*(enum kvpd_remote_write *)field = (enum kvpd_remote_write)key->def;
+			break;
 		case TYPE_PATH:
+			if (!key->def_path)
+				break; /* unset: NULL */
 			*(char **)field = strdup(key->def_path);
 			if (!*(char **)field)
 				return -ENOMEM;
@@ -482,6 +512,7 @@ static int apply_defaults(enum config_section section, void *base)
 		case TYPE_FILES:
 		case TYPE_NUMBER:
 		case TYPE_LISTEN:
+		case TYPE_REDIS_URL:
 			break; /* unset, false, empty, 0: zeroed already */
 		}
 	}
@@ -919,6 +950,33 @@ static int set_listen(struct parse *p, const struct config_key *key, char **fiel
 	return 0;
 }
 
+/* The seeds are parsed at load so that a start fails only when no node can be reached. */
+static int set_redis_url(struct parse *p, const struct config_key *key, char **field,
+			 const char *value)
+{
+	struct redis_addr *addrs;
+	char why[256] = "";
+	size_t n;
+	char *copy;
+	int r;
+
+	addrs = calloc(REDIS_MAX_SEEDS, sizeof(*addrs));
+	if (!addrs)
+		return oom(p);
+	r = redis_parse_url(value, addrs, REDIS_MAX_SEEDS, &n, why, sizeof(why));
+	free(addrs);
+	if (r == -E2BIG)
+		return fail_key(p, key->name, "more than %d seeds", REDIS_MAX_SEEDS);
+	if (r < 0)
+		return fail_key(p, key->name, "%s", why[0] ? why : "not a redis:// URL");
+	copy = strdup(value);
+	if (!copy)
+		return oom(p);
+	free(*field);
+	*field = copy;
+	return 0;
+}
+
 static int set_value(struct parse *p, const struct config_key *key, const char *value)
 {
 	void *base = current_base(p);
@@ -975,6 +1033,15 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 		return add_files(p, key, base, value);
 	case TYPE_LISTEN:
 		return set_listen(p, key, field, value);
+	case TYPE_REDIS_URL:
+		return set_redis_url(p, key, field, value);
+	case TYPE_REMOTE_WRITE:
+		for (size_t i = 0; i < sizeof(remote_write_names) / sizeof(remote_write_names[0]); i++)
+			if (!strcmp(value, remote_write_names[i])) {
+				*(enum kvpd_remote_write *)field = (enum kvpd_remote_write)i;
+				return 0;
+			}
+		return fail_key(p, key->name, "'%s' is not one of commit, evict", value);
 	}
 	return fail_key(p, key->name, "internal error: no parser for this type");
 }
@@ -1065,6 +1132,96 @@ fail:
 	return 0;
 }
 
+/*
+ * The remote tier's keys: each key file is read now (seal_key_load: its length, mode, owner),
+ * so that a wrong one is an error naming the line, not a daemon that starts and then cannot
+ * open anything; the daemon reads them again at start.
+ */
+static int check_remote(struct parse *p, size_t i)
+{
+	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
+	const struct section_state *st = &p->pool_state[i];
+	const int url = find_key(SECTION_POOL, "remote_tier");
+	const int key_file = find_key(SECTION_POOL, "remote_tier_key_file");
+	const int old = find_key(SECTION_POOL, "remote_tier_old_key_files");
+	uint8_t secret[SEAL_KEY_BYTES];
+	char why[384];
+	int r;
+
+	if (!pc->remote_tier) {
+		/*
+		 * A remote_tier_* key set to anything but its default without the tier is a
+		 * mistake (a commented-out remote_tier): say which.  Defaults pass, as for the
+		 * file tier's keys, so that config_print's output loads back.
+		 */
+		for (size_t k = 0; k < NKEYS; k++) {
+			const struct config_key *key = &schema[k];
+			const void *field = cfield_at(pc, key->offset);
+			bool set = false;
+
+			if (key->section != SECTION_POOL || (int)k == url ||
+			    strncmp(key->name, "remote_tier_", 12) || !st->key_line[k])
+				continue;
+			switch (key->type) {
+			case TYPE_U32:
+				set = *(const uint32_t *)field != key->def;
+				break;
+			case TYPE_U64:
+			case TYPE_SIZE:
+				set = *(const uint64_t *)field != key->def;
+				break;
+			case TYPE_REMOTE_WRITE:
+				set = *(const enum kvpd_remote_write *)field != key->def;
+				break;
+			case TYPE_PATH:
+				set = *(char *const *)field != NULL;
+				break;
+			case TYPE_FILES:
+				set = *(const size_t *)cfield_at(pc, key->aux_offset) != 0;
+				break;
+			default:
+				set = true;
+				break;
+			}
+			if (set)
+				return fail_at(p, -EINVAL, st->key_line[k],
+					       "[pool %s] %s: there is no remote tier (set "
+					       "remote_tier = redis://HOST:PORT)",
+					       pc->name, key->name);
+		}
+		return 0;
+	}
+	if (!pc->remote_tier_key_file)
+		return fail_at(p, -EINVAL, st->key_line[url],
+			       "[pool %s] remote_tier: the remote tier needs remote_tier_key_file "
+			       "(32 random bytes, the same on every node: head -c 32 /dev/urandom)",
+			       pc->name);
+	if (pc->n_remote_tier_old_key_files + 1 > SEAL_MAX_KEYS)
+		return fail_at(p, -EINVAL, st->key_line[old],
+			       "[pool %s] remote_tier_old_key_files: more than %d keys in all",
+			       pc->name, SEAL_MAX_KEYS);
+	r = seal_key_load(pc->remote_tier_key_file, secret, why, sizeof(why));
+	if (r < 0)
+		return fail_at(p, -EINVAL, st->key_line[key_file], "[pool %s] %s: %s", pc->name,
+			       schema[key_file].name, why);
+	for (size_t f = 0; f < pc->n_remote_tier_old_key_files; f++) {
+		if (!strcmp(pc->remote_tier_old_key_files[f], pc->remote_tier_key_file)) {
+			explicit_bzero(secret, sizeof(secret));
+			return fail_at(p, -EINVAL, st->key_line[old],
+				       "[pool %s] %s: %s is remote_tier_key_file too", pc->name,
+				       schema[old].name, pc->remote_tier_key_file);
+		}
+		r = seal_key_load(pc->remote_tier_old_key_files[f], secret, why, sizeof(why));
+		if (r < 0) {
+			explicit_bzero(secret, sizeof(secret)); /* the current key, read above */
+			return fail_at(p, -EINVAL, st->key_line[old], "[pool %s] %s: %s",
+				       pc->name, schema[old].name, why);
+		}
+	}
+	explicit_bzero(secret, sizeof(secret));
+	return 0;
+}
+
 /* The tiers' keys agree with each other, and the tiers' memory and files stay bounded. */
 static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 {
@@ -1075,6 +1232,7 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 	const int host = find_key(SECTION_POOL, "host_tier_blocks");
 	const int persist = find_key(SECTION_POOL, "file_tier_persist");
 	const int blocking = find_key(SECTION_POOL, "file_tier_blocking_reads");
+	int r;
 
 	if (pc->file_tier_blocks && !pc->n_swap_files)
 		return fail_at(p, -EINVAL, st->key_line[blocks],
@@ -1096,6 +1254,9 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 		return fail_at(p, -EINVAL, st->key_line[blocking],
 			       "[pool %s] file_tier_blocking_reads: there is no file tier",
 			       pc->name);
+	r = check_remote(p, i);
+	if (r < 0)
+		return r;
 	if ((uint64_t)pc->host_tier_blocks * block_bytes > POOL_MAX_BYTES)
 		return fail_at(p, -EINVAL, st->key_line[host],
 			       "[pool %s] host_tier_blocks: more than 2^48 bytes of host memory",
@@ -1374,6 +1535,11 @@ void config_free(struct kvpd_config *c)
 		free(c->pools[i].allow_uids);
 		free(c->pools[i].allow_gids);
 		free(c->pools[i].backend_module);
+		free(c->pools[i].remote_tier);
+		free(c->pools[i].remote_tier_key_file);
+		for (size_t k = 0; k < c->pools[i].n_remote_tier_old_key_files; k++)
+			free(c->pools[i].remote_tier_old_key_files[k]);
+		free(c->pools[i].remote_tier_old_key_files);
 	}
 	free(c->pools);
 	*c = (struct kvpd_config){ 0 };
@@ -1462,14 +1628,26 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			break;
 		}
 		case TYPE_PATH:
-			fprintf(f, "%s = %s\n", key->name,
-				*(char *const *)field ? *(char *const *)field : "");
+			if (*(char *const *)field)
+				fprintf(f, "%s = %s\n", key->name, *(char *const *)field);
+			else
+				fprintf(f, "# %s is not set\n", key->name);
 			break;
 		case TYPE_LISTEN:
 			if (*(char *const *)field)
 				fprintf(f, "%s = %s\n", key->name, *(char *const *)field);
 			else
 				fprintf(f, "# %s is not set: no HTTP endpoint\n", key->name);
+			break;
+		case TYPE_REDIS_URL:
+			if (*(char *const *)field)
+				fprintf(f, "%s = %s\n", key->name, *(char *const *)field);
+			else
+				fprintf(f, "# %s is not set: no remote tier\n", key->name);
+			break;
+		case TYPE_REMOTE_WRITE:
+			fprintf(f, "%s = %s\n", key->name,
+				remote_write_names[*(const enum kvpd_remote_write *)field]);
 			break;
 		case TYPE_GROUP:
 			if (*(const bool *)cfield_at(base, key->aux_offset))
@@ -1549,7 +1727,13 @@ const char *config_format_value(const struct config_key *key, const void *base, 
 		snprintf(buf, len, "%s", backend_names[*(const enum kvpd_backend *)field]);
 		break;
 	case TYPE_PATH:
-		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "");
+		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "(not set)");
+		break;
+	case TYPE_REDIS_URL:
+		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "(not set)");
+		break;
+	case TYPE_REMOTE_WRITE:
+		snprintf(buf, len, "%s", remote_write_names[*(const enum kvpd_remote_write *)field]);
 		break;
 	case TYPE_LISTEN:
 		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "(not set)");

@@ -27,6 +27,12 @@ enum kvpd_backend {
 	KVPD_BACKEND_AUTO, /* cuda if the module loads and finds a GPU, else host */
 };
 
+/* When the remote tier publishes a block (docs/remote.md). */
+enum kvpd_remote_write {
+	KVPD_REMOTE_COMMIT, /* when it is committed: other nodes can hit it at once */
+	KVPD_REMOTE_EVICT,  /* only when it leaves the node's last local level */
+};
+
 enum kvpd_namespace_mode {
 	KVPD_NS_UID,    /* one namespace per peer uid */
 	KVPD_NS_GID,    /* one namespace per peer primary gid */
@@ -64,6 +70,20 @@ struct kvpd_pool_config {
 	uint64_t host_tier_bandwidth; /* bytes per second */
 	uint32_t window;              /* sliding-window pool: tokens each sequence keeps; 0: none */
 	uint64_t file_tier_bandwidth;
+	/*
+	 * The remote tier (docs/remote.md): remote_tier NULL means none, and then every other
+	 * remote_tier_* key is refused.  The key files were checked at load (seal_key_load);
+	 * the daemon reads them again at start, since they may have changed in between.
+	 */
+	char *remote_tier;	      /* redis://HOST:PORT[,HOST:PORT...], checked at load */
+	char *remote_tier_key_file;   /* the current key: seals, names and opens */
+	char **remote_tier_old_key_files; /* retired keys during a rotation: they only open */
+	size_t n_remote_tier_old_key_files;
+	enum kvpd_remote_write remote_tier_write;
+	uint32_t remote_tier_timeout_ms;   /* a fetch's deadline */
+	uint32_t remote_tier_max_inflight; /* blocks queued or in flight to the tier thread */
+	uint64_t remote_tier_ttl_ms;	   /* PX of every value stored; 0: none */
+	uint64_t remote_tier_bandwidth;    /* bytes per second; 0 unknown, KVPD_MEASURE */
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;
 	size_t n_allow_uids;

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /* kvpaged.conf: defaults, the round trip through config_print, and every kind of error. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "daemon/config.h"
@@ -101,6 +103,20 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->file_tier_bandwidth, b->file_tier_bandwidth);
 	ck_assert_int_eq(a->backend, b->backend);
 	ck_assert_uint_eq(a->device, b->device);
+	ck_assert_int_eq(!a->remote_tier, !b->remote_tier);
+	if (a->remote_tier)
+		ck_assert_str_eq(a->remote_tier, b->remote_tier);
+	ck_assert_int_eq(!a->remote_tier_key_file, !b->remote_tier_key_file);
+	if (a->remote_tier_key_file)
+		ck_assert_str_eq(a->remote_tier_key_file, b->remote_tier_key_file);
+	ck_assert_uint_eq(a->n_remote_tier_old_key_files, b->n_remote_tier_old_key_files);
+	for (size_t i = 0; i < a->n_remote_tier_old_key_files; i++)
+		ck_assert_str_eq(a->remote_tier_old_key_files[i], b->remote_tier_old_key_files[i]);
+	ck_assert_int_eq(a->remote_tier_write, b->remote_tier_write);
+	ck_assert_uint_eq(a->remote_tier_timeout_ms, b->remote_tier_timeout_ms);
+	ck_assert_uint_eq(a->remote_tier_max_inflight, b->remote_tier_max_inflight);
+	ck_assert_uint_eq(a->remote_tier_ttl_ms, b->remote_tier_ttl_ms);
+	ck_assert_uint_eq(a->remote_tier_bandwidth, b->remote_tier_bandwidth);
 }
 
 static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_config *b)
@@ -1335,6 +1351,197 @@ START_TEST(test_continuation_inline_comments)
 }
 END_TEST
 
+/* A config_apply_live report: counts refused differences. */
+static void count_refused(void *ctx, bool applied, const char *what)
+{
+	(void)what;
+	if (!applied)
+		++*(int *)ctx;
+}
+
+/* Writes a key file of len bytes with mode at path. */
+static void write_key(const char *path, size_t len, mode_t mode)
+{
+	char bytes[64];
+	int fd;
+
+	for (size_t i = 0; i < sizeof(bytes); i++)
+		bytes[i] = (char)(i * 7 + 1);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, bytes, len), (ssize_t)len);
+	ck_assert_int_eq(fchmod(fd, mode), 0);
+	close(fd);
+}
+
+/* Loads POOL_MAIN plus extra (lines 8 on) and expects an error on line `line` containing want. */
+static void expect_remote_error(const char *extra, unsigned line, const char *want)
+{
+	char text[2048], at[32];
+	struct kvpd_config c;
+	char err[512] = "";
+	int r;
+
+	snprintf(text, sizeof(text), POOL_MAIN "%s", extra);
+	r = load(text, &c, err, sizeof(err));
+	ck_assert_msg(r == -EINVAL, "expected -EINVAL, got %d (%s) for:\n%s", r, err, text);
+	snprintf(at, sizeof(at), NAME ":%u: ", line);
+	ck_assert_msg(!strncmp(err, at, strlen(at)), "error '%s' is not on line %u", err, line);
+	ck_assert_msg(strstr(err, want), "error '%s' does not contain '%s'", err, want);
+}
+
+START_TEST(test_remote_tier)
+{
+	char dir[] = "/tmp/kvpd-config-remote-XXXXXX", good[64], old[64], shrt[64], lng[64],
+	     open_mode[64], missing[64], text[2048];
+	struct kvpd_config a, b;
+	const struct kvpd_pool_config *p;
+	char *printed;
+	int n = 0;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(good, sizeof(good), "%s/good.key", dir);
+	snprintf(old, sizeof(old), "%s/old.key", dir);
+	snprintf(shrt, sizeof(shrt), "%s/short.key", dir);
+	snprintf(lng, sizeof(lng), "%s/long.key", dir);
+	snprintf(open_mode, sizeof(open_mode), "%s/open.key", dir);
+	snprintf(missing, sizeof(missing), "%s/missing.key", dir);
+	write_key(good, 32, 0600);
+	write_key(old, 32, 0400);
+	write_key(shrt, 31, 0600);
+	write_key(lng, 33, 0600);
+	write_key(open_mode, 32, 0644);
+
+	/* Defaults: no remote tier, and the keys' defaults as documented. */
+	load_ok(POOL_MAIN, &a);
+	p = &a.pools[0];
+	ck_assert_ptr_null(p->remote_tier);
+	ck_assert_ptr_null(p->remote_tier_key_file);
+	ck_assert_uint_eq(p->n_remote_tier_old_key_files, 0);
+	ck_assert_int_eq(p->remote_tier_write, KVPD_REMOTE_COMMIT);
+	ck_assert_uint_eq(p->remote_tier_timeout_ms, 50);
+	ck_assert_uint_eq(p->remote_tier_max_inflight, 64);
+	ck_assert_uint_eq(p->remote_tier_ttl_ms, 0);
+	ck_assert_uint_eq(p->remote_tier_bandwidth, 0);
+	/* Printed defaults load back (remote_tier_* at their defaults need no tier). */
+	printed = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(printed, "# remote_tier is not set: no remote tier\n"));
+	load_ok(printed, &b);
+	assert_config_equal(&a, &b);
+	free(printed);
+	config_free(&a);
+	config_free(&b);
+
+	/* Every key set. */
+	snprintf(text, sizeof(text),
+		 POOL_MAIN "remote_tier = redis://127.0.0.1:7000, 127.0.0.1:7001,[::1]:7002\n"
+			   "remote_tier_key_file = %s\n"
+			   "remote_tier_old_key_files = %s\n"
+			   "remote_tier_write = evict\n"
+			   "remote_tier_timeout_ms = 20\n"
+			   "remote_tier_max_inflight = 128\n"
+			   "remote_tier_ttl_ms = 3600000\n"
+			   "remote_tier_bandwidth = auto\n",
+		 good, old);
+	load_ok(text, &a);
+	p = &a.pools[0];
+	ck_assert_str_eq(p->remote_tier, "redis://127.0.0.1:7000, 127.0.0.1:7001,[::1]:7002");
+	ck_assert_str_eq(p->remote_tier_key_file, good);
+	ck_assert_uint_eq(p->n_remote_tier_old_key_files, 1);
+	ck_assert_str_eq(p->remote_tier_old_key_files[0], old);
+	ck_assert_int_eq(p->remote_tier_write, KVPD_REMOTE_EVICT);
+	ck_assert_uint_eq(p->remote_tier_timeout_ms, 20);
+	ck_assert_uint_eq(p->remote_tier_max_inflight, 128);
+	ck_assert_uint_eq(p->remote_tier_ttl_ms, 3600000);
+	ck_assert_uint_eq(p->remote_tier_bandwidth, KVPD_MEASURE);
+	printed = print_to_string(&a);
+	ck_assert_ptr_nonnull(strstr(printed, "\nremote_tier_write = evict\n"));
+	ck_assert_ptr_nonnull(strstr(printed, "\nremote_tier_bandwidth = auto\n"));
+	load_ok(printed, &b);
+	assert_config_equal(&a, &b);
+	free(printed);
+
+	/* A reload that changes the remote tier is refused (it needs a restart). */
+	config_free(&b);
+	snprintf(text, sizeof(text),
+		 POOL_MAIN "remote_tier = redis://127.0.0.1:7100\n"
+			   "remote_tier_key_file = %s\n"
+			   "remote_tier_timeout_ms = 30\n",
+		 good);
+	load_ok(text, &b);
+	ck_assert_int_eq(config_apply_live(&a, &b, count_refused, &n), 0);
+	ck_assert_int_ge(n, 2); /* remote_tier and remote_tier_timeout_ms, at least */
+	ck_assert_str_eq(a.pools[0].remote_tier,
+			 "redis://127.0.0.1:7000, 127.0.0.1:7001,[::1]:7002");
+	ck_assert_uint_eq(a.pools[0].remote_tier_timeout_ms, 20);
+	config_free(&a);
+	config_free(&b);
+
+	/* Seeds: redis_parse_url's message, on the key's line. */
+	expect_remote_error("remote_tier = http://127.0.0.1:7000\n", 8, "remote_tier: ");
+	expect_remote_error("remote_tier = redis://127.0.0.1\n", 8, "remote_tier: ");
+	expect_remote_error("remote_tier = redis://127.0.0.1:99999\n", 8, "remote_tier: ");
+	expect_remote_error("remote_tier = redis://\n", 8, "remote_tier: ");
+	/* The tier without a key file, and keys without the tier. */
+	expect_remote_error("remote_tier = redis://127.0.0.1:7000\n", 8,
+			    "[pool main] remote_tier: the remote tier needs remote_tier_key_file");
+	snprintf(text, sizeof(text), "remote_tier_key_file = %s\n", good);
+	expect_remote_error(text, 8, "[pool main] remote_tier_key_file: there is no remote tier");
+	expect_remote_error("remote_tier_write = evict\n", 8,
+			    "remote_tier_write: there is no remote tier");
+	expect_remote_error("remote_tier_timeout_ms = 10\n", 8,
+			    "remote_tier_timeout_ms: there is no remote tier");
+	snprintf(text, sizeof(text), "remote_tier_old_key_files = %s\n", old);
+	expect_remote_error(text, 8, "remote_tier_old_key_files: there is no remote tier");
+
+	/* Key files: seal_key_load's messages, each naming the file, on the key's line. */
+#define REMOTE(extra) "remote_tier = redis://127.0.0.1:7000\nremote_tier_key_file = %s\n" extra
+	snprintf(text, sizeof(text), REMOTE(""), shrt);
+	expect_remote_error(text, 9, shrt);
+	expect_remote_error(text, 9, "shorter");
+	snprintf(text, sizeof(text), REMOTE(""), lng);
+	expect_remote_error(text, 9, "longer");
+	snprintf(text, sizeof(text), REMOTE(""), open_mode);
+	expect_remote_error(text, 9, open_mode);
+	snprintf(text, sizeof(text), REMOTE(""), missing);
+	expect_remote_error(text, 9, missing);
+	snprintf(text, sizeof(text), REMOTE(""), "relative.key");
+	expect_remote_error(text, 9, "not an absolute path");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_old_key_files = %s, %s\n"), good, old,
+		 shrt);
+	expect_remote_error(text, 10, shrt);
+	snprintf(text, sizeof(text), REMOTE("remote_tier_old_key_files = %s\n"), good, good);
+	expect_remote_error(text, 10, "is remote_tier_key_file too");
+	/* A keyring holds 8 keys: the current one and 7 old ones at most (checked before any is read). */
+	snprintf(text, sizeof(text),
+		 REMOTE("remote_tier_old_key_files = /k1, /k2, /k3, /k4, /k5, /k6, /k7, /k8\n"), good);
+	expect_remote_error(text, 10, "more than 8 keys in all");
+	/* Enumerations and ranges. */
+	snprintf(text, sizeof(text), REMOTE("remote_tier_write = always\n"), good);
+	expect_remote_error(text, 10, "'always' is not one of commit, evict");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_timeout_ms = 0\n"), good);
+	expect_remote_error(text, 10, "0 is out of range 1..60000");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_timeout_ms = 60001\n"), good);
+	expect_remote_error(text, 10, "60001 is out of range 1..60000");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_max_inflight = 0\n"), good);
+	expect_remote_error(text, 10, "0 is out of range 1..65536");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_max_inflight = 65537\n"), good);
+	expect_remote_error(text, 10, "65537 is out of range 1..65536");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_ttl_ms = 31536000001\n"), good);
+	expect_remote_error(text, 10, "out of range 0..31536000000");
+	snprintf(text, sizeof(text), REMOTE("remote_tier_bandwidth = quick\n"), good);
+	expect_remote_error(text, 10, "'quick' is not a size");
+#undef REMOTE
+
+	unlink(good);
+	unlink(old);
+	unlink(shrt);
+	unlink(lng);
+	unlink(open_mode);
+	ck_assert_int_eq(rmdir(dir), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("config");
@@ -1347,6 +1554,7 @@ int main(void)
 	tcase_add_test(tc, test_size_parser);
 	tcase_add_test(tc, test_exact_messages);
 	tcase_add_test(tc, test_tiers);
+	tcase_add_test(tc, test_remote_tier);
 	tcase_add_test(tc, test_unknown_sections_and_keys);
 	tcase_add_test(tc, test_empty_sections_are_fine_unless_pools);
 	tcase_add_test(tc, test_duplicates);

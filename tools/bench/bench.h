@@ -52,3 +52,4 @@ int cmd_swap(int argc, char **argv);
 int cmd_stall(int argc, char **argv);
 int cmd_seal(int argc, char **argv);
 int cmd_redis(int argc, char **argv);
+int cmd_remote(int argc, char **argv);

@@ -74,6 +74,7 @@ static void usage(FILE *f)
 	      "  stall       round trips while another client reads from the swap files\n"
 	      "  seal        remote-tier AES-256-GCM seal and open GB/s beside memcpy\n"
 	      "  redis       remote-tier cluster client GET/SET GB/s beside plain hiredis\n"
+	      "  remote      remote-tier thread store/fetch GB/s (sealed) beside plain hiredis\n"
 	      "\n"
 	      "Run 'kvpaged-bench COMMAND --help' for a command's options.\n",
 	      f);
@@ -107,6 +108,8 @@ int main(int argc, char **argv)
 		return cmd_seal(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "redis"))
 		return cmd_redis(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "remote"))
+		return cmd_remote(argc - 1, argv + 1);
 	fprintf(stderr, "kvpaged-bench: unknown command '%s'\n", argv[1]);
 	usage(stderr);
 	return 2;

@@ -6,9 +6,12 @@
  * kvpaged-bench redis: the remote tier's cluster client (daemon/tier/redis.c) beside plain
  * pipelined hiredis against the same cluster, GET and SET of one block size at queue depths
  * 1..64.  Both go in batches of the queue depth, one pipeline per node.
+ *
+ * kvpaged-bench remote: the same, through the remote tier's thread (sealing included).
  */
 #include <errno.h>
 #include <getopt.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@
 #include <hiredis/hiredis.h>
 
 #include "daemon/tier/redis.h"
+#include "daemon/tier/remote.h"
 #include "daemon/tier/seal.h"
 #include "tools/bench/bench.h"
 
@@ -410,6 +414,233 @@ int cmd_redis(int argc, char **argv)
 	for (unsigned n = 0; n < rn.n; n++)
 		redisFree(rn.ctx[n]);
 	redis_cluster_free(c);
+	free(value);
+	return 0;
+}
+
+/*
+ * kvpaged-bench remote: the remote tier's thread (daemon/tier/remote.c, sealing and opening
+ * included) beside plain pipelined hiredis of values of the same size, in the same run.  Each
+ * depth is one job of depth blocks submitted, waited for on the eventfd and reaped, then the
+ * next: the same batch-at-a-time shape as the hiredis loop.
+ */
+static void remote_usage(FILE *f)
+{
+	fputs("usage: kvpaged-bench remote --seeds redis://HOST:PORT[,...] --key-file PATH\n"
+	      "                            [--block-bytes N] [--depths 1,2,4,...] [--ops N] [--json]\n"
+	      "\n"
+	      "Store and fetch GB/s of --block-bytes blocks (default 2 MiB of K/V) through the\n"
+	      "remote tier's thread (sealed with AES-256-GCM, opened and verified), beside plain\n"
+	      "pipelined hiredis SET and GET of values of the sealed size on the same cluster, at\n"
+	      "each queue depth (default 1,2,4,8,16,32,64), --ops blocks each (default 256).\n"
+	      "Writes keys bench:N and the tier's kvp: keys into the cluster.\n",
+	      f);
+}
+
+#define RB_TOKENS 16
+
+struct rb_blocks {
+	struct remote_block b[BENCH_KEYS];
+	uint32_t tokens[BENCH_KEYS][RB_TOKENS];
+	uint8_t *dst[BENCH_KEYS];
+};
+
+static void rb_done(struct remote_job *job, void *arg)
+{
+	(void)job;
+	++*(size_t *)arg;
+}
+
+/* One job of depth blocks (from first, mod BENCH_KEYS), waited for.  0, or -EPROTO on a miss. */
+static int rb_batch(struct remote *r, struct rb_blocks *rb, const uint8_t *payload,
+		    uint32_t first, uint32_t depth, bool store)
+{
+	struct remote_block blocks[64];
+	struct remote_job job = { .kind = store ? REMOTE_STORE : REMOTE_FETCH,
+				  .ns = "bench", .ns_len = 5, .blocks = blocks, .nblocks = depth };
+	size_t done = 0;
+	int e;
+
+	for (uint32_t j = 0; j < depth; j++) {
+		uint32_t k = (first + j) % BENCH_KEYS;
+
+		blocks[j] = rb->b[k];
+		/* Stores seal straight from one payload; fetches open into their own buffers. */
+		blocks[j].data = store ? (void *)payload : rb->dst[j];
+	}
+	e = store ? remote_store(r, &job) : remote_fetch(r, &job);
+	if (e < 0)
+		return e;
+	while (!done) {
+		struct pollfd p = { .fd = remote_fd(r), .events = POLLIN };
+
+		if (poll(&p, 1, -1) < 0 && errno != EINTR)
+			return -errno;
+		remote_reap(r, rb_done, &done);
+	}
+	for (uint32_t j = 0; j < depth; j++)
+		if (blocks[j].status != REMOTE_OK) {
+			fprintf(stderr, "kvpaged-bench: remote: %s of block %u: %s\n",
+				store ? "store" : "fetch", (first + j) % BENCH_KEYS,
+				remote_status_name(blocks[j].status));
+			return -EPROTO;
+		}
+	return 0;
+}
+
+int cmd_remote(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "seeds", required_argument, NULL, 's' },
+		{ "key-file", required_argument, NULL, 'k' },
+		{ "block-bytes", required_argument, NULL, 'b' },
+		{ "depths", required_argument, NULL, 'd' },
+		{ "ops", required_argument, NULL, 'o' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{}
+	};
+	uint32_t block_bytes = 2u << 20, ops = 256, depths[16] = { 1, 2, 4, 8, 16, 32, 64 }, *target;
+	int ndepths = 7, opt, r = 0;
+	const char *url = NULL, *key_file = NULL;
+	bool json = false;
+	struct redis_addr seeds[REDIS_MAX_SEEDS];
+	struct redis_cluster *c = NULL;
+	struct raw_nodes rn = { .n = 0 };
+	static char keys[BENCH_KEYS][16];
+	static struct rb_blocks rb;
+	struct remote *rt = NULL;
+	struct remote_config cfg = { 0 };
+	size_t nseeds, sealed;
+	char err[512];
+	uint8_t *payload, *value;
+
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		target = NULL;
+		switch (opt) {
+		case 's': url = optarg; break;
+		case 'k': key_file = optarg; break;
+		case 'b': target = &block_bytes; break;
+		case 'o': target = &ops; break;
+		case 'd':
+			ndepths = parse_u32_list(optarg, depths, 16);
+			if (ndepths < 0) {
+				fprintf(stderr, "kvpaged-bench: --depths %s: not a list\n", optarg);
+				return 2;
+			}
+			for (int i = 0; i < ndepths; i++)
+				if (!depths[i] || depths[i] > 64) {
+					fprintf(stderr, "kvpaged-bench: depths are 1 to 64\n");
+					return 2;
+				}
+			break;
+		case 'j': json = true; break;
+		case 'h': remote_usage(stdout); return 0;
+		default: remote_usage(stderr); return 2;
+		}
+		if (target && (parse_u32(optarg, target) < 0 || *target == 0)) {
+			fprintf(stderr, "kvpaged-bench: %s: not a positive integer\n", optarg);
+			return 2;
+		}
+	}
+	if (optind != argc || !url || !key_file || block_bytes > (64u << 20)) {
+		remote_usage(stderr);
+		return 2;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	cfg.url = url;
+	cfg.key_file = key_file;
+	cfg.geometry = (struct seal_geometry){ .layers = 1, .kv_heads = 1, .head_dim = 1,
+					       .elem_bytes = 1, .block_tokens = RB_TOKENS,
+					       .payload_bytes = block_bytes };
+	cfg.timeout_ms = 30000; /* throughput, not deadlines: nothing may come back late */
+	cfg.store_timeout_ms = 30000;
+	cfg.max_inflight = 64;
+	if (remote_new(&cfg, err, sizeof(err), &rt) < 0) {
+		fprintf(stderr, "kvpaged-bench: remote: %s\n", err);
+		return 1;
+	}
+	r = redis_parse_url(url, seeds, REDIS_MAX_SEEDS, &nseeds, err, sizeof(err));
+	if (r < 0 || redis_cluster_new(seeds, nseeds, NULL, &c) < 0 ||
+	    redis_cluster_refresh(c, 5000) < 0) {
+		fprintf(stderr, "kvpaged-bench: remote: no node of %s answers\n", url);
+		return 1;
+	}
+	for (int k = 0; k < BENCH_KEYS; k++)
+		snprintf(keys[k], sizeof(keys[k]), "bench:%d", k);
+	sealed = seal_size(&cfg.geometry, 5);
+	payload = malloc(block_bytes);
+	value = malloc(sealed);
+	if (!payload || !value || raw_connect(&rn, c, keys) < 0) {
+		fprintf(stderr, "kvpaged-bench: remote: cannot connect to the masters\n");
+		return 1;
+	}
+	for (uint32_t i = 0; i < block_bytes; i++)
+		payload[i] = (uint8_t)mix64(i);
+	memcpy(value, payload, block_bytes < sealed ? block_bytes : sealed);
+	for (int k = 0; k < BENCH_KEYS; k++) {
+		uint64_t h = mix64((uint64_t)k + 1), g = mix64(h);
+
+		memcpy(rb.b[k].hash, &h, 8);
+		memcpy(rb.b[k].hash + 8, &g, 8);
+		for (int t = 0; t < RB_TOKENS; t++)
+			rb.tokens[k][t] = (uint32_t)(k * RB_TOKENS + t);
+		rb.b[k].tokens = rb.tokens[k];
+		rb.dst[k] = malloc(block_bytes);
+		if (!rb.dst[k]) {
+			fprintf(stderr, "kvpaged-bench: remote: out of memory\n");
+			return 1;
+		}
+	}
+	if (!json)
+		printf("remote: %u-byte blocks (%zu sealed), %u blocks per depth, %u masters\n"
+		       "  depth  store tier   SET hiredis  ratio   fetch tier   GET hiredis  ratio\n",
+		       block_bytes, sealed, ops, rn.n);
+	for (int d = 0; d < ndepths; d++) {
+		uint32_t depth = depths[d], batches = (ops + depth - 1) / depth;
+		double gb[4];
+
+		for (int phase = 0; phase < 4; phase++) {
+			bool set = phase < 2, raw = phase & 1;
+			uint64_t t0 = now_ns();
+
+			for (uint32_t b = 0; b < batches && r >= 0; b++)
+				r = raw ? raw_batch(&rn, keys, b * depth, depth, set, value, sealed)
+					: rb_batch(rt, &rb, payload, b * depth, depth, set);
+			if (r < 0) {
+				fprintf(stderr, "kvpaged-bench: remote: depth %u %s %s failed: %s\n",
+					depth, raw ? "hiredis" : "tier", set ? "SET" : "GET",
+					strerror(-r));
+				return 1;
+			}
+			gb[phase] = gbps((uint64_t)batches * depth * block_bytes,
+					 (double)(now_ns() - t0));
+		}
+		if (json) {
+			json_object *j = json_object_new_object();
+
+			json_object_object_add(j, "bench", json_object_new_string("remote"));
+			json_object_object_add(j, "depth", json_object_new_int64(depth));
+			json_object_object_add(j, "block_bytes", json_object_new_int64(block_bytes));
+			json_object_object_add(j, "store_tier_gbps", json_object_new_double(gb[0]));
+			json_object_object_add(j, "set_hiredis_gbps", json_object_new_double(gb[1]));
+			json_object_object_add(j, "fetch_tier_gbps", json_object_new_double(gb[2]));
+			json_object_object_add(j, "get_hiredis_gbps", json_object_new_double(gb[3]));
+			json_print(j);
+		} else {
+			printf("  %5u  %6.2f GB/s  %6.2f GB/s  %4.0f%%  %6.2f GB/s  %6.2f GB/s  %4.0f%%\n",
+			       depth, gb[0], gb[1], gb[1] > 0 ? 100 * gb[0] / gb[1] : 0, gb[2], gb[3],
+			       gb[3] > 0 ? 100 * gb[2] / gb[3] : 0);
+		}
+	}
+	for (unsigned n = 0; n < rn.n; n++)
+		redisFree(rn.ctx[n]);
+	redis_cluster_free(c);
+	remote_free(rt, NULL, NULL);
+	for (int k = 0; k < BENCH_KEYS; k++)
+		free(rb.dst[k]);
+	free(payload);
 	free(value);
 	return 0;
 }

@@ -1,0 +1,674 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The remote tier's thread (remote.h, docs/remote.md).  Two queues, each a singly linked list
+ * of the caller's jobs under its own mutex: submitted (the loop links, the thread takes the
+ * whole list at once) and completed (the thread links, remote_reap takes the whole list at
+ * once).  Neither lock is held across I/O, sealing or a callback, so the loop's side costs a
+ * few pointer writes.  An eventfd says completions wait; the counters sit under a third short
+ * lock.
+ *
+ * The thread takes everything queued as one round: the fetches first (a session waits for
+ * them), all of them as one pipelined batch whose deadline is the earliest of theirs, then the
+ * stores in chunks of STORE_CHUNK blocks (sealed into buffers the thread keeps, so a chunk
+ * holds STORE_CHUNK sealed values at most).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "daemon/tier/remote.h"
+
+#define STORE_CHUNK 16
+#define LATENCY_SAMPLES 1024
+
+struct fetch_ref {
+	struct remote_job *job;
+	struct remote_block *block;
+	char key[SEAL_REDIS_KEY_LEN + 1];
+};
+
+struct remote {
+	struct seal_geometry geometry;
+	uint32_t timeout_ms, store_timeout_ms, max_inflight;
+	uint64_t ttl_ms;
+	struct seal_keyring *keys;
+	struct redis_cluster *cluster; /* the thread's only */
+	int efd;
+
+	pthread_t thread;
+	bool started;
+
+	pthread_mutex_t queue_lock;
+	pthread_cond_t queue_cond;
+	struct remote_job *queue_head, *queue_tail;
+	uint32_t inflight; /* blocks submitted and not completed */
+	bool stop;
+
+	pthread_mutex_t done_lock;
+	struct remote_job *done_head, *done_tail;
+
+	pthread_mutex_t stats_lock;
+	struct remote_stats stats;
+	uint64_t latency[LATENCY_SAMPLES];
+	size_t nlatency; /* samples taken; the ring holds the last LATENCY_SAMPLES */
+
+	/* The thread's working memory, kept across rounds. */
+	struct redis_cmd *cmds;
+	struct fetch_ref *refs;
+	size_t cmds_cap;
+	void *bufs[STORE_CHUNK];
+	char store_keys[STORE_CHUNK][SEAL_REDIS_KEY_LEN + 1];
+	struct redis_node_info nodes[REMOTE_MAX_NODES];
+};
+
+static const char *const status_names[REMOTE_NSTATUS] = {
+	[REMOTE_PENDING] = "pending", [REMOTE_OK] = "ok",	   [REMOTE_ABSENT] = "absent",
+	[REMOTE_LATE] = "late",	      [REMOTE_VERIFY] = "verify failed",
+	[REMOTE_DOWN] = "node down",  [REMOTE_BUSY] = "busy",	   [REMOTE_ERROR] = "error",
+	[REMOTE_CANCELLED] = "cancelled",
+};
+
+const char *remote_status_name(enum remote_status s)
+{
+	return (unsigned)s < REMOTE_NSTATUS ? status_names[s] : "?";
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static enum remote_status from_redis(enum redis_status s)
+{
+	switch (s) {
+	case REDIS_CMD_OK:
+		return REMOTE_OK;
+	case REDIS_CMD_NIL:
+		return REMOTE_ABSENT;
+	case REDIS_CMD_TIMEOUT:
+		return REMOTE_LATE;
+	case REDIS_CMD_DOWN:
+		return REMOTE_DOWN;
+	default:
+		return REMOTE_ERROR;
+	}
+}
+
+/* ---- the thread ------------------------------------------------------------------------- */
+
+/* Hands a finished job to the loop: it leaves the inflight count, joins the done list. */
+static void complete(struct remote *r, struct remote_job *job)
+{
+	const uint64_t one = 1;
+	ssize_t n;
+
+	job->latency_ns = now_ns() - job->submit_ns;
+	job->next = NULL;
+	if (job->kind == REMOTE_FETCH) {
+		pthread_mutex_lock(&r->stats_lock);
+		r->latency[r->nlatency++ % LATENCY_SAMPLES] = job->latency_ns;
+		pthread_mutex_unlock(&r->stats_lock);
+	}
+	pthread_mutex_lock(&r->queue_lock);
+	r->inflight -= (uint32_t)job->nblocks;
+	pthread_mutex_unlock(&r->queue_lock);
+	pthread_mutex_lock(&r->done_lock);
+	if (r->done_tail)
+		r->done_tail->next = job;
+	else
+		r->done_head = job;
+	r->done_tail = job;
+	pthread_mutex_unlock(&r->done_lock);
+	/* Only EAGAIN can fail (the counter near 2^64): the loop is woken already then. */
+	n = write(r->efd, &one, sizeof(one));
+	(void)n;
+}
+
+static int reserve_cmds(struct remote *r, size_t n)
+{
+	struct redis_cmd *cmds;
+	struct fetch_ref *refs;
+	size_t cap = r->cmds_cap ? r->cmds_cap : 64;
+
+	if (n <= r->cmds_cap)
+		return 0;
+	while (cap < n)
+		cap *= 2;
+	cmds = realloc(r->cmds, cap * sizeof(*cmds));
+	if (!cmds)
+		return -ENOMEM;
+	r->cmds = cmds;
+	refs = realloc(r->refs, cap * sizeof(*refs));
+	if (!refs)
+		return -ENOMEM;
+	r->refs = refs;
+	r->cmds_cap = cap;
+	return 0;
+}
+
+static void count_block(struct remote *r, const struct remote_block *b, size_t bytes)
+{
+	pthread_mutex_lock(&r->stats_lock);
+	if (b->status == REMOTE_OK)
+		r->stats.hits++;
+	else
+		r->stats.misses[b->status]++;
+	if (b->status == REMOTE_VERIFY)
+		r->stats.verify[b->reason]++;
+	r->stats.bytes_in += bytes;
+	pthread_mutex_unlock(&r->stats_lock);
+}
+
+/* As each GET finishes: open the value into the block's destination, free it at once. */
+static void fetch_done(struct redis_cmd *cmd, void *arg)
+{
+	struct remote *r = arg;
+	struct fetch_ref *ref = &r->refs[cmd - r->cmds];
+	struct remote_block *b = ref->block;
+	const struct seal_identity id = { .ns = ref->job->ns, .ns_len = ref->job->ns_len,
+					  .tokens = b->tokens };
+	size_t bytes = 0;
+
+	b->status = from_redis(cmd->status);
+	if (b->status == REMOTE_OK) {
+		enum seal_reason reason = SEAL_OK;
+		struct seal_identity want = id;
+		int e;
+
+		memcpy(want.hash, b->hash, 16);
+		memcpy(want.parent, b->parent, 16);
+		bytes = cmd->data_len;
+		e = seal_open(r->keys, &r->geometry, &want, cmd->data, cmd->data_len, ref->key,
+			      b->data, &reason);
+		if (e == -EBADMSG) {
+			b->status = REMOTE_VERIFY;
+			b->reason = reason;
+		} else if (e < 0) {
+			b->status = REMOTE_ERROR;
+		}
+	}
+	redis_cmd_release(cmd);
+	count_block(r, b, bytes);
+}
+
+static void snapshot_nodes(struct remote *r)
+{
+	size_t n = redis_cluster_nodes(r->cluster, r->nodes, REMOTE_MAX_NODES);
+
+	pthread_mutex_lock(&r->stats_lock);
+	r->stats.nnodes = n < REMOTE_MAX_NODES ? n : REMOTE_MAX_NODES;
+	memcpy(r->stats.nodes, r->nodes, r->stats.nnodes * sizeof(r->nodes[0]));
+	pthread_mutex_unlock(&r->stats_lock);
+}
+
+static void fail_job(struct remote *r, struct remote_job *job, enum remote_status s)
+{
+	for (size_t i = 0; i < job->nblocks; i++) {
+		job->blocks[i].status = s;
+		if (job->kind == REMOTE_FETCH)
+			count_block(r, &job->blocks[i], 0);
+	}
+}
+
+/* One pipelined batch for every fetch taken; its deadline is the earliest of theirs. */
+static void run_fetches(struct remote *r, struct remote_job *jobs)
+{
+	const uint64_t now = now_ns();
+	uint64_t deadline = UINT64_MAX;
+	size_t n = 0;
+
+	for (struct remote_job *j = jobs; j; j = j->next) {
+		uint64_t d = j->submit_ns + (uint64_t)r->timeout_ms * 1000000u;
+
+		if (d <= now)
+			continue; /* late already: answered without asking */
+		n += j->nblocks;
+		if (d < deadline)
+			deadline = d;
+	}
+	if (n && reserve_cmds(r, n) < 0) {
+		for (struct remote_job *j = jobs; j; j = j->next)
+			fail_job(r, j, REMOTE_ERROR);
+		return;
+	}
+	n = 0;
+	for (struct remote_job *j = jobs; j; j = j->next) {
+		if (j->submit_ns + (uint64_t)r->timeout_ms * 1000000u <= now) {
+			fail_job(r, j, REMOTE_LATE);
+			continue;
+		}
+		for (size_t i = 0; i < j->nblocks; i++) {
+			struct fetch_ref *ref = &r->refs[n];
+			struct redis_cmd *c = &r->cmds[n];
+
+			if (j->blocks[i].status != REMOTE_PENDING)
+				continue; /* failed above */
+			ref->job = j;
+			ref->block = &j->blocks[i];
+			if (seal_redis_key(r->keys, j->ns, j->ns_len, j->blocks[i].hash,
+					   ref->key) < 0) {
+				j->blocks[i].status = REMOTE_ERROR;
+				count_block(r, &j->blocks[i], 0);
+				continue;
+			}
+			memset(c, 0, sizeof(*c));
+			c->op = REDIS_GET;
+			c->key = ref->key;
+			c->key_len = SEAL_REDIS_KEY_LEN;
+			n++;
+		}
+	}
+	if (n) {
+		uint32_t ms = (uint32_t)((deadline - now + 999999) / 1000000);
+
+		/* -ENOMEM leaves the commands not run as DOWN, each with its done call. */
+		(void)redis_cluster_run_cb(r->cluster, r->cmds, n, ms ? ms : 1, fetch_done, r);
+		snapshot_nodes(r);
+	}
+}
+
+/* Stores in chunks: seal STORE_CHUNK blocks, SET them in one batch, next chunk. */
+static void run_stores(struct remote *r, struct remote_job *jobs)
+{
+	struct remote_job *j = jobs;
+	size_t i = 0;
+
+	while (j) {
+		struct remote_block *blocks[STORE_CHUNK];
+		size_t n = 0;
+
+		for (; j && n < STORE_CHUNK; i = 0, j = j->next) {
+			for (; i < j->nblocks && n < STORE_CHUNK; i++) {
+				struct remote_block *b = &j->blocks[i];
+				struct seal_identity id = { .ns = j->ns, .ns_len = j->ns_len,
+							    .tokens = b->tokens };
+				struct redis_cmd *c = &r->cmds[n];
+
+				memcpy(id.hash, b->hash, 16);
+				memcpy(id.parent, b->parent, 16);
+				if (seal_redis_key(r->keys, j->ns, j->ns_len, b->hash,
+						   r->store_keys[n]) < 0 ||
+				    seal_seal(r->keys, &r->geometry, &id, b->data, r->store_keys[n],
+					      r->bufs[n]) < 0) {
+					b->status = REMOTE_ERROR;
+					continue;
+				}
+				memset(c, 0, sizeof(*c));
+				c->op = REDIS_SET;
+				c->key = r->store_keys[n];
+				c->key_len = SEAL_REDIS_KEY_LEN;
+				c->value = r->bufs[n];
+				c->value_len = seal_size(&r->geometry, j->ns_len);
+				c->ttl_ms = r->ttl_ms;
+				blocks[n++] = b;
+			}
+			if (i < j->nblocks)
+				break; /* the chunk is full in the middle of j */
+		}
+		if (n) {
+			(void)redis_cluster_run(r->cluster, r->cmds, n, r->store_timeout_ms);
+			pthread_mutex_lock(&r->stats_lock);
+			for (size_t k = 0; k < n; k++) {
+				blocks[k]->status = from_redis(r->cmds[k].status);
+				if (blocks[k]->status == REMOTE_OK)
+					r->stats.bytes_out += r->cmds[k].value_len;
+				redis_cmd_release(&r->cmds[k]);
+			}
+			pthread_mutex_unlock(&r->stats_lock);
+			snapshot_nodes(r);
+		}
+	}
+	for (j = jobs; j; j = j->next) {
+		uint64_t ok = 0, failed = 0;
+
+		for (size_t k = 0; k < j->nblocks; k++)
+			j->blocks[k].status == REMOTE_OK ? ok++ : failed++;
+		pthread_mutex_lock(&r->stats_lock);
+		r->stats.stores_ok += ok;
+		r->stats.stores_failed += failed;
+		pthread_mutex_unlock(&r->stats_lock);
+	}
+}
+
+/* Completes a list of jobs; next is overwritten by complete, so read it first. */
+static void complete_all(struct remote *r, struct remote_job *jobs)
+{
+	while (jobs) {
+		struct remote_job *next = jobs->next;
+
+		complete(r, jobs);
+		jobs = next;
+	}
+}
+
+static void *remote_thread(void *arg)
+{
+	struct remote *r = arg;
+	sigset_t all;
+
+	/* Signals are the loop's (signalfd); a SIGPIPE from hiredis's write(2) stays pending. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		struct remote_job *taken, *fetches = NULL, *stores = NULL, **ft = &fetches,
+								  **st = &stores;
+
+		pthread_mutex_lock(&r->queue_lock);
+		while (!r->queue_head && !r->stop)
+			pthread_cond_wait(&r->queue_cond, &r->queue_lock);
+		if (r->stop) {
+			pthread_mutex_unlock(&r->queue_lock);
+			break;
+		}
+		taken = r->queue_head;
+		r->queue_head = r->queue_tail = NULL;
+		pthread_mutex_unlock(&r->queue_lock);
+
+		/* Split in submit order: fetches first, a session waits for them. */
+		while (taken) {
+			struct remote_job *next = taken->next;
+
+			taken->next = NULL;
+			if (taken->kind == REMOTE_FETCH) {
+				*ft = taken;
+				ft = &taken->next;
+			} else {
+				*st = taken;
+				st = &taken->next;
+			}
+			taken = next;
+		}
+		run_fetches(r, fetches);
+		complete_all(r, fetches);
+		run_stores(r, stores);
+		complete_all(r, stores);
+	}
+	return NULL;
+}
+
+/* ---- the loop's side -------------------------------------------------------------------- */
+
+static int submit(struct remote *r, struct remote_job *job)
+{
+	if (!job->nblocks || !job->blocks || job->ns_len > SEAL_MAX_NAMESPACE ||
+	    job->nblocks > r->max_inflight)
+		return -EINVAL;
+	for (size_t i = 0; i < job->nblocks; i++) {
+		job->blocks[i].status = REMOTE_PENDING;
+		job->blocks[i].reason = SEAL_OK;
+	}
+	job->next = NULL;
+	job->latency_ns = 0;
+	job->submit_ns = now_ns();
+	pthread_mutex_lock(&r->queue_lock);
+	if (r->stop || r->inflight + job->nblocks > r->max_inflight) {
+		pthread_mutex_unlock(&r->queue_lock);
+		return -EBUSY;
+	}
+	r->inflight += (uint32_t)job->nblocks;
+	if (r->queue_tail)
+		r->queue_tail->next = job;
+	else
+		r->queue_head = job;
+	r->queue_tail = job;
+	pthread_cond_signal(&r->queue_cond);
+	pthread_mutex_unlock(&r->queue_lock);
+	return 0;
+}
+
+int remote_store(struct remote *r, struct remote_job *job)
+{
+	int e;
+
+	if (job->kind != REMOTE_STORE)
+		return -EINVAL;
+	e = submit(r, job);
+	if (e == -EBUSY) {
+		pthread_mutex_lock(&r->stats_lock);
+		r->stats.stores_dropped += job->nblocks;
+		pthread_mutex_unlock(&r->stats_lock);
+	}
+	return e;
+}
+
+int remote_fetch(struct remote *r, struct remote_job *job)
+{
+	int e;
+
+	if (job->kind != REMOTE_FETCH)
+		return -EINVAL;
+	e = submit(r, job);
+	if (e == -EBUSY) {
+		for (size_t i = 0; i < job->nblocks; i++)
+			job->blocks[i].status = REMOTE_BUSY;
+		pthread_mutex_lock(&r->stats_lock);
+		r->stats.fetches++;
+		r->stats.fetches_busy++;
+		r->stats.misses[REMOTE_BUSY] += job->nblocks;
+		pthread_mutex_unlock(&r->stats_lock);
+	} else if (e == 0) {
+		pthread_mutex_lock(&r->stats_lock);
+		r->stats.fetches++;
+		pthread_mutex_unlock(&r->stats_lock);
+	}
+	return e;
+}
+
+int remote_fd(const struct remote *r)
+{
+	return r->efd;
+}
+
+size_t remote_reap(struct remote *r, remote_done_fn *done, void *arg)
+{
+	struct remote_job *jobs;
+	uint64_t count;
+	size_t n = 0;
+
+	/* Cleared before the list is taken: a completion after this wakes the loop again. */
+	if (read(r->efd, &count, sizeof(count)) < 0) {
+		/* EAGAIN: nothing signalled; the list may still hold what a reap missed. */
+	}
+	pthread_mutex_lock(&r->done_lock);
+	jobs = r->done_head;
+	r->done_head = r->done_tail = NULL;
+	pthread_mutex_unlock(&r->done_lock);
+	while (jobs) {
+		struct remote_job *next = jobs->next;
+
+		jobs->next = NULL;
+		done(jobs, arg);
+		jobs = next;
+		n++;
+	}
+	return n;
+}
+
+int remote_namespace_salt(const struct remote *r, const void *name, size_t len, uint64_t *ret)
+{
+	return seal_root_salt(r->keys, name, len, ret);
+}
+
+static int compare_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+void remote_get_stats(struct remote *r, struct remote_stats *out)
+{
+	uint64_t samples[LATENCY_SAMPLES];
+	size_t n;
+
+	pthread_mutex_lock(&r->stats_lock);
+	*out = r->stats;
+	n = r->nlatency < LATENCY_SAMPLES ? r->nlatency : LATENCY_SAMPLES;
+	memcpy(samples, r->latency, n * sizeof(samples[0]));
+	pthread_mutex_unlock(&r->stats_lock);
+	pthread_mutex_lock(&r->queue_lock);
+	out->inflight = r->inflight;
+	pthread_mutex_unlock(&r->queue_lock);
+	out->latency_p50_ns = out->latency_p99_ns = 0;
+	if (n) {
+		qsort(samples, n, sizeof(samples[0]), compare_u64);
+		out->latency_p50_ns = samples[(n - 1) / 2];
+		out->latency_p99_ns = samples[(n - 1) * 99 / 100];
+	}
+}
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static int add_key(struct remote *r, const char *path, int current, char *err, size_t errlen)
+{
+	uint8_t key[SEAL_KEY_BYTES];
+	int e;
+
+	e = seal_key_load(path, key, err, errlen);
+	if (e < 0)
+		return e;
+	e = seal_keyring_add(r->keys, key, current, NULL);
+	explicit_bzero(key, sizeof(key));
+	if (e == -EEXIST)
+		snprintf(err, errlen, "%s: the same key as another key file", path);
+	else if (e < 0)
+		snprintf(err, errlen, "%s: cannot add the key: %s", path, strerror(-e));
+	return e;
+}
+
+int remote_new(const struct remote_config *cfg, char *err, size_t errlen, struct remote **ret)
+{
+	struct redis_addr *seeds = NULL;
+	struct remote *r;
+	size_t nseeds = 0;
+	int e;
+
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->efd = -EBADF;
+	pthread_mutex_init(&r->queue_lock, NULL);
+	pthread_cond_init(&r->queue_cond, NULL);
+	pthread_mutex_init(&r->done_lock, NULL);
+	pthread_mutex_init(&r->stats_lock, NULL);
+	r->geometry = cfg->geometry;
+	r->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : 50;
+	r->store_timeout_ms = cfg->store_timeout_ms ? cfg->store_timeout_ms
+			      : r->timeout_ms * 20 > 1000 ? r->timeout_ms * 20 : 1000;
+	r->max_inflight = cfg->max_inflight ? cfg->max_inflight : 64;
+	r->ttl_ms = cfg->ttl_ms;
+
+	seeds = calloc(REDIS_MAX_SEEDS, sizeof(*seeds));
+	if (!seeds) {
+		e = -ENOMEM;
+		goto fail;
+	}
+	e = redis_parse_url(cfg->url ? cfg->url : "", seeds, REDIS_MAX_SEEDS, &nseeds, err,
+			    errlen);
+	if (e < 0)
+		goto fail;
+	e = seal_keyring_new(&r->keys);
+	if (e < 0)
+		goto fail;
+	/*
+	 * Old keys first: the keyring's first key names values and salts namespaces, so while a
+	 * rotation lists the retired key here every Redis key stays where it was.
+	 */
+	for (size_t i = 0; i < cfg->n_old_key_files; i++) {
+		e = add_key(r, cfg->old_key_files[i], 0, err, errlen);
+		if (e < 0)
+			goto fail;
+	}
+	e = add_key(r, cfg->key_file ? cfg->key_file : "", 1, err, errlen);
+	if (e < 0)
+		goto fail;
+	e = redis_cluster_new(seeds, nseeds, &cfg->redis, &r->cluster);
+	if (e < 0)
+		goto fail;
+	e = reserve_cmds(r, 64);
+	if (e < 0)
+		goto fail;
+	for (size_t i = 0; i < STORE_CHUNK; i++) {
+		r->bufs[i] = malloc(seal_size(&r->geometry, SEAL_MAX_NAMESPACE));
+		if (!r->bufs[i]) {
+			e = -ENOMEM;
+			goto fail;
+		}
+	}
+	e = reserve_cmds(r, STORE_CHUNK);
+	if (e < 0)
+		goto fail;
+	r->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (r->efd < 0) {
+		e = -errno;
+		goto fail;
+	}
+	e = -pthread_create(&r->thread, NULL, remote_thread, r);
+	if (e < 0) {
+		snprintf(err, errlen, "cannot start the remote tier's thread: %s", strerror(-e));
+		goto fail;
+	}
+	r->started = true;
+	free(seeds);
+	*ret = r;
+	return 0;
+fail:
+	if (e == -ENOMEM)
+		snprintf(err, errlen, "out of memory");
+	free(seeds);
+	remote_free(r, NULL, NULL);
+	return e;
+}
+
+struct remote *remote_free(struct remote *r, remote_done_fn *done, void *arg)
+{
+	struct remote_job *queued;
+
+	if (!r)
+		return NULL;
+	if (r->started) {
+		pthread_mutex_lock(&r->queue_lock);
+		r->stop = true;
+		pthread_cond_signal(&r->queue_cond);
+		pthread_mutex_unlock(&r->queue_lock);
+		pthread_join(r->thread, NULL);
+	}
+	/* What the thread never took is cancelled; it goes out with what it completed. */
+	queued = r->queue_head;
+	r->queue_head = r->queue_tail = NULL;
+	while (queued) {
+		struct remote_job *next = queued->next;
+
+		for (size_t i = 0; i < queued->nblocks; i++)
+			queued->blocks[i].status = REMOTE_CANCELLED;
+		if (queued->kind == REMOTE_FETCH)
+			r->stats.misses[REMOTE_CANCELLED] += queued->nblocks;
+		complete(r, queued);
+		queued = next;
+	}
+	if (done && r->efd >= 0)
+		remote_reap(r, done, arg);
+	redis_cluster_free(r->cluster);
+	seal_keyring_free(r->keys);
+	for (size_t i = 0; i < STORE_CHUNK; i++)
+		free(r->bufs[i]);
+	free(r->cmds);
+	free(r->refs);
+	if (r->efd >= 0)
+		close(r->efd);
+	pthread_mutex_destroy(&r->queue_lock);
+	pthread_cond_destroy(&r->queue_cond);
+	pthread_mutex_destroy(&r->done_lock);
+	pthread_mutex_destroy(&r->stats_lock);
+	free(r);
+	return NULL;
+}
