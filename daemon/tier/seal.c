@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -395,6 +396,7 @@ int seal_open(const struct seal_keyring *k, const struct seal_geometry *g,
 	uint8_t header[SEAL_HEADER_BYTES], tag[SEAL_TAG_BYTES], fin[SEAL_TAG_BYTES], *q;
 	size_t ns_len, idn;
 	EVP_CIPHER_CTX *ctx;
+	bool wrote = false;
 	int r = -EIO, outl;
 
 	if (len < SEAL_HEADER_BYTES + SEAL_TAG_BYTES)
@@ -429,6 +431,7 @@ int seal_open(const struct seal_keyring *k, const struct seal_geometry *g,
 	if (cipher_begin(ctx, 0, key, header + 12, redis_key, header) < 0)
 		goto out;
 	p = v + SEAL_HEADER_BYTES;
+	wrote = true;
 	if (cipher_update(ctx, ident, p, idn) < 0 ||
 	    cipher_update(ctx, dst, p + idn, g->payload_bytes) < 0 ||
 	    EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_BYTES, tag) <= 0)
@@ -453,6 +456,12 @@ int seal_open(const struct seal_keyring *k, const struct seal_geometry *g,
 	*ret_reason = SEAL_OK;
 	r = 0;
 out:
+	/*
+	 * What was decrypted into dst is unauthenticated (a bad tag) or another block's (an
+	 * authentic value for other tokens): nothing of it may reach a pool block.
+	 */
+	if (r < 0 && wrote)
+		memset(dst, 0, g->payload_bytes);
 	EVP_CIPHER_CTX_free(ctx);
 	return r;
 }

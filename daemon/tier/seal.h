@@ -127,8 +127,9 @@ int seal_seal(const struct seal_keyring *k, const struct seal_geometry *g,
  * Opens a value fetched from redis_key, expecting geometry g and identity id (its tokens
  * included), decrypting the payload straight into dst (g->payload_bytes).  dst may be the
  * payload's own place in value (value + len - 16 - payload_bytes: in place), no other overlap.
- * 0 with *ret_reason SEAL_OK; -EBADMSG with *ret_reason saying why (dst may then hold garbage:
- * use nothing from it); -ENOMEM, -EIO (OpenSSL).
+ * 0 with *ret_reason SEAL_OK; -EBADMSG with *ret_reason saying why; -ENOMEM, -EIO (OpenSSL).
+ * On any failure dst is untouched or zeroed: nothing unauthenticated, nor another block's
+ * bytes, is left there.
  */
 int seal_open(const struct seal_keyring *k, const struct seal_geometry *g,
 	      const struct seal_identity *id, const void *value, size_t len,

@@ -78,10 +78,17 @@ static void teardown(void)
 static enum seal_reason open_reason(const uint8_t *v, size_t len, const char *key)
 {
 	enum seal_reason why = SEAL_NREASONS;
-	int r = seal_open(ring, &geo, &ident, v, len, key, out, &why);
+	int r;
 
+	memset(out, 0xa5, PAYLOAD);
+	r = seal_open(ring, &geo, &ident, v, len, key, out, &why);
 	ck_assert(r == 0 || r == -EBADMSG);
 	ck_assert_int_eq(r == 0, why == SEAL_OK);
+	/* A refused value leaves nothing of what it decrypted: untouched, or wiped. */
+	if (r < 0)
+		for (size_t i = 0; i < PAYLOAD; i++)
+			ck_assert_msg(out[i] == 0xa5 || out[i] == 0, "%s: byte %zu of dst is %#x",
+				      seal_reason_name(why), i, out[i]);
 	return why;
 }
 
