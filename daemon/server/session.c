@@ -441,8 +441,12 @@ void session_retry(struct session *s)
 	if (s->closing)
 		return;
 	s->refs++; /* retrying may close it */
-	/* Not read while it waited: a peer that hung up must not be given memory. */
-	if (recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
+	/*
+	 * Not read while it waited: a peer that hung up must not be given memory.  A drained
+	 * session reads end-of-file from the daemon's own shutdown: it is answered (the drain's
+	 * deadline fails it with ENOSPC), not closed.
+	 */
+	if (!s->drained && recv(s->fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {
 		session_close(s, "peer closed the connection while waiting");
 	} else {
 		client_retry(s);
