@@ -605,6 +605,12 @@ static void request_finish(struct session *s, int r, struct request_result *res,
 {
 	struct request *req = &s->req;
 
+	/*
+	 * One that waited or loaded: the idle timeout counts from its answer (and the sweep is
+	 * armed for it: while it waited, the session had no deadline).
+	 */
+	if (req->bytes || req->deadline_ns)
+		session_touch(s);
 	if (r < 0) {
 		reply_refused(s, req->seq, r, why, req->kind->name);
 	} else {

@@ -170,6 +170,35 @@ START_TEST(test_idle_timeout)
 }
 END_TEST
 
+/*
+ * A request that waited for memory longer than idle_timeout_ms: the idle time counts from its
+ * answer, so the session is not closed at once, and it is closed once idle that long after.
+ */
+START_TEST(test_idle_after_wait)
+{
+	struct kvp_client *holder, *waiter;
+	uint32_t t[64], u[64], cached;
+	uint64_t seq, s2;
+
+	daemon_start_with(&d, NULL, "[limits]\nidle_timeout_ms = 400\n" POOL(4, ""));
+	prompt(t, 64, 11);
+	prompt(u, 64, 5000);
+	holder = connect_ns(NULL, 0);
+	waiter = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(holder, t, 64, 0, 0, &seq, &cached, NULL), 0); /* all 4 */
+	kvp_set_wait(waiter, 1000);
+	ck_assert_int_eq(kvp_open(waiter, u, 64, 0, 0, &s2, &cached, NULL), -ENOSPC);
+	/* Idle from the answer on: gone 400 ms after it, though nothing else wakes the sweep. */
+	msleep(1000);
+	ck_assert_int_eq(kvp_lookup(waiter, u, 16, 0, 0, &cached), -ETIMEDOUT);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(waiter), "idle for 400 ms"));
+	ck_assert_int_eq(kvp_seq_info(holder, seq, NULL, NULL, NULL), 0); /* holds a sequence: kept */
+	kvp_disconnect(waiter);
+	kvp_disconnect(holder);
+	daemon_stop(&d);
+}
+END_TEST
+
 START_TEST(test_sessions_per_uid)
 {
 	struct kvp_client *c[4];
@@ -693,6 +722,7 @@ int main(void)
 	tcase_add_test(tc, test_log_injection);
 	tcase_add_test(tc, test_log_rate_limit);
 	tcase_add_test(tc, test_fd_exhaustion);
+	tcase_add_test(tc, test_idle_after_wait);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
