@@ -350,15 +350,13 @@ static void run_fetches(struct remote *r, struct remote_job *jobs)
 	}
 }
 
-/* Whether the stores should stop for now: remote_free, or a fetch queued behind them. */
-static bool stores_yield(struct remote *r)
+/* What the stores look at between two chunks: remote_free, a fetch queued behind them. */
+static void queue_state(struct remote *r, bool *stop, bool *fetch)
 {
-	bool y;
-
 	pthread_mutex_lock(&r->queue_lock);
-	y = r->stop || r->queued_fetches;
+	*stop = r->stop;
+	*fetch = r->queued_fetches;
 	pthread_mutex_unlock(&r->queue_lock);
-	return y;
 }
 
 /*
@@ -376,9 +374,14 @@ static void run_stores(struct remote *r)
 		uint64_t deadline = UINT64_MAX, now;
 		size_t n = 0;
 		uint32_t ms;
+		bool stop, fetch;
 
+		/* Stopped: what was never sent is cancelled, whatever its deadline. */
+		queue_state(r, &stop, &fetch);
+		if (stop)
+			return;
 		reap_finished(r, &r->stores);
-		if (!r->stores || stores_yield(r))
+		if (!r->stores || fetch)
 			return;
 		for (struct remote_job *j = r->stores; j && n < STORE_CHUNK; j = j->next) {
 			for (size_t i = 0; i < j->nblocks && n < STORE_CHUNK; i++) {
