@@ -52,7 +52,7 @@ struct remote {
 	pthread_mutex_t queue_lock;
 	pthread_cond_t queue_cond;
 	struct remote_job *queue_head, *queue_tail;
-	uint32_t inflight; /* blocks submitted and not completed */
+	uint32_t inflight; /* blocks submitted and not yet reaped */
 	uint32_t queued_fetches; /* fetch jobs in the queue (the stores look between chunks) */
 	bool stop;
 
@@ -128,7 +128,8 @@ static enum remote_status from_redis(enum redis_status s)
 
 /* ---- the thread ------------------------------------------------------------------------- */
 
-/* Hands a finished job to the loop: it leaves the inflight count, joins the done list. */
+/* Hands a finished job to the loop: it joins the done list (and leaves the inflight count
+ * when reaped: until then the caller still holds its blocks). */
 static void complete(struct remote *r, struct remote_job *job)
 {
 	const uint64_t one = 1;
@@ -141,9 +142,6 @@ static void complete(struct remote *r, struct remote_job *job)
 		r->latency[r->nlatency++ % LATENCY_SAMPLES] = job->latency_ns;
 		pthread_mutex_unlock(&r->stats_lock);
 	}
-	pthread_mutex_lock(&r->queue_lock);
-	r->inflight -= (uint32_t)job->nblocks;
-	pthread_mutex_unlock(&r->queue_lock);
 	pthread_mutex_lock(&r->done_lock);
 	if (r->done_tail)
 		r->done_tail->next = job;
@@ -564,7 +562,7 @@ int remote_fd(const struct remote *r)
 size_t remote_reap(struct remote *r, remote_done_fn *done, void *arg)
 {
 	struct remote_job *jobs;
-	uint64_t count;
+	uint64_t count, blocks = 0;
 	size_t n = 0;
 
 	/* Cleared before the list is taken: a completion after this wakes the loop again. */
@@ -575,6 +573,12 @@ size_t remote_reap(struct remote *r, remote_done_fn *done, void *arg)
 	jobs = r->done_head;
 	r->done_head = r->done_tail = NULL;
 	pthread_mutex_unlock(&r->done_lock);
+	/* Their blocks leave the bound now, before done can reuse or free the jobs. */
+	for (struct remote_job *j = jobs; j; j = j->next)
+		blocks += j->nblocks;
+	pthread_mutex_lock(&r->queue_lock);
+	r->inflight -= (uint32_t)blocks;
+	pthread_mutex_unlock(&r->queue_lock);
 	while (jobs) {
 		struct remote_job *next = jobs->next;
 

@@ -21,9 +21,9 @@
  *   has allocated and nobody can read yet; with remote_tier_write = evict, the block's memory
  *   is freed only at the store's completion.  A submit that fails (-EBUSY) took nothing: the
  *   caller may reuse everything at once.
- * - Bounds.  At most max_inflight blocks are submitted and not yet completed by the thread
- *   (completed but not yet reaped, they are no longer counted: the caller still holds them
- *   until remote_reap).  A store past that is dropped (-EBUSY, counted as stores_dropped); a
+ * - Bounds.  At most max_inflight blocks are submitted and not yet reaped (a completed job's
+ *   blocks count until remote_reap hands it back: the caller holds them until then, so this
+ *   bounds the pool memory pinned for the remote tier, not only the thread's work).  A store past that is dropped (-EBUSY, counted as stores_dropped); a
  *   fetch past it fails at once (-EBUSY, every block REMOTE_BUSY, counted), so the session
  *   falls back to recomputing instead of waiting.  A job of more than max_inflight blocks can
  *   never fit and is answered the same way (-EBUSY, counted), not as a caller's error: the
@@ -63,7 +63,7 @@ struct remote_config {
 	struct seal_geometry geometry; /* what every value of this pool is */
 	uint32_t timeout_ms;	       /* a fetch's deadline, from its submit (0: 50) */
 	uint32_t store_timeout_ms;     /* a store's, from its submit (0: max(20 * timeout_ms, 1000)) */
-	uint32_t max_inflight;	       /* blocks submitted and not yet completed (0: 64) */
+	uint32_t max_inflight;	       /* blocks submitted and not yet reaped (0: 64) */
 	uint64_t ttl_ms;	       /* PX of every value stored; 0: none */
 	struct redis_options redis;    /* the cluster client's; zero: its defaults */
 };
@@ -174,7 +174,7 @@ struct remote_stats {
 	uint64_t verify[SEAL_NREASONS];			   /* REMOTE_VERIFY blocks, by reason */
 	uint64_t bytes_in, bytes_out;			   /* sealed values */
 	uint64_t latency_p50_ns, latency_p99_ns;	   /* of the last 1024 fetches */
-	uint32_t inflight;				   /* blocks submitted, not completed */
+	uint32_t inflight;				   /* blocks submitted, not reaped */
 	size_t nnodes;
 	struct redis_node_info nodes[REMOTE_MAX_NODES]; /* as of the thread's last batch */
 };

@@ -882,16 +882,28 @@ START_TEST(too_big)
 	job_of(&j, REMOTE_FETCH, t, b, nums, 4, 14, payload);
 	ck_assert_int_eq(remote_fetch(r, &j), 0);
 	{
+		struct pollfd p = { .fd = remote_fd(r), .events = POLLIN };
 		struct reaped rp = { .n = 0 };
+		struct test_block t1 = { .data = NULL };
+		struct remote_job j1;
 
+		/* Completed, not reaped: its blocks are still the caller's, and still count. */
+		ck_assert_int_eq(poll(&p, 1, 5000), 1);
+		remote_get_stats(r, &st);
+		ck_assert_uint_eq(st.inflight, 4);
+		make_block(&t1, 9, 14, payload, false);
+		job_init(&j1, REMOTE_FETCH, &t1.b, 1);
+		ck_assert_int_eq(remote_fetch(r, &j1), -EBUSY);
+		free(t1.data);
 		wait_jobs(r, &rp, 1, 5000);
+		ck_assert_ptr_eq(rp.jobs[0], &j);
 	}
 	for (unsigned i = 0; i < 4; i++)
 		ck_assert_int_eq(b[i].status, REMOTE_ABSENT);
 	remote_get_stats(r, &st);
-	ck_assert_uint_eq(st.fetches, 2);
-	ck_assert_uint_eq(st.fetches_busy, 1);
-	ck_assert_uint_eq(st.misses[REMOTE_BUSY], 5);
+	ck_assert_uint_eq(st.fetches, 3);
+	ck_assert_uint_eq(st.fetches_busy, 2);
+	ck_assert_uint_eq(st.misses[REMOTE_BUSY], 6);
 	ck_assert_uint_eq(st.stores_dropped, 5);
 	ck_assert_uint_eq(st.inflight, 0);
 	free_blocks(t, 5);
