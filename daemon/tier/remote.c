@@ -13,7 +13,8 @@
  * submit.  A batch (the fetches' GETs, or a chunk's SETs) runs until the earliest deadline of
  * the jobs in it; the commands of jobs whose deadline is still ahead that timed out only
  * because of that earlier one are asked again in the next batch, until their own deadline.  A
- * job completes as soon as every block of it has its outcome.  Between two chunks of stores the
+ * job completes as soon as every block of it has its outcome (a fetch mid-batch, in fetch_done;
+ * a store after its chunk).  Between two chunks of stores the
  * thread looks at the queue: a fetch waiting there (or remote_free) goes first, and the stores
  * not yet run stay on the thread's list for after it.
  */
@@ -72,6 +73,7 @@ struct remote {
 	char store_keys[STORE_CHUNK][SEAL_REDIS_KEY_LEN + 1];
 	struct redis_node_info nodes[REMOTE_MAX_NODES];
 	struct remote_job *stores; /* taken, not completed: run between the rounds' fetches */
+	struct remote_job *fetching; /* the round's fetches not completed yet */
 };
 
 static const char *const status_names[REMOTE_NSTATUS] = {
@@ -189,6 +191,8 @@ static void count_block(struct remote *r, const struct remote_block *b, size_t b
 	pthread_mutex_unlock(&r->stats_lock);
 }
 
+static void finish_job(struct remote *r, struct remote_job *job);
+
 /* As each GET finishes: open the value into the block's destination, free it at once. */
 static void fetch_done(struct redis_cmd *cmd, void *arg)
 {
@@ -224,6 +228,15 @@ static void fetch_done(struct redis_cmd *cmd, void *arg)
 	}
 	redis_cmd_release(cmd);
 	count_block(r, b, bytes);
+	if (!job_pending(ref->job)) {
+		/* Its last block: back to the loop now, not when the batch ends. */
+		for (struct remote_job **p = &r->fetching; *p; p = &(*p)->next)
+			if (*p == ref->job) {
+				*p = ref->job->next;
+				finish_job(r, ref->job);
+				break;
+			}
+	}
 }
 
 static void snapshot_nodes(struct remote *r)
@@ -296,8 +309,9 @@ static uint64_t reap_finished(struct remote *r, struct remote_job **list)
 
 /*
  * The fetches taken, as pipelined batches: each runs until the earliest deadline of the jobs
- * still in it, each job completes when its last block is done (or at its own deadline), and
- * the GETs that timed out at another job's deadline are asked again in the next batch.
+ * still in it, each job completes as its last block is done (in fetch_done, mid-batch) or at
+ * its own deadline, and the GETs that timed out at another job's deadline are asked again in
+ * the next batch.
  */
 static void run_fetches(struct remote *r, struct remote_job *jobs)
 {
@@ -309,14 +323,16 @@ static void run_fetches(struct remote *r, struct remote_job *jobs)
 		for (struct remote_job *j = jobs; j; j = j->next)
 			fail_pending(r, j, REMOTE_ERROR);
 	}
+	/* On r->fetching, so that fetch_done can complete a job as its last block arrives. */
+	r->fetching = jobs;
 	for (;;) {
-		uint64_t deadline = reap_finished(r, &jobs), now;
+		uint64_t deadline = reap_finished(r, &r->fetching), now;
 		uint32_t ms;
 
-		if (!jobs)
+		if (!r->fetching)
 			break;
 		n = 0;
-		for (struct remote_job *j = jobs; j; j = j->next) {
+		for (struct remote_job *j = r->fetching; j; j = j->next) {
 			for (size_t i = 0; i < j->nblocks; i++) {
 				struct fetch_ref *ref = &r->refs[n];
 				struct redis_cmd *c = &r->cmds[n];

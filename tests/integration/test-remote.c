@@ -5,8 +5,10 @@
  * blocks bytewise, an absent block, a value altered in Redis, a value copied under another key,
  * another cluster's key, a full queue (stores dropped and counted, fetches busy, submits that
  * never wait even with a stopped master), a fetch's deadline with a stopped master (its blocks
- * late, the others hit), Redis absent then started (down, then fine), remote_free with jobs in
- * flight (cancelled), and the completion eventfd.  Skipped (77) only when redis-server or
+ * late, the others hit), fetches taken together that keep their own deadlines, stores to a
+ * stopped master that neither starve a fetch nor hold remote_free, a job larger than the bound
+ * (busy), a completed job counted until reaped, Redis absent then started (down, then fine),
+ * remote_free with jobs in flight (cancelled, counted), and the completion eventfd.  Skipped (77) only when redis-server or
  * redis-cli is not installed.
  */
 #include <check.h>
@@ -706,6 +708,7 @@ static void free_blocks(struct test_block *t, size_t n)
  * each with a block on the stopped master and one elsewhere, are taken together.  At A's
  * deadline (620 ms) A's block there is late; the master is resumed at 660 ms, before B's
  * deadline (800 ms): B's block there is asked again and hits, it is not cut short at A's.
+ * Fetch C (at 100 ms), all on healthy masters, comes back as its blocks do, not at A's deadline.
  */
 START_TEST(own_deadlines)
 {
@@ -713,11 +716,11 @@ START_TEST(own_deadlines)
 	const int victim = redis_fixture_owner(&fx, 0, 4000);
 	struct remote *r = remote_on(&fx, 3, &(struct opts){ .payload = payload, .timeout_ms = 600,
 							      .store_timeout_ms = 250 });
-	struct test_block ts[1] = { 0 }, ta[2] = { 0 }, tb[2] = { 0 };
-	struct remote_block bs[1], ba[2], bb[2];
-	struct remote_job js, ja, jb;
+	struct test_block ts[1] = { 0 }, ta[2] = { 0 }, tb[2] = { 0 }, tc[2] = { 0 };
+	struct remote_block bs[1], ba[2], bb[2], bc[2];
+	struct remote_job js, ja, jb, jc;
 	struct reaped rp = { .n = 0 };
-	unsigned ns[1], na[2], nb[2], blk = 400;
+	unsigned ns[1], na[2], nb[2], nc[2], blk = 400;
 	uint64_t t0;
 
 	blk = blocks_on(blk, 9, victim, true, ns, 1);
@@ -725,23 +728,28 @@ START_TEST(own_deadlines)
 	blk = blocks_on(blk, 9, victim, false, &na[1], 1);
 	blk = blocks_on(blk, 9, victim, true, &nb[0], 1);
 	blk = blocks_on(blk, 9, victim, false, &nb[1], 1);
+	blocks_on(blk, 9, victim, false, nc, 2);
 	for (unsigned i = 0; i < 2; i++) {
 		store_blocks(r, na[i], 1, 9, payload);
 		store_blocks(r, nb[i], 1, 9, payload);
+		store_blocks(r, nc[i], 1, 9, payload);
 	}
 	job_of(&js, REMOTE_STORE, ts, bs, ns, 1, 9, payload);
 	job_of(&ja, REMOTE_FETCH, ta, ba, na, 2, 9, payload);
 	job_of(&jb, REMOTE_FETCH, tb, bb, nb, 2, 9, payload);
+	job_of(&jc, REMOTE_FETCH, tc, bc, nc, 2, 9, payload);
 	kill(fx.s[victim].pid, SIGSTOP); /* about 660 ms: under cluster-node-timeout */
 	t0 = fixture_now_ms();
 	ck_assert_int_eq(remote_store(r, &js), 0);
 	sleep_until(t0 + 20);
 	ck_assert_int_eq(remote_fetch(r, &ja), 0);
+	sleep_until(t0 + 100);
+	ck_assert_int_eq(remote_fetch(r, &jc), 0);
 	sleep_until(t0 + 200);
 	ck_assert_int_eq(remote_fetch(r, &jb), 0);
 	sleep_until(t0 + 660);
 	kill(fx.s[victim].pid, SIGCONT);
-	wait_jobs(r, &rp, 3, 5000);
+	wait_jobs(r, &rp, 4, 5000);
 	ck_assert_int_eq(bs[0].status, REMOTE_LATE);
 	ck_assert_msg(ba[0].status == REMOTE_LATE, "A on the stopped master: %s",
 		      remote_status_name(ba[0].status));
@@ -749,12 +757,18 @@ START_TEST(own_deadlines)
 	ck_assert_msg(bb[0].status == REMOTE_OK, "B on the stopped master: %s",
 		      remote_status_name(bb[0].status));
 	ck_assert_int_eq(bb[1].status, REMOTE_OK);
+	ck_assert_int_eq(bc[0].status, REMOTE_OK);
+	ck_assert_int_eq(bc[1].status, REMOTE_OK);
+	/* C came back when its blocks did (taken at 250 ms), not at A's deadline (620 ms). */
+	ck_assert_msg(jc.latency_ns / 1000000 < 150 + 200, "C took %" PRIu64 " ms",
+		      jc.latency_ns / 1000000);
 	/* A came back at its own deadline, not later; B within its own. */
 	ck_assert_uint_lt(ja.latency_ns / 1000000, 600 + 150);
 	ck_assert_uint_lt(jb.latency_ns / 1000000, 600);
 	free_blocks(ts, 1);
 	free_blocks(ta, 2);
 	free_blocks(tb, 2);
+	free_blocks(tc, 2);
 	remote_free(r, NULL, NULL);
 }
 END_TEST
