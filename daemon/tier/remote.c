@@ -14,9 +14,9 @@
  * the jobs in it; the commands of jobs whose deadline is still ahead that timed out only
  * because of that earlier one are asked again in the next batch, until their own deadline.  A
  * job completes as soon as every block of it has its outcome (a fetch mid-batch, in fetch_done;
- * a store after its chunk).  Between two chunks of stores the
- * thread looks at the queue: a fetch waiting there (or remote_free) goes first, and the stores
- * not yet run stay on the thread's list for after it.
+ * a store after its chunk).  Between two chunks of stores the thread looks at the queue: a
+ * fetch waiting there (or remote_free) goes first, and the stores not yet run stay on the
+ * thread's list for after it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -130,8 +130,10 @@ static enum remote_status from_redis(enum redis_status s)
 
 /* ---- the thread ------------------------------------------------------------------------- */
 
-/* Hands a finished job to the loop: it joins the done list (and leaves the inflight count
- * when reaped: until then the caller still holds its blocks). */
+/*
+ * Hands a finished job to the loop: it joins the done list (it leaves the inflight count when
+ * reaped: until then the caller still holds its blocks).
+ */
 static void complete(struct remote *r, struct remote_job *job)
 {
 	const uint64_t one = 1;
@@ -471,8 +473,10 @@ static void *remote_thread(void *arg)
 		r->queued_fetches = 0;
 		pthread_mutex_unlock(&r->queue_lock);
 
-		/* Split in submit order: fetches first, a session waits for them; the new stores
-		 * go behind those left from earlier rounds. */
+		/*
+		 * Split in submit order: fetches first, a session waits for them; the new stores
+		 * go behind those left from earlier rounds.
+		 */
 		while (*st)
 			st = &(*st)->next;
 		while (taken) {

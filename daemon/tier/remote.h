@@ -23,11 +23,12 @@
  *   caller may reuse everything at once.
  * - Bounds.  At most max_inflight blocks are submitted and not yet reaped (a completed job's
  *   blocks count until remote_reap hands it back: the caller holds them until then, so this
- *   bounds the pool memory pinned for the remote tier, not only the thread's work).  A store past that is dropped (-EBUSY, counted as stores_dropped); a
- *   fetch past it fails at once (-EBUSY, every block REMOTE_BUSY, counted), so the session
- *   falls back to recomputing instead of waiting.  A job of more than max_inflight blocks can
- *   never fit and is answered the same way (-EBUSY, counted), not as a caller's error: the
- *   daemon need not know the bound to size its jobs.  Neither ever blocks.
+ *   bounds the pool memory pinned for the remote tier, not only the thread's work).  A store
+ *   past that is dropped (-EBUSY, counted as stores_dropped); a fetch past it fails at once
+ *   (-EBUSY, every block REMOTE_BUSY, counted), so the session falls back to recomputing
+ *   instead of waiting.  A job of more than max_inflight blocks can never fit and is answered
+ *   the same way (-EBUSY, counted), not as a caller's error: the daemon need not know the
+ *   bound to size its jobs.  Neither ever blocks.
  * - Deadlines.  Each job has its own, from its submit, not from when the thread picks it up:
  *   a fetch's is timeout_ms (a block not opened by then is REMOTE_LATE), a store's
  *   store_timeout_ms (nobody waits for stores, but a dead node must not hold the queue).  Jobs

@@ -8,8 +8,8 @@
  * late, the others hit), fetches taken together that keep their own deadlines, stores to a
  * stopped master that neither starve a fetch nor hold remote_free, a job larger than the bound
  * (busy), a completed job counted until reaped, Redis absent then started (down, then fine),
- * remote_free with jobs in flight (cancelled, counted), and the completion eventfd.  Skipped (77) only when redis-server or
- * redis-cli is not installed.
+ * remote_free with jobs in flight (cancelled, counted), and the completion eventfd.  Skipped
+ * (77) only when redis-server or redis-cli is not installed.
  */
 #include <check.h>
 #include <errno.h>
