@@ -203,6 +203,7 @@ static void fetch_done(struct redis_cmd *cmd, void *arg)
 	struct remote_block *b = ref->block;
 	const struct seal_identity id = { .ns = ref->job->ns, .ns_len = ref->job->ns_len,
 					  .tokens = b->tokens };
+	const enum redis_status st = cmd->status;
 	size_t bytes = 0;
 
 	if (cmd->status == REDIS_CMD_TIMEOUT && now_ns() < deadline_of(r, ref->job)) {
@@ -230,8 +231,14 @@ static void fetch_done(struct redis_cmd *cmd, void *arg)
 	}
 	redis_cmd_release(cmd);
 	count_block(r, b, bytes);
-	if (!job_pending(ref->job)) {
-		/* Its last block: back to the loop now, not when the batch ends. */
+	/*
+	 * Its last block, answered by its node: back to the loop now, not when the batch ends.
+	 * A failure (down, a stream hiredis could not parse) waits for the batch's end, where the
+	 * node's state is snapshotted first: the client finishes the commands before it marks the
+	 * node, so the job would otherwise overtake what the counters say.
+	 */
+	if ((st == REDIS_CMD_OK || st == REDIS_CMD_NIL || st == REDIS_CMD_SERVER) &&
+	    !job_pending(ref->job)) {
 		for (struct remote_job **p = &r->fetching; *p; p = &(*p)->next)
 			if (*p == ref->job) {
 				*p = ref->job->next;
