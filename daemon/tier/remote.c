@@ -8,9 +8,15 @@
  * lock.
  *
  * The thread takes everything queued as one round: the fetches first (a session waits for
- * them), all of them as one pipelined batch whose deadline is the earliest of theirs, then the
- * stores in chunks of STORE_CHUNK blocks (sealed into buffers the thread keeps, so a chunk
- * holds STORE_CHUNK sealed values at most).
+ * them), then the stores in chunks of STORE_CHUNK blocks (sealed into buffers the thread keeps,
+ * so a chunk holds STORE_CHUNK sealed values at most).  Every job has its own deadline, from its
+ * submit.  A batch (the fetches' GETs, or a chunk's SETs) runs until the earliest deadline of
+ * the jobs in it; the commands of jobs whose deadline is still ahead that timed out only
+ * because of that earlier one are asked again in the next batch, until their own deadline.  A
+ * job completes as soon as every block of it has its outcome (a fetch mid-batch, in fetch_done;
+ * a store after its chunk).  Between two chunks of stores the thread looks at the queue: a
+ * fetch waiting there (or remote_free) goes first, and the stores not yet run stay on the
+ * thread's list for after it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -47,7 +53,8 @@ struct remote {
 	pthread_mutex_t queue_lock;
 	pthread_cond_t queue_cond;
 	struct remote_job *queue_head, *queue_tail;
-	uint32_t inflight; /* blocks submitted and not completed */
+	uint32_t inflight; /* blocks submitted and not yet reaped */
+	uint32_t queued_fetches; /* fetch jobs in the queue (the stores look between chunks) */
 	bool stop;
 
 	pthread_mutex_t done_lock;
@@ -65,6 +72,8 @@ struct remote {
 	void *bufs[STORE_CHUNK];
 	char store_keys[STORE_CHUNK][SEAL_REDIS_KEY_LEN + 1];
 	struct redis_node_info nodes[REMOTE_MAX_NODES];
+	struct remote_job *stores; /* taken, not completed: run between the rounds' fetches */
+	struct remote_job *fetching; /* the round's fetches not completed yet */
 };
 
 static const char *const status_names[REMOTE_NSTATUS] = {
@@ -87,6 +96,22 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* A job's deadline: timeout_ms (a fetch) or store_timeout_ms (a store) from its submit. */
+static uint64_t deadline_of(const struct remote *r, const struct remote_job *job)
+{
+	uint32_t ms = job->kind == REMOTE_FETCH ? r->timeout_ms : r->store_timeout_ms;
+
+	return job->submit_ns + (uint64_t)ms * 1000000u;
+}
+
+static bool job_pending(const struct remote_job *job)
+{
+	for (size_t i = 0; i < job->nblocks; i++)
+		if (job->blocks[i].status == REMOTE_PENDING)
+			return true;
+	return false;
+}
+
 static enum remote_status from_redis(enum redis_status s)
 {
 	switch (s) {
@@ -105,7 +130,10 @@ static enum remote_status from_redis(enum redis_status s)
 
 /* ---- the thread ------------------------------------------------------------------------- */
 
-/* Hands a finished job to the loop: it leaves the inflight count, joins the done list. */
+/*
+ * Hands a finished job to the loop: it joins the done list (it leaves the inflight count when
+ * reaped: until then the caller still holds its blocks).
+ */
 static void complete(struct remote *r, struct remote_job *job)
 {
 	const uint64_t one = 1;
@@ -118,9 +146,6 @@ static void complete(struct remote *r, struct remote_job *job)
 		r->latency[r->nlatency++ % LATENCY_SAMPLES] = job->latency_ns;
 		pthread_mutex_unlock(&r->stats_lock);
 	}
-	pthread_mutex_lock(&r->queue_lock);
-	r->inflight -= (uint32_t)job->nblocks;
-	pthread_mutex_unlock(&r->queue_lock);
 	pthread_mutex_lock(&r->done_lock);
 	if (r->done_tail)
 		r->done_tail->next = job;
@@ -168,6 +193,8 @@ static void count_block(struct remote *r, const struct remote_block *b, size_t b
 	pthread_mutex_unlock(&r->stats_lock);
 }
 
+static void finish_job(struct remote *r, struct remote_job *job);
+
 /* As each GET finishes: open the value into the block's destination, free it at once. */
 static void fetch_done(struct redis_cmd *cmd, void *arg)
 {
@@ -176,8 +203,14 @@ static void fetch_done(struct redis_cmd *cmd, void *arg)
 	struct remote_block *b = ref->block;
 	const struct seal_identity id = { .ns = ref->job->ns, .ns_len = ref->job->ns_len,
 					  .tokens = b->tokens };
+	const enum redis_status st = cmd->status;
 	size_t bytes = 0;
 
+	if (cmd->status == REDIS_CMD_TIMEOUT && now_ns() < deadline_of(r, ref->job)) {
+		/* The batch's deadline was another job's: asked again in the next batch. */
+		redis_cmd_release(cmd);
+		return;
+	}
 	b->status = from_redis(cmd->status);
 	if (b->status == REMOTE_OK) {
 		enum seal_reason reason = SEAL_OK;
@@ -198,6 +231,21 @@ static void fetch_done(struct redis_cmd *cmd, void *arg)
 	}
 	redis_cmd_release(cmd);
 	count_block(r, b, bytes);
+	/*
+	 * Its last block, answered by its node: back to the loop now, not when the batch ends.
+	 * A failure (down, a stream hiredis could not parse) waits for the batch's end, where the
+	 * node's state is snapshotted first: the client finishes the commands before it marks the
+	 * node, so the job would otherwise overtake what the counters say.
+	 */
+	if ((st == REDIS_CMD_OK || st == REDIS_CMD_NIL || st == REDIS_CMD_SERVER) &&
+	    !job_pending(ref->job)) {
+		for (struct remote_job **p = &r->fetching; *p; p = &(*p)->next)
+			if (*p == ref->job) {
+				*p = ref->job->next;
+				finish_job(r, ref->job);
+				break;
+			}
+	}
 }
 
 static void snapshot_nodes(struct remote *r)
@@ -210,89 +258,163 @@ static void snapshot_nodes(struct remote *r)
 	pthread_mutex_unlock(&r->stats_lock);
 }
 
-static void fail_job(struct remote *r, struct remote_job *job, enum remote_status s)
+/* Marks a job's blocks not yet done s (counted for a fetch). */
+static void fail_pending(struct remote *r, struct remote_job *job, enum remote_status s)
 {
 	for (size_t i = 0; i < job->nblocks; i++) {
+		if (job->blocks[i].status != REMOTE_PENDING)
+			continue;
 		job->blocks[i].status = s;
 		if (job->kind == REMOTE_FETCH)
 			count_block(r, &job->blocks[i], 0);
 	}
 }
 
-/* One pipelined batch for every fetch taken; its deadline is the earliest of theirs. */
-static void run_fetches(struct remote *r, struct remote_job *jobs)
+/*
+ * Counts a store's blocks (any not OK, cancelled included, in stores_failed) and completes it.
+ * Fetches are counted block by block as they finish.
+ */
+static void finish_job(struct remote *r, struct remote_job *job)
+{
+	if (job->kind == REMOTE_STORE) {
+		uint64_t ok = 0, failed = 0;
+
+		for (size_t k = 0; k < job->nblocks; k++)
+			job->blocks[k].status == REMOTE_OK ? ok++ : failed++;
+		pthread_mutex_lock(&r->stats_lock);
+		r->stats.stores_ok += ok;
+		r->stats.stores_failed += failed;
+		pthread_mutex_unlock(&r->stats_lock);
+	}
+	complete(r, job);
+}
+
+/*
+ * Fails what is past its deadline (LATE) and completes every job of *list that has no block
+ * pending, keeping the others in order; returns the earliest deadline of those left.
+ */
+static uint64_t reap_finished(struct remote *r, struct remote_job **list)
 {
 	const uint64_t now = now_ns();
-	uint64_t deadline = UINT64_MAX;
-	size_t n = 0;
+	uint64_t earliest = UINT64_MAX;
 
-	for (struct remote_job *j = jobs; j; j = j->next) {
-		uint64_t d = j->submit_ns + (uint64_t)r->timeout_ms * 1000000u;
+	while (*list) {
+		struct remote_job *j = *list;
+		uint64_t d = deadline_of(r, j);
 
 		if (d <= now)
-			continue; /* late already: answered without asking */
-		n += j->nblocks;
-		if (d < deadline)
-			deadline = d;
-	}
-	if (n && reserve_cmds(r, n) < 0) {
-		for (struct remote_job *j = jobs; j; j = j->next)
-			fail_job(r, j, REMOTE_ERROR);
-		return;
-	}
-	n = 0;
-	for (struct remote_job *j = jobs; j; j = j->next) {
-		if (j->submit_ns + (uint64_t)r->timeout_ms * 1000000u <= now) {
-			fail_job(r, j, REMOTE_LATE);
+			fail_pending(r, j, REMOTE_LATE);
+		if (!job_pending(j)) {
+			*list = j->next;
+			finish_job(r, j);
 			continue;
 		}
-		for (size_t i = 0; i < j->nblocks; i++) {
-			struct fetch_ref *ref = &r->refs[n];
-			struct redis_cmd *c = &r->cmds[n];
-
-			if (j->blocks[i].status != REMOTE_PENDING)
-				continue; /* failed above */
-			ref->job = j;
-			ref->block = &j->blocks[i];
-			if (seal_redis_key(r->keys, j->ns, j->ns_len, j->blocks[i].hash,
-					   ref->key) < 0) {
-				j->blocks[i].status = REMOTE_ERROR;
-				count_block(r, &j->blocks[i], 0);
-				continue;
-			}
-			memset(c, 0, sizeof(*c));
-			c->op = REDIS_GET;
-			c->key = ref->key;
-			c->key_len = SEAL_REDIS_KEY_LEN;
-			n++;
-		}
+		if (d < earliest)
+			earliest = d;
+		list = &j->next;
 	}
-	if (n) {
-		uint32_t ms = (uint32_t)((deadline - now + 999999) / 1000000);
+	return earliest;
+}
 
+/*
+ * The fetches taken, as pipelined batches: each runs until the earliest deadline of the jobs
+ * still in it, each job completes as its last block is done (in fetch_done, mid-batch) or at
+ * its own deadline, and the GETs that timed out at another job's deadline are asked again in
+ * the next batch.
+ */
+static void run_fetches(struct remote *r, struct remote_job *jobs)
+{
+	size_t n = 0;
+
+	for (struct remote_job *j = jobs; j; j = j->next)
+		n += j->nblocks;
+	if (n && reserve_cmds(r, n) < 0) {
+		for (struct remote_job *j = jobs; j; j = j->next)
+			fail_pending(r, j, REMOTE_ERROR);
+	}
+	/* On r->fetching, so that fetch_done can complete a job as its last block arrives. */
+	r->fetching = jobs;
+	for (;;) {
+		uint64_t deadline = reap_finished(r, &r->fetching), now;
+		uint32_t ms;
+
+		if (!r->fetching)
+			break;
+		n = 0;
+		for (struct remote_job *j = r->fetching; j; j = j->next) {
+			for (size_t i = 0; i < j->nblocks; i++) {
+				struct fetch_ref *ref = &r->refs[n];
+				struct redis_cmd *c = &r->cmds[n];
+
+				if (j->blocks[i].status != REMOTE_PENDING)
+					continue; /* done in an earlier batch */
+				ref->job = j;
+				ref->block = &j->blocks[i];
+				if (seal_redis_key(r->keys, j->ns, j->ns_len, j->blocks[i].hash,
+						   ref->key) < 0) {
+					j->blocks[i].status = REMOTE_ERROR;
+					count_block(r, &j->blocks[i], 0);
+					continue;
+				}
+				memset(c, 0, sizeof(*c));
+				c->op = REDIS_GET;
+				c->key = ref->key;
+				c->key_len = SEAL_REDIS_KEY_LEN;
+				n++;
+			}
+		}
+		if (!n)
+			continue; /* all failed above: completed by the next reap */
+		now = now_ns();
+		ms = deadline > now ? (uint32_t)((deadline - now + 999999) / 1000000) : 1;
 		/* -ENOMEM leaves the commands not run as DOWN, each with its done call. */
 		(void)redis_cluster_run_cb(r->cluster, r->cmds, n, ms ? ms : 1, fetch_done, r);
 		snapshot_nodes(r);
 	}
 }
 
-/* Stores in chunks: seal STORE_CHUNK blocks, SET them in one batch, next chunk. */
-static void run_stores(struct remote *r, struct remote_job *jobs)
+/* What the stores look at between two chunks: remote_free, a fetch queued behind them. */
+static void queue_state(struct remote *r, bool *stop, bool *fetch)
 {
-	struct remote_job *j = jobs;
-	size_t i = 0;
+	pthread_mutex_lock(&r->queue_lock);
+	*stop = r->stop;
+	*fetch = r->queued_fetches;
+	pthread_mutex_unlock(&r->queue_lock);
+}
 
-	while (j) {
+/*
+ * The thread's stores in chunks: seal up to STORE_CHUNK pending blocks, SET them in one batch
+ * until the earliest deadline of the jobs in the chunk, next chunk.  A SET that timed out at
+ * another job's deadline is sealed and sent again in a later chunk.  Returns when every store
+ * is completed, or between two chunks when a fetch is queued or remote_free stops the thread:
+ * the stores left stay on r->stores.
+ */
+static void run_stores(struct remote *r)
+{
+	for (;;) {
 		struct remote_block *blocks[STORE_CHUNK];
+		struct remote_job *owner[STORE_CHUNK];
+		uint64_t deadline = UINT64_MAX, now;
 		size_t n = 0;
+		uint32_t ms;
+		bool stop, fetch;
 
-		for (; j && n < STORE_CHUNK; i = 0, j = j->next) {
-			for (; i < j->nblocks && n < STORE_CHUNK; i++) {
+		/* Stopped: what was never sent is cancelled, whatever its deadline. */
+		queue_state(r, &stop, &fetch);
+		if (stop)
+			return;
+		reap_finished(r, &r->stores);
+		if (!r->stores || fetch)
+			return;
+		for (struct remote_job *j = r->stores; j && n < STORE_CHUNK; j = j->next) {
+			for (size_t i = 0; i < j->nblocks && n < STORE_CHUNK; i++) {
 				struct remote_block *b = &j->blocks[i];
 				struct seal_identity id = { .ns = j->ns, .ns_len = j->ns_len,
 							    .tokens = b->tokens };
 				struct redis_cmd *c = &r->cmds[n];
 
+				if (b->status != REMOTE_PENDING)
+					continue;
 				memcpy(id.hash, b->hash, 16);
 				memcpy(id.parent, b->parent, 16);
 				if (seal_redis_key(r->keys, j->ns, j->ns_len, b->hash,
@@ -309,44 +431,29 @@ static void run_stores(struct remote *r, struct remote_job *jobs)
 				c->value = r->bufs[n];
 				c->value_len = seal_size(&r->geometry, j->ns_len);
 				c->ttl_ms = r->ttl_ms;
+				if (deadline_of(r, j) < deadline)
+					deadline = deadline_of(r, j);
+				owner[n] = j;
 				blocks[n++] = b;
 			}
-			if (i < j->nblocks)
-				break; /* the chunk is full in the middle of j */
 		}
-		if (n) {
-			(void)redis_cluster_run(r->cluster, r->cmds, n, r->store_timeout_ms);
-			pthread_mutex_lock(&r->stats_lock);
-			for (size_t k = 0; k < n; k++) {
-				blocks[k]->status = from_redis(r->cmds[k].status);
-				if (blocks[k]->status == REMOTE_OK)
-					r->stats.bytes_out += r->cmds[k].value_len;
-				redis_cmd_release(&r->cmds[k]);
-			}
-			pthread_mutex_unlock(&r->stats_lock);
-			snapshot_nodes(r);
-		}
-	}
-	for (j = jobs; j; j = j->next) {
-		uint64_t ok = 0, failed = 0;
-
-		for (size_t k = 0; k < j->nblocks; k++)
-			j->blocks[k].status == REMOTE_OK ? ok++ : failed++;
+		if (!n)
+			continue; /* all failed sealing: completed by the next reap */
+		now = now_ns();
+		ms = deadline > now ? (uint32_t)((deadline - now + 999999) / 1000000) : 1;
+		(void)redis_cluster_run(r->cluster, r->cmds, n, ms ? ms : 1);
+		now = now_ns();
 		pthread_mutex_lock(&r->stats_lock);
-		r->stats.stores_ok += ok;
-		r->stats.stores_failed += failed;
+		for (size_t k = 0; k < n; k++) {
+			/* Timed out at another job's deadline: this one has time left, again. */
+			if (r->cmds[k].status != REDIS_CMD_TIMEOUT || now >= deadline_of(r, owner[k]))
+				blocks[k]->status = from_redis(r->cmds[k].status);
+			if (blocks[k]->status == REMOTE_OK)
+				r->stats.bytes_out += r->cmds[k].value_len;
+			redis_cmd_release(&r->cmds[k]);
+		}
 		pthread_mutex_unlock(&r->stats_lock);
-	}
-}
-
-/* Completes a list of jobs; next is overwritten by complete, so read it first. */
-static void complete_all(struct remote *r, struct remote_job *jobs)
-{
-	while (jobs) {
-		struct remote_job *next = jobs->next;
-
-		complete(r, jobs);
-		jobs = next;
+		snapshot_nodes(r);
 	}
 }
 
@@ -359,11 +466,10 @@ static void *remote_thread(void *arg)
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	for (;;) {
-		struct remote_job *taken, *fetches = NULL, *stores = NULL, **ft = &fetches,
-								  **st = &stores;
+		struct remote_job *taken, *fetches = NULL, **ft = &fetches, **st = &r->stores;
 
 		pthread_mutex_lock(&r->queue_lock);
-		while (!r->queue_head && !r->stop)
+		while (!r->queue_head && !r->stop && !r->stores)
 			pthread_cond_wait(&r->queue_cond, &r->queue_lock);
 		if (r->stop) {
 			pthread_mutex_unlock(&r->queue_lock);
@@ -371,9 +477,15 @@ static void *remote_thread(void *arg)
 		}
 		taken = r->queue_head;
 		r->queue_head = r->queue_tail = NULL;
+		r->queued_fetches = 0;
 		pthread_mutex_unlock(&r->queue_lock);
 
-		/* Split in submit order: fetches first, a session waits for them. */
+		/*
+		 * Split in submit order: fetches first, a session waits for them; the new stores
+		 * go behind those left from earlier rounds.
+		 */
+		while (*st)
+			st = &(*st)->next;
 		while (taken) {
 			struct remote_job *next = taken->next;
 
@@ -388,9 +500,15 @@ static void *remote_thread(void *arg)
 			taken = next;
 		}
 		run_fetches(r, fetches);
-		complete_all(r, fetches);
-		run_stores(r, stores);
-		complete_all(r, stores);
+		run_stores(r);
+	}
+	/* Stopped between two chunks: what is left of the stores is cancelled (counted). */
+	while (r->stores) {
+		struct remote_job *j = r->stores;
+
+		r->stores = j->next;
+		fail_pending(r, j, REMOTE_CANCELLED);
+		finish_job(r, j);
 	}
 	return NULL;
 }
@@ -399,8 +517,7 @@ static void *remote_thread(void *arg)
 
 static int submit(struct remote *r, struct remote_job *job)
 {
-	if (!job->nblocks || !job->blocks || job->ns_len > SEAL_MAX_NAMESPACE ||
-	    job->nblocks > r->max_inflight)
+	if (!job->nblocks || !job->blocks || job->ns_len > SEAL_MAX_NAMESPACE)
 		return -EINVAL;
 	for (size_t i = 0; i < job->nblocks; i++) {
 		job->blocks[i].status = REMOTE_PENDING;
@@ -415,6 +532,7 @@ static int submit(struct remote *r, struct remote_job *job)
 		return -EBUSY;
 	}
 	r->inflight += (uint32_t)job->nblocks;
+	r->queued_fetches += job->kind == REMOTE_FETCH;
 	if (r->queue_tail)
 		r->queue_tail->next = job;
 	else
@@ -471,7 +589,7 @@ int remote_fd(const struct remote *r)
 size_t remote_reap(struct remote *r, remote_done_fn *done, void *arg)
 {
 	struct remote_job *jobs;
-	uint64_t count;
+	uint64_t count, blocks = 0;
 	size_t n = 0;
 
 	/* Cleared before the list is taken: a completion after this wakes the loop again. */
@@ -482,6 +600,12 @@ size_t remote_reap(struct remote *r, remote_done_fn *done, void *arg)
 	jobs = r->done_head;
 	r->done_head = r->done_tail = NULL;
 	pthread_mutex_unlock(&r->done_lock);
+	/* Their blocks leave the bound now, before done can reuse or free the jobs. */
+	for (struct remote_job *j = jobs; j; j = j->next)
+		blocks += j->nblocks;
+	pthread_mutex_lock(&r->queue_lock);
+	r->inflight -= (uint32_t)blocks;
+	pthread_mutex_unlock(&r->queue_lock);
 	while (jobs) {
 		struct remote_job *next = jobs->next;
 
@@ -652,6 +776,8 @@ struct remote *remote_free(struct remote *r, remote_done_fn *done, void *arg)
 			queued->blocks[i].status = REMOTE_CANCELLED;
 		if (queued->kind == REMOTE_FETCH)
 			r->stats.misses[REMOTE_CANCELLED] += queued->nblocks;
+		else
+			r->stats.stores_failed += queued->nblocks;
 		complete(r, queued);
 		queued = next;
 	}

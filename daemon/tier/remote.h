@@ -21,13 +21,21 @@
  *   has allocated and nobody can read yet; with remote_tier_write = evict, the block's memory
  *   is freed only at the store's completion.  A submit that fails (-EBUSY) took nothing: the
  *   caller may reuse everything at once.
- * - Bounds.  At most max_inflight blocks are submitted and not yet completed by the thread.  A
- *   store past that is dropped (-EBUSY, counted as stores_dropped); a fetch past it fails at
- *   once (-EBUSY, every block REMOTE_BUSY, counted), so the session falls back to recomputing
- *   instead of waiting.  Neither ever blocks.
- * - Deadlines.  A fetch's deadline is timeout_ms from its submit, not from when the thread
- *   picks it up: a block not opened by then is REMOTE_LATE.  Stores have a longer deadline
- *   (store_timeout_ms): nobody waits for them, but a dead node must not hold the queue.
+ * - Bounds.  At most max_inflight blocks are submitted and not yet reaped (a completed job's
+ *   blocks count until remote_reap hands it back: the caller holds them until then, so this
+ *   bounds the pool memory pinned for the remote tier, not only the thread's work).  A store
+ *   past that is dropped (-EBUSY, counted as stores_dropped); a fetch past it fails at once
+ *   (-EBUSY, every block REMOTE_BUSY, counted), so the session falls back to recomputing
+ *   instead of waiting.  A job of more than max_inflight blocks can never fit and is answered
+ *   the same way (-EBUSY, counted), not as a caller's error: the daemon need not know the
+ *   bound to size its jobs.  Neither ever blocks.
+ * - Deadlines.  Each job has its own, from its submit, not from when the thread picks it up:
+ *   a fetch's is timeout_ms (a block not opened by then is REMOTE_LATE), a store's
+ *   store_timeout_ms (nobody waits for stores, but a dead node must not hold the queue).  Jobs
+ *   taken together keep their own deadlines: a later job's blocks are not cut short by an
+ *   earlier one's.  Between two chunks of stores the thread serves fetches queued meanwhile
+ *   and notices remote_free, so a hung node costs a fetch at most one chunk's wait (at most
+ *   store_timeout_ms) and remote_free at most that too.
  *
  * Namespaces: values and their Redis keys carry a namespace *name* (bytes, at most
  * SEAL_MAX_NAMESPACE).  Names mean the same on every node, uids do not: the daemon passes, for
@@ -55,8 +63,8 @@ struct remote_config {
 	size_t n_old_key_files;
 	struct seal_geometry geometry; /* what every value of this pool is */
 	uint32_t timeout_ms;	       /* a fetch's deadline, from its submit (0: 50) */
-	uint32_t store_timeout_ms;     /* a batch of stores' (0: max(20 * timeout_ms, 1000)) */
-	uint32_t max_inflight;	       /* blocks submitted and not yet completed (0: 64) */
+	uint32_t store_timeout_ms;     /* a store's, from its submit (0: max(20 * timeout_ms, 1000)) */
+	uint32_t max_inflight;	       /* blocks submitted and not yet reaped (0: 64) */
 	uint64_t ttl_ms;	       /* PX of every value stored; 0: none */
 	struct redis_options redis;    /* the cluster client's; zero: its defaults */
 };
@@ -118,24 +126,30 @@ int remote_new(const struct remote_config *cfg, char *err, size_t errlen, struct
 typedef void remote_done_fn(struct remote_job *job, void *arg);
 
 /*
- * Stops the thread and joins it: the batch it is running finishes (within its deadline), every
- * job still queued or not yet reaped comes back through done(job, arg) (the queued ones with
- * every block REMOTE_CANCELLED), so the caller can release what they point to.  NULL is fine;
- * returns NULL.
+ * Stops the thread and joins it: the batch it is running finishes (within its jobs' deadlines,
+ * so at most store_timeout_ms), every job still queued, not yet run or not yet reaped comes
+ * back through done(job, arg) (those it never ran with their blocks REMOTE_CANCELLED, counted:
+ * a fetch's in misses, a store's in stores_failed), so the caller can release what they point
+ * to.  done may call remote_get_stats(r): the counters are final then.  done may be NULL only
+ * when no job is live (none submitted, or every one reaped already): the jobs would come back
+ * to nobody.  r NULL is fine; returns NULL.
  */
 struct remote *remote_free(struct remote *r, remote_done_fn *done, void *arg);
 
 /*
  * Queues a store (job->kind REMOTE_STORE) of nblocks blocks.  0: it comes back through
- * remote_reap with each block's status.  -EBUSY: dropped, counted (queue full: never waits),
- * nothing kept; -EINVAL: no blocks, or a namespace longer than SEAL_MAX_NAMESPACE.
+ * remote_reap with each block's status (stores_ok or stores_failed counts each block).
+ * -EBUSY: dropped, counted in stores_dropped (the queue is full, or nblocks > max_inflight:
+ * never waits), nothing kept; -EINVAL: no blocks, or a namespace longer than
+ * SEAL_MAX_NAMESPACE.
  */
 int remote_store(struct remote *r, struct remote_job *job);
 
 /*
  * Queues a fetch (job->kind REMOTE_FETCH): the blocks are asked for in one pipelined batch
  * per node and each opened into its data.  0: it comes back through remote_reap.  -EBUSY: the
- * queue is full, every block is REMOTE_BUSY at once (counted) and nothing is kept; -EINVAL.
+ * queue is full (or nblocks > max_inflight), every block is REMOTE_BUSY at once (counted:
+ * fetches, fetches_busy, misses) and nothing is kept; -EINVAL as for a store.
  */
 int remote_fetch(struct remote *r, struct remote_job *job);
 
@@ -154,14 +168,14 @@ int remote_namespace_salt(const struct remote *r, const void *name, size_t len, 
 #define REMOTE_MAX_NODES 64
 
 struct remote_stats {
-	uint64_t stores_ok, stores_dropped, stores_failed; /* blocks */
+	uint64_t stores_ok, stores_dropped, stores_failed; /* blocks (failed: cancelled too) */
 	uint64_t fetches, fetches_busy;			   /* jobs */
 	uint64_t hits;					   /* blocks */
 	uint64_t misses[REMOTE_NSTATUS];		   /* blocks, by status (not OK) */
 	uint64_t verify[SEAL_NREASONS];			   /* REMOTE_VERIFY blocks, by reason */
 	uint64_t bytes_in, bytes_out;			   /* sealed values */
 	uint64_t latency_p50_ns, latency_p99_ns;	   /* of the last 1024 fetches */
-	uint32_t inflight;				   /* blocks submitted, not completed */
+	uint32_t inflight;				   /* blocks submitted, not reaped */
 	size_t nnodes;
 	struct redis_node_info nodes[REMOTE_MAX_NODES]; /* as of the thread's last batch */
 };

@@ -5,9 +5,11 @@
  * blocks bytewise, an absent block, a value altered in Redis, a value copied under another key,
  * another cluster's key, a full queue (stores dropped and counted, fetches busy, submits that
  * never wait even with a stopped master), a fetch's deadline with a stopped master (its blocks
- * late, the others hit), Redis absent then started (down, then fine), remote_free with jobs in
- * flight (cancelled), and the completion eventfd.  Skipped (77) only when redis-server or
- * redis-cli is not installed.
+ * late, the others hit), fetches taken together that keep their own deadlines, stores to a
+ * stopped master that neither starve a fetch nor hold remote_free, a job larger than the bound
+ * (busy), a completed job counted until reaped, Redis absent then started (down, then fine),
+ * remote_free with jobs in flight (cancelled, counted), and the completion eventfd.  Skipped
+ * (77) only when redis-server or redis-cli is not installed.
  */
 #include <check.h>
 #include <errno.h>
@@ -150,6 +152,29 @@ static void on_done(struct remote_job *job, void *arg)
 
 	ck_assert_uint_lt(rp->n, 256);
 	rp->jobs[rp->n++] = job;
+}
+
+/* remote_free's done: what on_done does, and the counters as of the last job back. */
+struct freed {
+	struct reaped rp;
+	struct remote *r;
+	struct remote_stats st;
+};
+
+static void on_freed(struct remote_job *job, void *arg)
+{
+	struct freed *fr = arg;
+
+	on_done(job, &fr->rp);
+	remote_get_stats(fr->r, &fr->st);
+}
+
+static void sleep_until(uint64_t ms)
+{
+	uint64_t now = fixture_now_ms();
+
+	if (now < ms)
+		fixture_msleep((unsigned)(ms - now));
 }
 
 /* Waits (poll on the eventfd: it must become readable) until want jobs came back. */
@@ -610,6 +635,7 @@ START_TEST(free_cancels)
 	struct remote_job jobs[10];
 	struct reaped rp = { .n = 0 };
 	unsigned blk = 300, cancelled = 0;
+	struct freed fr = { .rp.n = 0, .r = r };
 	uint64_t t0;
 
 	store_blocks(r, block_on(0, 7, victim, true), 1, 7, payload);
@@ -625,9 +651,10 @@ START_TEST(free_cancels)
 			fixture_msleep(50); /* the thread took job 0 and waits on the victim */
 	}
 	t0 = fixture_now_ms();
-	remote_free(r, on_done, &rp);
+	remote_free(r, on_freed, &fr);
 	ck_assert_uint_lt(fixture_now_ms() - t0, 400 + 300);
 	kill(fx.s[victim].pid, SIGCONT);
+	rp = fr.rp;
 	ck_assert_uint_eq(rp.n, 10);
 	for (unsigned i = 0; i < 10; i++) {
 		enum remote_status s = t[i].b.status;
@@ -639,6 +666,262 @@ START_TEST(free_cancels)
 	/* Job 0 ran (late: the victim never answered); the nine queued behind it were not. */
 	ck_assert_int_eq(t[0].b.status, REMOTE_LATE);
 	ck_assert_uint_eq(cancelled, 9);
+	/* All counted: the late one and the cancelled ones failed; none in a fetch's misses. */
+	ck_assert_uint_eq(fr.st.stores_ok, 1);
+	ck_assert_uint_eq(fr.st.stores_failed, 10);
+	ck_assert_uint_eq(fr.st.misses[REMOTE_CANCELLED], 0);
+	ck_assert_uint_eq(fr.st.inflight, 0);
+}
+END_TEST
+
+/* n block numbers from start (salt) whose Redis keys the master victim owns (or not). */
+static unsigned blocks_on(unsigned start, unsigned salt, int victim, bool on, unsigned *nums,
+			  size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		start = nums[i] = block_on(start + 1, salt, victim, on);
+	return start;
+}
+
+static void job_of(struct remote_job *j, enum remote_kind kind, struct test_block *t,
+		   struct remote_block *b, const unsigned *nums, size_t n, unsigned salt,
+		   uint64_t payload)
+{
+	for (size_t i = 0; i < n; i++) {
+		make_block(&t[i], nums[i], salt, payload, kind == REMOTE_STORE);
+		b[i] = t[i].b;
+	}
+	job_init(j, kind, b, n);
+}
+
+static void free_blocks(struct test_block *t, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(t[i].data);
+		t[i].data = NULL;
+	}
+}
+
+/*
+ * Two fetches taken in one round keep their own deadlines.  A store on a stopped master holds
+ * the thread (until its store deadline, 250 ms), so fetch A (at 20 ms) and fetch B (at 200 ms),
+ * each with a block on the stopped master and one elsewhere, are taken together.  At A's
+ * deadline (620 ms) A's block there is late; the master is resumed at 660 ms, before B's
+ * deadline (800 ms): B's block there is asked again and hits, it is not cut short at A's.
+ * Fetch C (at 100 ms), all on healthy masters, comes back as its blocks do, not at A's deadline.
+ */
+START_TEST(own_deadlines)
+{
+	const uint64_t payload = 64 * 1024;
+	const int victim = redis_fixture_owner(&fx, 0, 4000);
+	struct remote *r = remote_on(&fx, 3, &(struct opts){ .payload = payload, .timeout_ms = 600,
+							      .store_timeout_ms = 250 });
+	struct test_block ts[1] = { 0 }, ta[2] = { 0 }, tb[2] = { 0 }, tc[2] = { 0 };
+	struct remote_block bs[1], ba[2], bb[2], bc[2];
+	struct remote_job js, ja, jb, jc;
+	struct reaped rp = { .n = 0 };
+	unsigned ns[1], na[2], nb[2], nc[2], blk = 400;
+	uint64_t t0;
+
+	blk = blocks_on(blk, 9, victim, true, ns, 1);
+	blk = blocks_on(blk, 9, victim, true, &na[0], 1);
+	blk = blocks_on(blk, 9, victim, false, &na[1], 1);
+	blk = blocks_on(blk, 9, victim, true, &nb[0], 1);
+	blk = blocks_on(blk, 9, victim, false, &nb[1], 1);
+	blocks_on(blk, 9, victim, false, nc, 2);
+	for (unsigned i = 0; i < 2; i++) {
+		store_blocks(r, na[i], 1, 9, payload);
+		store_blocks(r, nb[i], 1, 9, payload);
+		store_blocks(r, nc[i], 1, 9, payload);
+	}
+	job_of(&js, REMOTE_STORE, ts, bs, ns, 1, 9, payload);
+	job_of(&ja, REMOTE_FETCH, ta, ba, na, 2, 9, payload);
+	job_of(&jb, REMOTE_FETCH, tb, bb, nb, 2, 9, payload);
+	job_of(&jc, REMOTE_FETCH, tc, bc, nc, 2, 9, payload);
+	kill(fx.s[victim].pid, SIGSTOP); /* about 660 ms: under cluster-node-timeout */
+	t0 = fixture_now_ms();
+	ck_assert_int_eq(remote_store(r, &js), 0);
+	sleep_until(t0 + 20);
+	ck_assert_int_eq(remote_fetch(r, &ja), 0);
+	sleep_until(t0 + 100);
+	ck_assert_int_eq(remote_fetch(r, &jc), 0);
+	sleep_until(t0 + 200);
+	ck_assert_int_eq(remote_fetch(r, &jb), 0);
+	sleep_until(t0 + 660);
+	kill(fx.s[victim].pid, SIGCONT);
+	wait_jobs(r, &rp, 4, 5000);
+	ck_assert_int_eq(bs[0].status, REMOTE_LATE);
+	ck_assert_msg(ba[0].status == REMOTE_LATE, "A on the stopped master: %s",
+		      remote_status_name(ba[0].status));
+	ck_assert_int_eq(ba[1].status, REMOTE_OK);
+	ck_assert_msg(bb[0].status == REMOTE_OK, "B on the stopped master: %s",
+		      remote_status_name(bb[0].status));
+	ck_assert_int_eq(bb[1].status, REMOTE_OK);
+	ck_assert_int_eq(bc[0].status, REMOTE_OK);
+	ck_assert_int_eq(bc[1].status, REMOTE_OK);
+	/* C came back when its blocks did (taken at 250 ms), not at A's deadline (620 ms). */
+	ck_assert_msg(jc.latency_ns / 1000000 < 150 + 200, "C took %" PRIu64 " ms",
+		      jc.latency_ns / 1000000);
+	/* A came back at its own deadline, not later; B within its own. */
+	ck_assert_uint_lt(ja.latency_ns / 1000000, 600 + 150);
+	ck_assert_uint_lt(jb.latency_ns / 1000000, 600);
+	free_blocks(ts, 1);
+	free_blocks(ta, 2);
+	free_blocks(tb, 2);
+	free_blocks(tc, 2);
+	remote_free(r, NULL, NULL);
+}
+END_TEST
+
+/*
+ * Many stores to a stopped master do not starve a fetch submitted after them: the stores'
+ * deadline is one (250 ms) from their submit, not one per chunk of 16 (four chunks here: a
+ * second), and the fetch goes between two chunks.  It hits within its own deadline (600 ms).
+ */
+START_TEST(stores_yield)
+{
+	const uint64_t payload = 64 * 1024;
+	const int victim = redis_fixture_owner(&fx, 0, 12000);
+	struct remote *r = remote_on(&fx, 3, &(struct opts){ .payload = payload, .timeout_ms = 600,
+							      .store_timeout_ms = 250,
+							      .inflight = 128 });
+	struct test_block ts[64] = { 0 }, tf[1] = { 0 };
+	struct remote_block bs[64], bf[1];
+	struct remote_job js, jf;
+	struct reaped rp = { .n = 0 };
+	struct remote_stats st;
+	unsigned ns[64], nf[1];
+
+	blocks_on(500, 10, victim, true, ns, 64);
+	blocks_on(500, 10, victim, false, nf, 1);
+	store_blocks(r, ns[0], 1, 11, payload); /* the victim known to the client */
+	store_blocks(r, nf[0], 1, 10, payload);
+	job_of(&js, REMOTE_STORE, ts, bs, ns, 64, 10, payload);
+	job_of(&jf, REMOTE_FETCH, tf, bf, nf, 1, 10, payload);
+	kill(fx.s[victim].pid, SIGSTOP); /* about 300 ms */
+	ck_assert_int_eq(remote_store(r, &js), 0);
+	fixture_msleep(30); /* the thread is in the first chunk */
+	ck_assert_int_eq(remote_fetch(r, &jf), 0);
+	wait_jobs(r, &rp, 2, 5000);
+	kill(fx.s[victim].pid, SIGCONT);
+	ck_assert_msg(bf[0].status == REMOTE_OK, "the fetch: %s", remote_status_name(bf[0].status));
+	ck_assert_uint_lt(jf.latency_ns / 1000000, 600);
+	/* The store came back at its deadline: one, not a chunk's each. */
+	ck_assert_uint_lt(js.latency_ns / 1000000, 250 + 300);
+	for (unsigned i = 0; i < 64; i++)
+		ck_assert_int_eq(bs[i].status, REMOTE_LATE);
+	remote_get_stats(r, &st);
+	ck_assert_uint_eq(st.stores_failed, 64);
+	ck_assert_uint_eq(st.hits, 1);
+	free_blocks(ts, 64);
+	free_blocks(tf, 1);
+	remote_free(r, NULL, NULL);
+}
+END_TEST
+
+/*
+ * remote_free between two chunks: a store on a stopped master (S0, 1 block) holds the thread
+ * while S1 (16 blocks) and S2 (32) are queued; the thread takes both, and remote_free during
+ * S1's chunk returns once it ends (S1's deadline), S2 never sent: cancelled and counted, not
+ * two more chunks' waits.
+ */
+START_TEST(free_between_chunks)
+{
+	const uint64_t payload = 64 * 1024;
+	const int victim = redis_fixture_owner(&fx, 0, 2000);
+	struct remote *r = remote_on(&fx, 3, &(struct opts){ .payload = payload,
+							      .store_timeout_ms = 300,
+							      .inflight = 128 });
+	struct test_block t0b[1] = { 0 }, t1b[16] = { 0 }, t2b[32] = { 0 };
+	struct remote_block b0[1], b1[16], b2[32];
+	struct remote_job j0, j1, j2;
+	struct freed fr = { .rp.n = 0, .r = r };
+	unsigned n0[1], n1[16], n2[32], blk = 700;
+	uint64_t t0, t1, took;
+
+	blk = blocks_on(blk, 12, victim, true, n0, 1);
+	blk = blocks_on(blk, 12, victim, true, n1, 16);
+	blocks_on(blk, 12, victim, true, n2, 32);
+	store_blocks(r, n0[0], 1, 13, payload); /* the victim known to the client */
+	job_of(&j0, REMOTE_STORE, t0b, b0, n0, 1, 12, payload);
+	job_of(&j1, REMOTE_STORE, t1b, b1, n1, 16, 12, payload);
+	job_of(&j2, REMOTE_STORE, t2b, b2, n2, 32, 12, payload);
+	kill(fx.s[victim].pid, SIGSTOP); /* about 650 ms */
+	t0 = fixture_now_ms();
+	ck_assert_int_eq(remote_store(r, &j0), 0);
+	sleep_until(t0 + 150);
+	ck_assert_int_eq(remote_store(r, &j1), 0);
+	ck_assert_int_eq(remote_store(r, &j2), 0);
+	sleep_until(t0 + 350); /* S0 is back (300 ms); the thread is in S1's chunk (to 450 ms) */
+	t1 = fixture_now_ms();
+	remote_free(r, on_freed, &fr);
+	took = fixture_now_ms() - t1;
+	kill(fx.s[victim].pid, SIGCONT);
+	/* S1's chunk ends at 450 ms; two more chunks of S2 would be 600 ms more. */
+	ck_assert_msg(took < 100 + 400, "remote_free took %" PRIu64 " ms", took);
+	ck_assert_uint_eq(fr.rp.n, 3);
+	ck_assert_int_eq(b0[0].status, REMOTE_LATE);
+	for (unsigned i = 0; i < 16; i++)
+		ck_assert_int_eq(b1[i].status, REMOTE_LATE);
+	for (unsigned i = 0; i < 32; i++)
+		ck_assert_msg(b2[i].status == REMOTE_CANCELLED, "S2 block %u: %s", i,
+			      remote_status_name(b2[i].status));
+	ck_assert_uint_eq(fr.st.stores_failed, 1 + 16 + 32);
+	ck_assert_uint_eq(fr.st.inflight, 0);
+	free_blocks(t0b, 1);
+	free_blocks(t1b, 16);
+	free_blocks(t2b, 32);
+}
+END_TEST
+
+/* A job larger than max_inflight can never fit: busy and counted, like a full queue. */
+START_TEST(too_big)
+{
+	const uint64_t payload = 4096;
+	struct remote *r = remote_on(&fx, 3, &(struct opts){ .payload = payload, .inflight = 4 });
+	struct test_block t[5] = { 0 };
+	struct remote_block b[5];
+	struct remote_job j;
+	struct remote_stats st;
+	unsigned nums[5] = { 1, 2, 3, 4, 5 };
+
+	job_of(&j, REMOTE_FETCH, t, b, nums, 5, 14, payload);
+	ck_assert_int_eq(remote_fetch(r, &j), -EBUSY);
+	for (unsigned i = 0; i < 5; i++)
+		ck_assert_int_eq(b[i].status, REMOTE_BUSY);
+	free_blocks(t, 5);
+	job_of(&j, REMOTE_STORE, t, b, nums, 5, 14, payload);
+	ck_assert_int_eq(remote_store(r, &j), -EBUSY);
+	/* Four fit. */
+	job_of(&j, REMOTE_FETCH, t, b, nums, 4, 14, payload);
+	ck_assert_int_eq(remote_fetch(r, &j), 0);
+	{
+		struct pollfd p = { .fd = remote_fd(r), .events = POLLIN };
+		struct reaped rp = { .n = 0 };
+		struct test_block t1 = { .data = NULL };
+		struct remote_job j1;
+
+		/* Completed, not reaped: its blocks are still the caller's, and still count. */
+		ck_assert_int_eq(poll(&p, 1, 5000), 1);
+		remote_get_stats(r, &st);
+		ck_assert_uint_eq(st.inflight, 4);
+		make_block(&t1, 9, 14, payload, false);
+		job_init(&j1, REMOTE_FETCH, &t1.b, 1);
+		ck_assert_int_eq(remote_fetch(r, &j1), -EBUSY);
+		free(t1.data);
+		wait_jobs(r, &rp, 1, 5000);
+		ck_assert_ptr_eq(rp.jobs[0], &j);
+	}
+	for (unsigned i = 0; i < 4; i++)
+		ck_assert_int_eq(b[i].status, REMOTE_ABSENT);
+	remote_get_stats(r, &st);
+	ck_assert_uint_eq(st.fetches, 3);
+	ck_assert_uint_eq(st.fetches_busy, 2);
+	ck_assert_uint_eq(st.misses[REMOTE_BUSY], 6);
+	ck_assert_uint_eq(st.stores_dropped, 5);
+	ck_assert_uint_eq(st.inflight, 0);
+	free_blocks(t, 5);
+	remote_free(r, NULL, NULL);
 }
 END_TEST
 
@@ -709,6 +992,10 @@ int main(void)
 	tcase_add_test(cl, queue_full);
 	tcase_add_test(cl, deadline);
 	tcase_add_test(cl, free_cancels);
+	tcase_add_test(cl, own_deadlines);
+	tcase_add_test(cl, stores_yield);
+	tcase_add_test(cl, free_between_chunks);
+	tcase_add_test(cl, too_big);
 	suite_add_tcase(s, cl);
 	tcase_set_timeout(solo, 60);
 	tcase_add_test(solo, absent_then_up);
