@@ -365,6 +365,10 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	p->block_bytes = p->layer_stride * cfg->layers;
 	p->bytes_per_token = 2ull * cfg->layers * cfg->kv_heads * cfg->head_dim * cfg->element_bytes;
 
+	/* Checked at load, not served yet: say so rather than let an operator assume it is. */
+	if (cfg->remote_tier)
+		log_warning("pool %s: remote_tier is configured but this version does not use it yet "
+			    "(docs/remote.md): lookups and stores stay on this node", cfg->name);
 	r = backend_select(cfg, &ops, &module);
 	if (r < 0)
 		return r;

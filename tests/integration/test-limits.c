@@ -199,6 +199,41 @@ START_TEST(test_idle_after_wait)
 }
 END_TEST
 
+/*
+ * remote_tier is checked at load but not served by this version yet: the daemon starts, says
+ * so in a warning, and serves from this node (docs/remote.md).
+ */
+START_TEST(test_remote_tier_not_served)
+{
+	char kdir[] = "/tmp/kvpaged-key-XXXXXX", kpath[64], conf[512];
+	uint8_t key[32];
+	uint32_t t[32], cached;
+	struct kvp_client *c;
+	uint64_t seq;
+	int fd;
+
+	ck_assert_ptr_nonnull(mkdtemp(kdir));
+	snprintf(kpath, sizeof(kpath), "%s/remote.key", kdir);
+	for (unsigned i = 0; i < sizeof(key); i++)
+		key[i] = (uint8_t)(i * 7 + 1);
+	fd = open(kpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
+	close(fd);
+	snprintf(conf, sizeof(conf),
+		 POOL(64, "remote_tier = redis://127.0.0.1:1\nremote_tier_key_file = %s\n"), kpath);
+	daemon_start_with(&d, NULL, conf);
+	prompt(t, 32, 21);
+	c = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_open(c, t, 32, 0, 0, &seq, &cached, NULL), 0);
+	ck_assert(daemon_log_has(&d, "remote_tier is configured but this version does not use it"));
+	kvp_disconnect(c);
+	daemon_stop(&d);
+	unlink(kpath);
+	rmdir(kdir);
+}
+END_TEST
+
 START_TEST(test_sessions_per_uid)
 {
 	struct kvp_client *c[4];
@@ -723,6 +758,7 @@ int main(void)
 	tcase_add_test(tc, test_log_rate_limit);
 	tcase_add_test(tc, test_fd_exhaustion);
 	tcase_add_test(tc, test_idle_after_wait);
+	tcase_add_test(tc, test_remote_tier_not_served);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
