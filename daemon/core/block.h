@@ -30,6 +30,7 @@ enum {
 					  evicted (a victim the cost model chose to recompute) */
 	CORE_BLOCK_PRUNED = 1u << 4,   /* released by a sequence's retention policy while it kept
 					  later blocks: may be cached before its children */
+	CORE_BLOCK_STORING = 1u << 5,  /* a probed level's store still reads it: held once more */
 };
 
 /*

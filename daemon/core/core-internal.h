@@ -55,6 +55,7 @@ struct core_seq {
 	struct core_load *loads;
 	uint32_t nloads, load_nhit;
 	bool load_resume;
+	bool probed;            /* CORE_OPEN_PROBED */
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */
@@ -65,6 +66,7 @@ struct tier {
 	const struct core_tier_config *cfg; /* its entry of c->cfg.tiers: ops, ctx, bandwidth */
 	uint32_t id;
 	bool promote; /* a hit here is worth a transfer */
+	bool probed;  /* CORE_TIER_PROBED: no slots, no index (its pool and index are unused) */
 	struct core_tier_stats stats;
 };
 
@@ -83,6 +85,8 @@ struct core {
 	struct victim *victims; /* max_sequences of them: preemption candidates */
 	struct tier tiers[CORE_MAX_TIERS + 1]; /* by level, 1 .. cfg.ntiers; [0] unused: the pool */
 	uint32_t first_tier;  /* where the pool demotes to; 0: no tier */
+	uint32_t probe_tier;  /* the CORE_TIER_PROBED level (the last); 0: none */
+	uint32_t nstoring;    /* blocks kept for its stores (CORE_BLOCK_STORING) */
 	bool dropping;        /* core_drop_cache: evictions move nothing */
 	/* One lookup's hits below the pool (walk-sized). */
 	uint8_t *hit_tier;
@@ -126,6 +130,12 @@ static inline uint64_t retention_tag(uint32_t retention, uint32_t n_sink, uint32
 static inline bool tier_exists(const struct core *c, uint32_t t)
 {
 	return t > 0 && t <= c->cfg.ntiers;
+}
+
+/* A level with slots of its own (not CORE_TIER_PROBED): what demotions and persists reach. */
+static inline bool local_tier_exists(const struct core *c, uint32_t t)
+{
+	return tier_exists(c, t) && !c->tiers[t].probed;
 }
 
 /* Sequence ids carry the slot's generation so a closed id is never mistaken for a new one. */
@@ -199,6 +209,8 @@ int tiers_init(struct core *c);
 void tiers_done(struct core *c);
 /* A pool block is being evicted: move it below the pool unless it is marked not to. */
 void tier_demote_block(struct core *c, uint32_t b);
+/* Offers a block a probed sequence just made findable to the probed level (c->probe_tier). */
+void tier_publish(struct core *c, uint32_t b);
 /* The tier that holds a block with this identity, and its slot; 0 if none. */
 uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
 		   uint64_t salt, uint64_t extra, uint32_t *ret_slot);

@@ -40,6 +40,10 @@ static int config_check(const struct core_config *cfg)
 
 		if (t->slots == 0 || !t->ops || !t->ops->store || !t->ops->load)
 			return -EINVAL;
+		/* A level nobody can see into ends the list: nothing is demoted past it. */
+		if ((t->flags & ~CORE_TIER_PROBED) ||
+		    ((t->flags & CORE_TIER_PROBED) && i + 1 != cfg->ntiers))
+			return -EINVAL;
 	}
 	return 0;
 }
@@ -312,7 +316,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	float *score = NULL;
 	int r;
 
-	r = open_check(c, o, CORE_OPEN_DEFER_LOADS, &(const char *){ NULL });
+	r = open_check(c, o, CORE_OPEN_DEFER_LOADS | CORE_OPEN_PROBED, &(const char *){ NULL });
 	if (r < 0)
 		return r;
 	if (o->ntokens > c->cfg.max_seq_tokens)
@@ -356,6 +360,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	s->ncommitted = ready * c->cfg.block_tokens;
 	s->chain = chain;
 	s->pruned = false;
+	s->probed = o->flags & CORE_OPEN_PROBED;
 	/* A window pool's hit may leave out blocks the window does not need. */
 	s->freed = s->prune_from = holes;
 	if (c->cfg.window) {
@@ -513,6 +518,8 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	if (found == CORE_NONE) {
 		index_insert(&c->index, blk->hash, b);
 		blk->flags |= CORE_BLOCK_INDEXED;
+		if (s->probed && c->probe_tier)
+			tier_publish(c, b);
 		return 0;
 	}
 
@@ -691,7 +698,8 @@ int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t 
 
 	/* Dropped: reopen from the history, taking whatever of it is still cached or swapped. */
 	o = (struct core_open){ .salt = s->salt, .extra = s->extra, .tokens = s->history,
-				.ntokens = s->ntokens, .flags = CORE_OPEN_RECOMPUTE_LAST };
+				.ntokens = s->ntokens,
+				.flags = CORE_OPEN_RECOMPUTE_LAST | (s->probed ? CORE_OPEN_PROBED : 0) };
 	r = lookup_attach(c, &o, s->priority, &table, &nblocks, &nhit, &ready, &s->chain, NULL,
 			  flags & CORE_OPEN_DEFER_LOADS ? &loads : NULL, &nloads);
 	if (r < 0)

@@ -125,6 +125,27 @@ struct core_tier_ops {
 	void (*load)(void *ctx, struct core_load *loads, uint32_t n);
 };
 
+/*
+ * A level that keeps no index: a store the core cannot see into, shared with other machines,
+ * which fills and empties without it (a remote tier).  It must be the last level.  Nothing is
+ * demoted into it (evictions from the level above it are gone, as from a last level) and it
+ * has no slots to count: slots is how many blocks one lookup may ask it for.
+ * - Lookups.  Only a lookup of a sequence opened with CORE_OPEN_PROBED and
+ *   CORE_OPEN_DEFER_LOADS asks it, and only where the chain above it ends with no reason to
+ *   stop (not a collision, not a level whose hits are not promoted): the prompt's next full
+ *   blocks, at most slots of them, become loads of this level (slot: the load's index in the
+ *   probe, 0, 1, ...) whose pool blocks are allocated as for any tier hit.  A result of
+ *   -ENOENT is a plain miss (the store does not have it); any other -errno is counted as a
+ *   load error.  Either ends the hit there, and what follows is recomputed.  A synchronous
+ *   lookup (core_lookup, an open without CORE_OPEN_DEFER_LOADS) never asks it.
+ * - Stores.  When a CORE_OPEN_PROBED sequence commits a block that becomes findable, its store
+ *   callback is called with (CORE_TIER_POOL, block, this level, CORE_NONE, key with tokens):
+ *   publishing.  A return of 1 means the callback goes on reading the block after the call:
+ *   the core keeps it (not reused, not written) until core_tier_stored(c, level, block).  0:
+ *   done with it (copied or dropped); -errno: not stored (counted in store_errors).
+ */
+#define CORE_TIER_PROBED (1u << 0)
+
 /* One level below the pool. */
 struct core_tier_config {
 	uint32_t slots;     /* blocks it holds, >= 1 */
@@ -137,6 +158,7 @@ struct core_tier_config {
 	double bandwidth;
 	const struct core_tier_ops *ops; /* required, with both callbacks */
 	void *ctx;
+	uint32_t flags; /* CORE_TIER_* */
 };
 
 /* What the cost model needs besides each tier's bandwidth; a zero means unknown. */
@@ -206,6 +228,10 @@ struct core_tier_stats {
 	uint64_t store_errors; /* stores that failed: the block was dropped instead */
 	uint64_t lost;        /* blocks the storage reported lost after storing them */
 	uint64_t skipped;     /* hits not promoted because recomputing is cheaper */
+	/* A CORE_TIER_PROBED level: */
+	uint64_t probes;      /* blocks asked for */
+	uint64_t misses;      /* of those, not there (-ENOENT; other failures: load_errors) */
+	uint64_t published;   /* blocks offered to its store (store_errors: those it refused) */
 };
 
 /* What happened to a parked sequence preempted to make room, and why. */
@@ -304,6 +330,13 @@ enum core_retention {
  * the results to core_seq_loaded.  Without tier hits the open is as without the flag.
  */
 #define CORE_OPEN_DEFER_LOADS (1u << 16)
+/*
+ * The caller's, never a client's: the sequence's namespace reaches a CORE_TIER_PROBED level
+ * (the names mean the same on the machines that share it).  Its lookups (with
+ * CORE_OPEN_DEFER_LOADS, here and at resume) ask that level for what the levels above do not
+ * hold, and the blocks it commits are offered to it.  Without such a level it changes nothing.
+ */
+#define CORE_OPEN_PROBED (1u << 17)
 
 enum core_seq_state {
 	CORE_SEQ_ACTIVE = 1, /* in use by a client: never moved */
@@ -476,6 +509,14 @@ uint32_t core_lookup(const struct core *c, const struct core_open *o);
  * Returns how many blocks and slots were freed.
  */
 uint32_t core_drop_cache(struct core *c);
+
+/*
+ * A CORE_TIER_PROBED level is done reading block, which its store callback kept (returned 1
+ * for): the core may reuse it.  0, or -EINVAL (no such level, or the block is not kept).
+ */
+int core_tier_stored(struct core *c, uint32_t tier, uint32_t block);
+/* Blocks kept for a CORE_TIER_PROBED level's stores now. */
+uint32_t core_tier_storing(const struct core *c);
 
 /* Statistics of one tier (1 .. ntiers).  0 or -EINVAL (no such tier). */
 int core_get_tier_stats(const struct core *c, uint32_t tier, struct core_tier_stats *ret);

@@ -32,9 +32,9 @@ static uint64_t open_full_prefix(const struct core_open *o)
  * function grows, which doubled the cost of a cached block (kvpaged-bench micro).
  */
 __attribute__((flatten)) static uint32_t prefix_walk(const struct core *c,
-						    const struct core_open *o, uint32_t *hits,
-						    uint32_t *ret_ntier, uint32_t *ret_skipped,
-						    uint32_t *ret_collisions)
+						    const struct core_open *o, bool probe,
+						    uint32_t *hits, uint32_t *ret_ntier,
+						    uint32_t *ret_skipped, uint32_t *ret_collisions)
 {
 	const uint32_t B = c->cfg.block_tokens;
 	const core_hash_fn fn = c->cfg.hash_fn;
@@ -81,7 +81,7 @@ __attribute__((flatten)) static uint32_t prefix_walk(const struct core *c,
 		if (n < end)
 			break;
 	}
-	if (n == limit || !c->first_tier)
+	if (n == limit || !c->cfg.ntiers)
 		return n;
 
 	/*
@@ -92,7 +92,9 @@ __attribute__((flatten)) static uint32_t prefix_walk(const struct core *c,
 	c->hit_hash[0] = ph;
 	if (limit > c->walk_cap)
 		limit = c->walk_cap;
-	for (uint32_t k = n; k < limit; k++) {
+	uint32_t k = n;
+
+	for (; k < limit; k++) {
 		uint64_t extra = block_extra(c, o->extra, tag, full, k);
 		uint32_t slot, t;
 
@@ -110,6 +112,27 @@ __attribute__((flatten)) static uint32_t prefix_walk(const struct core *c,
 		c->hit_slot[ntier] = slot;
 		c->hit_hash[++ntier] = h;
 		ph = h;
+	}
+	/*
+	 * Where the local chain ends (h is block k's hash), a probed level is asked for what
+	 * follows: nobody here knows what it holds.  Not past a level that is not promoted from,
+	 * nor when fetching from it loses to recomputing.
+	 */
+	if (probe && c->probe_tier && k < limit && !*ret_skipped &&
+	    c->tiers[c->probe_tier].promote) {
+		const uint32_t max = c->tiers[c->probe_tier].cfg->slots;
+
+		for (uint32_t j = 0; j < max && k < limit; j++, k++) {
+			uint64_t extra = block_extra(c, o->extra, tag, full, k);
+
+			if (j > 0)
+				h = hash_link(fn, ph, extra == o->extra ? ns_full : ns_tag,
+					      hash_tokens(fn, o->tokens + (size_t)k * B, B));
+			c->hit_tier[ntier] = (uint8_t)c->probe_tier;
+			c->hit_slot[ntier] = j;
+			c->hit_hash[++ntier] = h;
+			ph = h;
+		}
 	}
 	*ret_ntier = ntier;
 	return n;
@@ -249,6 +272,8 @@ uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
 		tier_release(c, l->tier, l->slot);
 		c->tiers[l->tier].stats.promotions++;
 	}
+	for (uint32_t k = 0; k < ntier; k++)
+		c->tiers[loads[k].tier].stats.probes += c->tiers[loads[k].tier].probed;
 	/*
 	 * Back to the LRU leaf first, so children stay older than their parents.  A slot that
 	 * holds something else or is damaged (-EBADMSG) is thrown away; after an I/O or memory
@@ -259,7 +284,11 @@ uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
 	if (good < ntier) {
 		const struct core_load *l = &loads[good];
 
-		c->tiers[l->tier].stats.load_errors++;
+		/* What a probed level does not have is a miss, not an error. */
+		if (c->tiers[l->tier].probed && l->result == -ENOENT)
+			c->tiers[l->tier].stats.misses++;
+		else
+			c->tiers[l->tier].stats.load_errors++;
 		if (l->result == -EBADMSG)
 			tier_release(c, l->tier, l->slot);
 		else
@@ -353,7 +382,8 @@ int lookup_attach(struct core *c, const struct core_open *o, uint32_t priority,
 		for (uint32_t i = 0; i < first; i++)
 			table[i] = CORE_NONE;
 	} else {
-		nhit = prefix_walk(c, o, table, &ntier, &skipped, &collisions);
+		nhit = prefix_walk(c, o, ret_loads && (o->flags & CORE_OPEN_PROBED), table, &ntier,
+				   &skipped, &collisions);
 	}
 	/*
 	 * The deferred loads' array first: a failed call changes nothing, preempt_make_room
@@ -431,7 +461,7 @@ uint32_t core_lookup(const struct core *c, const struct core_open *o)
 
 		return window_walk(c, o, NULL, &first, &collisions) * c->cfg.block_tokens;
 	}
-	n = prefix_walk(c, o, c->walk, &ntier, &skipped, &collisions);
+	n = prefix_walk(c, o, false, c->walk, &ntier, &skipped, &collisions);
 	/* What an open would reuse, assuming the tiers' loads succeed. */
 	return (n + ntier) * c->cfg.block_tokens;
 }

@@ -37,7 +37,7 @@ static void on_tier_evict(void *ctx, uint32_t slot)
 	index_remove(&t->index, e->hash, slot);
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	t->stats.evictions++;
-	if (!c->dropping && tier_exists(c, t->id + 1))
+	if (!c->dropping && local_tier_exists(c, t->id + 1))
 		(void)store_into(c, t->id + 1, t->id, slot, &key);
 }
 
@@ -65,7 +65,8 @@ static int store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t 
 	}
 	slot = pool_alloc(&t->pool);
 	if (slot == CORE_NONE)
-		return tier_exists(c, to + 1) ? store_into(c, to + 1, from_tier, from, key) : -ENOSPC;
+		return local_tier_exists(c, to + 1) ? store_into(c, to + 1, from_tier, from, key)
+						    : -ENOSPC;
 	r = t->cfg->ops->store(t->cfg->ctx, from_tier, from, to, slot, key);
 	if (r < 0) {
 		t->stats.store_errors++;
@@ -105,7 +106,7 @@ void tier_demote_block(struct core *c, uint32_t b)
 uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
 		   uint64_t salt, uint64_t extra, uint32_t *ret_slot)
 {
-	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
+	for (uint32_t t = 1; t <= c->cfg.ntiers && !c->tiers[t].probed; t++) {
 		const struct tier *tr = &c->tiers[t];
 		const struct core_block *e;
 		uint32_t slot;
@@ -123,21 +124,27 @@ uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash pa
 	return 0;
 }
 
+/* A probed level's loads hold nothing: hold, put and release are no-ops there. */
 void tier_hold(struct core *c, uint32_t t, uint32_t slot)
 {
-	pool_ref(&c->tiers[t].pool, slot);
+	if (!c->tiers[t].probed)
+		pool_ref(&c->tiers[t].pool, slot);
 }
 
 void tier_put(struct core *c, uint32_t t, uint32_t slot)
 {
-	pool_unref(&c->tiers[t].pool, slot);
+	if (!c->tiers[t].probed)
+		pool_unref(&c->tiers[t].pool, slot);
 }
 
 void tier_release(struct core *c, uint32_t t, uint32_t slot)
 {
 	struct tier *tr = &c->tiers[t];
-	struct core_block *e = &tr->pool.blocks[slot];
+	struct core_block *e;
 
+	if (tr->probed)
+		return;
+	e = &tr->pool.blocks[slot];
 	index_remove(&tr->index, e->hash, slot);
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	pool_unref(&tr->pool, slot); /* unindexed: to the free list */
@@ -164,7 +171,7 @@ int core_tier_persist(struct core *c, uint32_t to, uint32_t max, struct core_per
 {
 	uint32_t n = 0;
 
-	if (!tier_exists(c, to) || !pass)
+	if (!local_tier_exists(c, to) || !pass)
 		return -EINVAL;
 	while (n < max && !pass->full) {
 		uint32_t from, b = persist_next(c, to, &from);
@@ -219,7 +226,7 @@ uint32_t tiers_drop_all(struct core *c)
 	uint32_t n = 0;
 
 	for (uint32_t t = 1; t <= c->cfg.ntiers; t++)
-		while (pool_evict_oldest(&c->tiers[t].pool))
+		while (!c->tiers[t].probed && pool_evict_oldest(&c->tiers[t].pool))
 			n++;
 	return n;
 }
@@ -239,27 +246,73 @@ int tiers_init(struct core *c)
 		tr->c = c;
 		tr->cfg = tc;
 		tr->id = t;
+		/* Unknown figures promote: a transfer loses no work. */
+		tr->promote = cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
+			      tc->bandwidth <= 0 || cost_choose(transfer, recompute) == COST_SWAP;
+		if (tc->flags & CORE_TIER_PROBED) {
+			tr->probed = true;
+			c->probe_tier = t;
+			continue;
+		}
 		r = pool_init(&tr->pool, tc->slots, on_tier_evict, tr);
 		if (r < 0)
 			return r;
 		r = index_init(&tr->index, tc->slots);
 		if (r < 0)
 			return r;
-		/* Unknown figures promote: a transfer loses no work. */
-		tr->promote = cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
-			      tc->bandwidth <= 0 || cost_choose(transfer, recompute) == COST_SWAP;
 		tr->stats.capacity = tc->slots;
 	}
-	c->first_tier = c->cfg.ntiers ? 1 : 0;
+	c->first_tier = local_tier_exists(c, 1) ? 1 : 0;
 	return 0;
 }
 
 void tiers_done(struct core *c)
 {
 	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
+		if (c->tiers[t].probed)
+			continue;
 		pool_done(&c->tiers[t].pool);
 		index_done(&c->tiers[t].index);
 	}
+}
+
+void tier_publish(struct core *c, uint32_t b)
+{
+	struct tier *t = &c->tiers[c->probe_tier];
+	struct core_block *blk = &c->pool.blocks[b];
+	const struct core_key key = { .hash = blk->hash, .parent = blk->parent, .salt = blk->salt,
+				      .extra = blk->extra, .tokens = core_slot_tokens(c, b) };
+	int r;
+
+	t->stats.published++;
+	r = t->cfg->ops->store(t->cfg->ctx, CORE_TIER_POOL, b, t->id, CORE_NONE, &key);
+	if (r < 0) {
+		t->stats.store_errors++;
+	} else if (r > 0) {
+		pool_ref(&c->pool, b);
+		blk->flags |= CORE_BLOCK_STORING;
+		c->nstoring++;
+	}
+}
+
+int core_tier_stored(struct core *c, uint32_t t, uint32_t b)
+{
+	struct core_block *blk;
+
+	if (!c->probe_tier || t != c->probe_tier || b >= c->pool.capacity)
+		return -EINVAL;
+	blk = &c->pool.blocks[b];
+	if (!(blk->flags & CORE_BLOCK_STORING))
+		return -EINVAL;
+	blk->flags &= ~CORE_BLOCK_STORING;
+	c->nstoring--;
+	pool_unref(&c->pool, b);
+	return 0;
+}
+
+uint32_t core_tier_storing(const struct core *c)
+{
+	return c->nstoring;
 }
 
 int core_get_tier_stats(const struct core *c, uint32_t t, struct core_tier_stats *ret)
@@ -349,6 +402,9 @@ int tiers_verify(const struct core *c, char *why, size_t why_len)
 	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
 		const struct tier *tr = &c->tiers[t];
 		uint32_t nfree = 0, ncached = 0, nindexed = 0, nheld = 0, nheld_indexed = 0;
+
+		if (tr->probed)
+			continue;
 
 		for (uint32_t s = tr->pool.free_head; s != CORE_NONE; s = tr->pool.blocks[s].next)
 			if (++nfree > tr->pool.capacity || tr->pool.blocks[s].state != CORE_BLOCK_FREE)

@@ -217,8 +217,21 @@ static int check_blocks(struct verify *v, uint32_t *nindexed)
 {
 	const struct core *c = v->c;
 	const struct pool *p = &c->pool;
+	uint32_t nstoring = 0;
 
 	*nindexed = 0;
+	/* A probed level's store holds its block once more (core_tier_stored lets go). */
+	for (uint32_t b = 0; b < p->capacity; b++) {
+		if (!(p->blocks[b].flags & CORE_BLOCK_STORING))
+			continue;
+		if (!c->probe_tier || p->blocks[b].state != CORE_BLOCK_READY)
+			return fail(v, "block %u kept for a store is not READY or has no level", b);
+		v->refs[b]++;
+		nstoring++;
+	}
+	if (nstoring != c->nstoring)
+		return fail(v, "%u blocks kept for stores, counter says %u", nstoring, c->nstoring);
+
 	for (uint32_t b = 0; b < p->capacity; b++) {
 		const struct core_block *blk = &p->blocks[b];
 
