@@ -176,6 +176,8 @@ static const struct config_key schema[] = {
 	POOL_NUMBER(TYPE_U32, remote_tier_max_inflight, 64, 1, 65536, 0),
 	POOL_NUMBER(TYPE_U64, remote_tier_ttl_ms, 0, 0, UINT64_C(31536000000), 0),
 	POOL_NUMBER(TYPE_SIZE, remote_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
+	{ .name = "remote_tier_map_names", .section = SECTION_POOL, .type = TYPE_BOOL,
+	  .offset = offsetof(struct kvpd_pool_config, remote_tier_map_names) },
 	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
 	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
 	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_uids) },

@@ -84,6 +84,7 @@ struct kvpd_pool_config {
 	uint32_t remote_tier_max_inflight; /* blocks queued or in flight to the tier thread */
 	uint64_t remote_tier_ttl_ms;	   /* PX of every value stored; 0: none */
 	uint64_t remote_tier_bandwidth;    /* bytes per second; 0 unknown, KVPD_MEASURE */
+	bool remote_tier_map_names;	   /* uid/gid namespaces named by user/group name */
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;
 	size_t n_allow_uids;

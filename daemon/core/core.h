@@ -515,6 +515,11 @@ uint32_t core_drop_cache(struct core *c);
  * for): the core may reuse it.  0, or -EINVAL (no such level, or the block is not kept).
  */
 int core_tier_stored(struct core *c, uint32_t tier, uint32_t block);
+/*
+ * A level's bandwidth changed (measured as it is used): the cost model decides again whether
+ * its hits are worth a transfer.  0 or -EINVAL (no such level, or a negative rate).
+ */
+int core_tier_set_bandwidth(struct core *c, uint32_t tier, double bandwidth);
 /* Blocks kept for a CORE_TIER_PROBED level's stores now. */
 uint32_t core_tier_storing(const struct core *c);
 

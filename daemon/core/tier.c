@@ -231,24 +231,38 @@ uint32_t tiers_drop_all(struct core *c)
 	return n;
 }
 
-int tiers_init(struct core *c)
+/* Whether a block's transfer from a level at this rate beats recomputing it. */
+static bool worth_promoting(const struct core *c, double bandwidth)
 {
 	const struct core_cost_config *cost = &c->cfg.cost;
 	double recompute = cost_recompute_s(cost->params, c->cfg.block_tokens, cost->flops);
+
+	/* Unknown figures promote: a transfer loses no work. */
+	return cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 || bandwidth <= 0 ||
+	       cost_choose(cost_transfer_s(cost->block_bytes, bandwidth), recompute) == COST_SWAP;
+}
+
+int core_tier_set_bandwidth(struct core *c, uint32_t t, double bandwidth)
+{
+	if (!tier_exists(c, t) || !(bandwidth >= 0))
+		return -EINVAL;
+	c->cfg.tiers[t - 1].bandwidth = bandwidth;
+	c->tiers[t].promote = worth_promoting(c, bandwidth);
+	return 0;
+}
+
+int tiers_init(struct core *c)
+{
 	int r;
 
 	for (uint32_t t = 1; t <= c->cfg.ntiers; t++) {
 		struct tier *tr = &c->tiers[t];
 		const struct core_tier_config *tc = &c->cfg.tiers[t - 1];
-		double transfer = tc->bandwidth > 0 ? cost_transfer_s(cost->block_bytes, tc->bandwidth)
-						    : 0;
 
 		tr->c = c;
 		tr->cfg = tc;
 		tr->id = t;
-		/* Unknown figures promote: a transfer loses no work. */
-		tr->promote = cost->params <= 0 || cost->flops <= 0 || cost->block_bytes <= 0 ||
-			      tc->bandwidth <= 0 || cost_choose(transfer, recompute) == COST_SWAP;
+		tr->promote = worth_promoting(c, tc->bandwidth);
 		if (tc->flags & CORE_TIER_PROBED) {
 			tr->probed = true;
 			c->probe_tier = t;

@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <grp.h>
+#include <pwd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +70,47 @@ static bool acl_allows(struct session *s, const struct kvpd_pool_config *pc)
  * client's string can only narrow it.  The salt is a keyed hash of both, so no string a client
  * sends can produce another credential's salt.
  */
+/*
+ * The name of a session's namespace on the remote tier, which every node computes alike
+ * (docs/remote.md): the pool's name and, for namespace = shared, "shared"; for a uid or gid
+ * namespace, the user's or group's name when remote_tier_map_names says so.  Numbers mean
+ * nothing on another machine: without a name the namespace stays on this node (false).
+ */
+static bool remote_name(const struct session *s, const struct kvpd_pool_config *pc,
+			const char *narrow, char *out, size_t len)
+{
+	char buf[4096], who[300];
+	int n;
+
+	switch (pc->namespace_mode) {
+	case KVPD_NS_SHARED:
+		snprintf(who, sizeof(who), "shared");
+		break;
+	case KVPD_NS_UID: {
+		struct passwd pw, *found = NULL;
+
+		if (!pc->remote_tier_map_names ||
+		    getpwuid_r(s->cred.uid, &pw, buf, sizeof(buf), &found) != 0 || !found)
+			return false;
+		snprintf(who, sizeof(who), "user:%s", found->pw_name);
+		break;
+	}
+	case KVPD_NS_GID: {
+		struct group gr, *found = NULL;
+
+		if (!pc->remote_tier_map_names ||
+		    getgrgid_r(s->cred.gid, &gr, buf, sizeof(buf), &found) != 0 || !found)
+			return false;
+		snprintf(who, sizeof(who), "group:%s", found->gr_name);
+		break;
+	}
+	default:
+		return false;
+	}
+	n = snprintf(out, len, "pool:%s/%s%s%s", pc->name, who, *narrow ? "/" : "", narrow);
+	return n > 0 && (size_t)n < len;
+}
+
 static void assign_namespace(struct session *s, const struct kvpd_pool_config *pc,
 			     const char *narrow)
 {
@@ -90,6 +132,16 @@ static void assign_namespace(struct session *s, const struct kvpd_pool_config *p
 	}
 	len = snprintf(key, sizeof(key), "%s%c%s", pc->name, 0, s->ns_name);
 	s->salt = XXH3_64bits_withSeed(key, (size_t)len, pc->namespace_seed);
+	/*
+	 * A named namespace of the remote tier: its salt from the name and the tier's key, so two
+	 * daemons with the same configuration compute the same chain hashes.
+	 */
+	s->remote_ns = false;
+	if (s->pool->remote && remote_name(s, pc, narrow, key, sizeof(key)) &&
+	    dpool_remote_salt(s->pool, key, &s->salt) == 0)
+		s->remote_ns = true;
+	else if (s->pool->remote)
+		s->pool->remote_unlocal++;
 }
 
 /*

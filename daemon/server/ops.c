@@ -197,6 +197,20 @@ static bool may_defer(const struct dpool *p)
 	       !p->cfg->file_tier_blocking_reads;
 }
 
+/*
+ * The flags an open or resume of this session's takes: deferred loads when the swap files may
+ * be read without the loop, or when the remote tier may be asked (only ever deferred: a
+ * network round trip never holds the loop); the remote tier for a named namespace.
+ */
+static uint32_t load_flags(const struct session *s)
+{
+	const struct dpool *p = s->pool;
+	bool remote = p->remote && p->remote_armed && s->remote_ns;
+
+	return (may_defer(p) || remote ? CORE_OPEN_DEFER_LOADS : 0) |
+	       (remote ? CORE_OPEN_PROBED : 0);
+}
+
 /* An open's figures, once its cached tokens are known. */
 static void open_counted(struct session *s, uint32_t nblocks, uint32_t cached)
 {
@@ -259,9 +273,15 @@ int ops_open(struct session *s, const uint32_t *tokens, uint32_t n, uint64_t ext
 	r = reserve_seq(s);
 	if (r < 0)
 		return r;
-	/* Reads from the swap files go on without the loop; host RAM is copied at once. */
-	if (defer && may_defer(s->pool))
-		o.flags |= CORE_OPEN_DEFER_LOADS;
+	/*
+	 * Reads from the swap files and fetches from the remote tier go on without the loop;
+	 * host RAM is copied at once.  A ring's open is answered within its batch: it neither
+	 * waits for the files nor asks the remote tier, but its blocks are published.
+	 */
+	if (defer)
+		o.flags |= load_flags(s);
+	else if (s->pool->remote && s->remote_ns)
+		o.flags |= CORE_OPEN_PROBED;
 	r = core_seq_open(s->pool->core, &o, &res->seq, &info);
 	settle_drops(s->pool);
 	if (r < 0)
@@ -452,8 +472,7 @@ int ops_resume(struct session *s, uint64_t seq, struct deferred_load *defer,
 	if (r < 0)
 		return r;
 	r = core_seq_resume_flags(s->pool->core, seq,
-				  defer && may_defer(s->pool) ? CORE_OPEN_DEFER_LOADS : 0,
-				  &res->recompute);
+				  defer ? load_flags(s) & CORE_OPEN_DEFER_LOADS : 0, &res->recompute);
 	settle_drops(s->pool);
 	if (r < 0)
 		return r;

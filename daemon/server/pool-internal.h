@@ -28,9 +28,22 @@ void dpool_copy_slots(void *ctx, const struct core_slot_copy *c, uint32_t n);
  * were queued at once).  The arrays are the file tier's batch, in flight while the job is
  * the head of the pool's queue.
  */
+/*
+ * A deferred load's parts: a sequence may wait for the swap files and the remote tier at once;
+ * the last part to finish hands the results to the core and answers the session.
+ */
+struct load_wait {
+	struct session *s; /* a reference, dropped when the last part ends */
+	uint64_t seq;
+	uint32_t parts;
+};
+
+/* Ends one part of w (freed with the last). */
+void dpool_load_part_done(struct dpool *p, struct load_wait *w);
+
 struct load_job {
 	struct load_job *next;
-	struct session *s; /* a reference, dropped when the job ends */
+	struct load_wait *wait; /* the sequence's, which the job's end ends a part of */
 	uint64_t seq;
 	uint32_t n;
 	uint64_t fence;  /* the reads start once this ticket is done (their blocks are free) */
@@ -53,6 +66,14 @@ struct load_job {
  */
 extern const struct core_tier_ops dpool_host_tier_ops;
 extern const struct core_tier_ops dpool_file_tier_ops;
+extern const struct core_tier_ops dpool_remote_tier_ops;
+/*
+ * Submits the remote part of a LOADING sequence's loads (those of p->remote_level): one fetch.
+ * 0 when there is none, 1 when it went out (w gets a part), or a failure that set their
+ * results at once (the blocks are recomputed).
+ */
+int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *loads,
+		      uint32_t n);
 /* A queued write failed: remember the slot; dpool_tier_poll tells the core between calls. */
 void dpool_on_file_lost(void *ctx, uint32_t slot, int err);
 /* Hands the pending stores whose moves are done to the file tier; waits for the first wait. */

@@ -296,6 +296,20 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 	if (c->file_tier_blocks)
 		p->file_level = tier_add(p, cc, "file", c->file_tier_blocks, p->file_bandwidth,
 					 &dpool_file_tier_ops);
+	/*
+	 * Last, the remote tier: a level nobody here can see into (CORE_TIER_PROBED).  One lookup
+	 * asks it for half of what may be in flight, so a fetch never shuts out every store.
+	 */
+	r = dpool_remote_open(p);
+	if (r < 0)
+		return r;
+	if (p->remote) {
+		uint32_t probe = c->remote_tier_max_inflight / 2;
+
+		p->remote_level = tier_add(p, cc, "remote", probe ? probe : 1, p->remote_bandwidth,
+					   &dpool_remote_tier_ops);
+		cc->tiers[cc->ntiers - 1].flags = CORE_TIER_PROBED;
+	}
 	cc->cost = (struct core_cost_config){
 		.block_bytes = (double)p->block_bytes,
 		.params = c->model_params,
@@ -365,10 +379,6 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	p->block_bytes = p->layer_stride * cfg->layers;
 	p->bytes_per_token = 2ull * cfg->layers * cfg->kv_heads * cfg->head_dim * cfg->element_bytes;
 
-	/* Checked at load, not served yet: say so rather than let an operator assume it is. */
-	if (cfg->remote_tier)
-		log_warning("pool %s: remote_tier is configured but this version does not use it yet "
-			    "(docs/remote.md): lookups and stores stay on this node", cfg->name);
 	r = backend_select(cfg, &ops, &module);
 	if (r < 0)
 		return r;
@@ -517,11 +527,15 @@ void dpool_done(struct dpool *p)
 	if (p->file && p->nstores)
 		dpool_stores_settle(p, p->nstores);
 	p->file = file_tier_close(p->file);
+	/* The remote tier's thread stops before the memory it reads and writes goes. */
+	dpool_remote_close(p);
 	/* Loads still queued at exit (a forced stop): their sessions are gone already. */
 	while (p->jobs) {
 		struct load_job *job = p->jobs;
 
 		p->jobs = job->next;
+		if (--job->wait->parts == 0)
+			free(job->wait);
 		free(job);
 	}
 	/* Nothing may still move into the host tier's arena or out of the pool when freed. */

@@ -1016,6 +1016,20 @@ static void handle(struct server *srv, struct io_uring_cqe *cqe)
 		}
 		dpool_tier_poll(op->pool);
 		break;
+	case OP_REMOTE:
+		/* The remote tier's thread completed jobs: stores let their blocks go, fetches
+		 * finish their loads. */
+		if (!(cqe->flags & IORING_CQE_F_MORE)) {
+			op->pool->remote_armed = false;
+			if (cqe->res >= 0)
+				dpool_arm_remote_poll(srv, op->pool);
+			else if (cqe->res != -ECANCELED)
+				log_error("pool %s: polling the remote tier's eventfd: %s; it is reaped "
+					  "between requests from now on, and opens no longer ask it",
+					  op->pool->cfg->name, strerror(-cqe->res));
+		}
+		dpool_remote_poll(op->pool);
+		break;
 	case OP_BACKEND:
 		/* Queued copies or moves completed: replies and reads that waited may go on. */
 		if (read(op->pool->mem.done_fd, &op->pool->backend_event,
@@ -1072,7 +1086,8 @@ uint64_t server_next_deadline(const struct server *srv)
 		 * instead; while replies or reads wait on it, a pass comes every millisecond.
 		 */
 		if (((!p->backend_armed && (p->nheld || p->jobs || p->nstores)) ||
-		     (p->file && !p->tier_armed && p->jobs)) &&
+		     (p->file && !p->tier_armed && p->jobs) ||
+		     (p->remote && !p->remote_armed && p->remote_fetching)) &&
 		    (!first || first > server_now_ns() + 1000000u))
 			first = server_now_ns() + 1000000u;
 		/* Outstanding tickets: the backend is asked now and then (a device error). */
@@ -1099,6 +1114,7 @@ int server_run(struct server *srv)
 	arm_tick(srv, start);
 	for (size_t i = 0; i < srv->npools; i++) {
 		dpool_arm_tier_poll(srv, &srv->pools[i]);
+		dpool_arm_remote_poll(srv, &srv->pools[i]);
 		dpool_arm_backend_poll(srv, &srv->pools[i]);
 	}
 
@@ -1167,6 +1183,8 @@ int server_run(struct server *srv)
 			dpool_flush(&srv->pools[i]); /* what this pass's requests demoted goes out */
 			if (!srv->pools[i].tier_armed)
 				dpool_tier_poll(&srv->pools[i]);
+			if (!srv->pools[i].remote_armed)
+				dpool_remote_poll(&srv->pools[i]);
 			if (!srv->pools[i].backend_armed ||
 			    (srv->pools[i].issued > srv->pools[i].completed &&
 			     server_now_ns() >= srv->pools[i].backend_checked_ns + BACKEND_CHECK_NS)) {

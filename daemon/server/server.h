@@ -37,6 +37,7 @@ enum op_kind {
 	OP_SWEEP,   /* the timer that closes silent and idle sessions */
 	OP_ACCEPT_RETRY, /* a listener's pause after failed accepts is over */
 	OP_HTTP,         /* the metrics endpoint's epoll fd is readable (http.c) */
+	OP_REMOTE,       /* a pool's remote tier thread completed jobs (its eventfd) */
 };
 
 struct op {
@@ -194,6 +195,19 @@ struct dpool {
 	struct op tier_op;     /* the poll on the file tier's eventfd */
 	uint64_t tier_event;   /* what reading the eventfd returns */
 	bool tier_armed;
+	/*
+	 * The remote tier (remoteio.c, docs/remote.md): its thread, its level in the core (the
+	 * last, CORE_TIER_PROBED), the bytes/s the cost model uses (configured, or measured from
+	 * the fetches with remote_tier_bandwidth = auto), and the poll on its eventfd.
+	 */
+	struct remote *remote;
+	uint32_t remote_level;
+	double remote_bandwidth;
+	uint64_t remote_sample_bytes, remote_sample_ns; /* auto: fetched since the last update */
+	uint32_t remote_fetching; /* fetch jobs submitted, not reaped */
+	uint64_t remote_unlocal;  /* sessions whose namespace stays on this node (not named) */
+	struct op remote_op;
+	bool remote_armed;
 };
 
 struct outbuf {
@@ -282,6 +296,7 @@ struct session {
 	char name[64];
 	char ns_name[80];
 	uint64_t salt;
+	bool remote_ns; /* its namespace has a name every node of the remote tier shares */
 	struct dpool *pool;
 	struct ns_stats *stats;
 
@@ -499,6 +514,17 @@ void dpool_tier_poll(struct dpool *p);
 int dpool_load(struct dpool *p, struct session *s, uint64_t seq);
 /* Arms the poll on the file tier's eventfd (once, at start; again when it ends). */
 void dpool_arm_tier_poll(struct server *srv, struct dpool *p);
+/*
+ * The remote tier (remoteio.c).  dpool_remote_open starts it for a pool that sets remote_tier
+ * (pool.c appends its level); dpool_arm_remote_poll polls its eventfd; dpool_remote_poll reaps
+ * what it completed (OP_REMOTE); dpool_remote_close stops it (before the pool's memory goes).
+ */
+int dpool_remote_open(struct dpool *p);
+void dpool_arm_remote_poll(struct server *srv, struct dpool *p);
+void dpool_remote_poll(struct dpool *p);
+void dpool_remote_close(struct dpool *p);
+/* The root salt of a named namespace of the pool's remote tier (docs/remote.md). */
+int dpool_remote_salt(const struct dpool *p, const char *name, uint64_t *ret);
 /* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
 void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
 /*

@@ -553,37 +553,70 @@ static void job_finish(struct dpool *p, struct load_job *job)
 		if (job->results[k] < 0)
 			warn_file_load(p, job->slots[k], job->results[k]);
 	}
-	core_seq_loaded(p->core, job->seq);
-	p->epoch++; /* failed loads may have freed tier slots; waiters may go on */
-	session_loaded(job->s, job->seq);
-	session_unref(job->s);
+	dpool_load_part_done(p, job->wait);
 	free(job);
+}
+
+void dpool_load_part_done(struct dpool *p, struct load_wait *w)
+{
+	if (--w->parts > 0)
+		return;
+	core_seq_loaded(p->core, w->seq);
+	p->epoch++; /* failed loads may have freed tier slots; waiters may go on */
+	session_loaded(w->s, w->seq);
+	session_unref(w->s);
+	free(w);
 }
 
 int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 {
 	struct load_job *job;
+	struct load_wait *w;
 	struct core_load *loads;
-	uint32_t n, nfile = 0;
+	uint32_t n, nfile = 0, nremote = 0;
 	size_t size;
 	char *mem;
 
 	core_seq_pending_loads(p->core, seq, &loads, &n);
-	for (uint32_t i = 0; i < n; i++)
+	for (uint32_t i = 0; i < n; i++) {
 		nfile += loads[i].tier == p->file_level;
+		nremote += p->remote_level && loads[i].tier == p->remote_level;
+	}
 	size = sizeof(*job) + (size_t)nfile * (2 * sizeof(uint32_t) + sizeof(struct tier_key) +
 					       sizeof(void *) + sizeof(int));
 	job = nfile ? calloc(1, size) : NULL;
-	if (nfile && !job)
+	w = nfile || nremote ? calloc(1, sizeof(*w)) : NULL;
+	if ((nfile && !job) || ((nfile || nremote) && !w)) {
+		free(job);
+		free(w);
 		return -ENOMEM;
+	}
 	/* Host RAM: queued now (or, from an unpinned tier, staged and queued). */
 	load_host_direct(p, loads, n);
 	if (!p->mem.base)
 		load_staged(p, loads, n, false);
+	/*
+	 * The parts it waits for: the swap files' reads and the remote tier's fetch, at once.  A
+	 * part counts from here to its end; the one held now keeps the last from ending first.
+	 */
+	if (w) {
+		*w = (struct load_wait){ .s = s, .seq = seq, .parts = 1 };
+		if (nremote)
+			(void)dpool_remote_load(p, w, loads, n); /* a failure set their results */
+	}
 	if (!nfile) {
+		free(job);
+		if (w && w->parts > 1) {
+			w->parts--;
+			s->refs++;
+			return 1;
+		}
+		free(w);
 		core_seq_loaded(p->core, seq);
 		return 0;
 	}
+	s->refs++;
+	job->wait = w; /* its part is the one held */
 	mem = (char *)(job + 1);
 	job->keys = (struct tier_key *)mem;
 	mem += nfile * sizeof(struct tier_key);
@@ -603,10 +636,8 @@ int dpool_load(struct dpool *p, struct session *s, uint64_t seq)
 		job->slots[job->n] = loads[i].slot;
 		job->which[job->n++] = i;
 	}
-	job->s = s;
 	job->seq = seq;
 	job->fence = file_loads_fence(p, loads, n);
-	s->refs++;
 	log_debug("pool %s: sequence %llu: reading %u blocks from the swap files, the loop going "
 		  "on", p->cfg->name, (unsigned long long)seq, nfile);
 	if (p->jobs_tail)

@@ -1,0 +1,319 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A pool's remote tier: the glue between the core's probed level (CORE_TIER_PROBED, the last
+ * one) and the tier's thread (daemon/tier/remote.h), which owns the Redis Cluster client and
+ * does the sealing.  docs/remote.md has the whole picture; here:
+ *
+ * - Publishing.  A block a named-namespace sequence commits is offered to the level (the
+ *   core's store callback): it becomes one store job, sealed by the thread straight from the
+ *   pool block, which the core keeps (not reused, not written) until the job comes back and
+ *   core_tier_stored lets it go.  A full queue drops the store (the thread counts it).
+ * - Fetching.  An open whose local chain ends asks the level for the prompt's next blocks: the
+ *   core allocates their pool blocks and the sequence waits LOADING (its session waits, the
+ *   loop and every other session do not).  They go out as one fetch job, opened by the thread
+ *   straight into those blocks; when it comes back the results go to the core, which takes the
+ *   leading hits (verified: the seal's tag, geometry, identity and tokens) and recomputes the
+ *   rest.  A late or failed block is a miss.
+ * - Namespaces.  A value's namespace is the sequence's salt, which for a named namespace is
+ *   derived from the name and the key (dpool_remote_salt): the same on every node.
+ * - Bytes.  Nothing is copied on the loop: jobs point at the pool's memory, which only a pool
+ *   in host memory has (a device pool would need a staging: not in this version).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+
+#include "daemon/log.h"
+#include "daemon/server/pool-internal.h"
+#include "daemon/server/server.h"
+#include "daemon/tier/remote.h"
+
+/* One block published: its job, and the pool block the core keeps for it. */
+struct rstore {
+	struct remote_job job;
+	struct remote_block block;
+	uint32_t pool_block;
+	uint8_t ns[8];
+};
+
+/* One sequence's fetch: the loads it answers (their index in the sequence's loads). */
+struct rfetch {
+	struct remote_job job;
+	struct load_wait *wait;
+	uint8_t ns[8];
+	uint32_t *which;
+	struct remote_block blocks[];
+};
+
+/* Hashes and salts travel little-endian: the same bytes on every node. */
+static void le64(uint8_t *d, uint64_t v)
+{
+	for (int i = 0; i < 8; i++)
+		d[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void hash_bytes(uint8_t d[16], struct core_hash h)
+{
+	le64(d, h.lo);
+	le64(d + 8, h.hi);
+}
+
+/* A fetched block's outcome as a load result (docs/remote.md: misses by reason). */
+static int load_result(const struct remote_block *b)
+{
+	switch (b->status) {
+	case REMOTE_OK:
+		return 0;
+	case REMOTE_ABSENT:
+		return -ENOENT;
+	case REMOTE_VERIFY:
+		return -EBADMSG;
+	case REMOTE_LATE:
+		return -ETIMEDOUT;
+	case REMOTE_DOWN:
+		return -EHOSTDOWN;
+	case REMOTE_BUSY:
+		return -EBUSY;
+	case REMOTE_CANCELLED:
+		return -ECANCELED;
+	default:
+		return -EIO;
+	}
+}
+
+/*
+ * The level's store: a block just made findable by a named-namespace sequence.  1: the store
+ * went out and reads the block until it comes back; 0: dropped (queue full, or the block's
+ * bytes still on their way in).
+ */
+static int remote_store_op(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
+			   uint32_t to, const struct core_key *key)
+{
+	struct dpool *p = ctx;
+	struct rstore *st;
+	int r;
+
+	(void)to_tier;
+	(void)to;
+	if (from_tier != CORE_TIER_POOL || !p->remote)
+		return 0;
+	/* A queued copy into it (copy_thread) would race the seal: not published. */
+	if (!dpool_passed(p, p->block_ticket[from]))
+		return 0;
+	st = malloc(sizeof(*st));
+	if (!st)
+		return -ENOMEM;
+	le64(st->ns, key->salt);
+	st->pool_block = from;
+	st->block = (struct remote_block){ .tokens = key->tokens, .data = block_at(p, from) };
+	hash_bytes(st->block.hash, key->hash);
+	hash_bytes(st->block.parent, key->parent);
+	st->job = (struct remote_job){ .kind = REMOTE_STORE, .ns = st->ns, .ns_len = sizeof(st->ns),
+				       .blocks = &st->block, .nblocks = 1, .user = st };
+	r = remote_store(p->remote, &st->job);
+	if (r < 0) {
+		free(st);
+		return r == -EBUSY ? 0 : r;
+	}
+	return 1;
+}
+
+/* Never asked: the core probes the level only for deferred loads (dpool_remote_load). */
+static void remote_load_op(void *ctx, struct core_load *loads, uint32_t n)
+{
+	(void)ctx;
+	for (uint32_t i = 0; i < n; i++)
+		loads[i].result = -ENOENT;
+}
+
+const struct core_tier_ops dpool_remote_tier_ops = { .store = remote_store_op,
+						     .load = remote_load_op };
+
+int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *loads, uint32_t n)
+{
+	struct rfetch *f;
+	uint32_t m = 0, first = UINT32_MAX;
+	uint64_t fence = 0;
+	int r;
+
+	for (uint32_t i = 0; i < n; i++)
+		if (loads[i].tier == p->remote_level) {
+			m++;
+			if (first == UINT32_MAX)
+				first = i;
+		}
+	if (!m)
+		return 0;
+	f = calloc(1, sizeof(*f) + m * (sizeof(struct remote_block) + sizeof(uint32_t)));
+	if (!f) {
+		r = -ENOMEM;
+		goto fail;
+	}
+	f->which = (uint32_t *)(f->blocks + m);
+	f->wait = w;
+	le64(f->ns, loads[first].key.salt);
+	m = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		struct remote_block *b = &f->blocks[m];
+
+		if (loads[i].tier != p->remote_level)
+			continue;
+		/* The key's tokens are the block's own in the core: they stay until loaded. */
+		*b = (struct remote_block){ .tokens = loads[i].key.tokens,
+					    .data = block_at(p, loads[i].block) };
+		hash_bytes(b->hash, loads[i].key.hash);
+		hash_bytes(b->parent, loads[i].key.parent);
+		if (p->block_ticket[loads[i].block] > fence)
+			fence = p->block_ticket[loads[i].block];
+		f->which[m++] = i;
+	}
+	/*
+	 * A block the allocation evicted may still be on its way out (a demotion, queued with
+	 * copy_thread): the thread writes into it only after.  Instant for plain host memory.
+	 */
+	dpool_wait(p, &fence);
+	f->job = (struct remote_job){ .kind = REMOTE_FETCH, .ns = f->ns, .ns_len = sizeof(f->ns),
+				      .blocks = f->blocks, .nblocks = m, .user = f };
+	r = p->failed ? p->failed : remote_fetch(p->remote, &f->job);
+	if (r < 0) {
+		free(f);
+		goto fail;
+	}
+	p->remote_fetching++;
+	w->parts++;
+	log_debug("pool %s: sequence %llu: fetching %u blocks from the remote tier, the loop going "
+		  "on", p->cfg->name, (unsigned long long)w->seq, m);
+	return 1;
+fail:
+	/* Recomputed, as any failed load; the tier counted a busy queue. */
+	for (uint32_t i = 0; i < n; i++)
+		if (loads[i].tier == p->remote_level)
+			loads[i].result = r;
+	return r;
+}
+
+/* With remote_tier_bandwidth = auto: what the fetches move, folded into the cost model. */
+static void bandwidth_sample(struct dpool *p, const struct remote_job *job)
+{
+	uint64_t bytes = 0;
+
+	for (size_t i = 0; i < job->nblocks; i++)
+		bytes += job->blocks[i].status == REMOTE_OK ? p->block_bytes : 0;
+	if (!bytes || p->cfg->remote_tier_bandwidth != KVPD_MEASURE)
+		return;
+	p->remote_sample_bytes += bytes;
+	p->remote_sample_ns += job->latency_ns ? job->latency_ns : 1;
+	/* A figure from at least 16 blocks' worth, then weighed with the last one. */
+	if (p->remote_sample_bytes < 16 * p->block_bytes)
+		return;
+	double bw = (double)p->remote_sample_bytes * 1e9 / (double)p->remote_sample_ns;
+
+	p->remote_bandwidth = p->remote_bandwidth > 0 ? 0.75 * p->remote_bandwidth + 0.25 * bw : bw;
+	p->remote_sample_bytes = p->remote_sample_ns = 0;
+	(void)core_tier_set_bandwidth(p->core, p->remote_level, p->remote_bandwidth);
+}
+
+static void job_back(struct remote_job *job, void *arg)
+{
+	struct dpool *p = arg;
+
+	if (job->kind == REMOTE_STORE) {
+		struct rstore *st = job->user;
+
+		if (p->core)
+			(void)core_tier_stored(p->core, p->remote_level, st->pool_block);
+		free(st);
+		return;
+	}
+	struct rfetch *f = job->user;
+	struct core_load *loads;
+	uint32_t n;
+
+	p->remote_fetching--;
+	if (!p->core) {
+		/* The pool is going (remote_free's done): the sessions are gone already. */
+		if (--f->wait->parts == 0)
+			free(f->wait);
+		free(f);
+		return;
+	}
+	core_seq_pending_loads(p->core, f->wait->seq, &loads, &n);
+	for (size_t i = 0; i < job->nblocks; i++)
+		if (f->which[i] < n)
+			loads[f->which[i]].result = load_result(&job->blocks[i]);
+	bandwidth_sample(p, job);
+	dpool_load_part_done(p, f->wait);
+	free(f);
+}
+
+void dpool_remote_poll(struct dpool *p)
+{
+	if (p->remote)
+		(void)remote_reap(p->remote, job_back, p);
+}
+
+void dpool_arm_remote_poll(struct server *srv, struct dpool *p)
+{
+	struct io_uring_sqe *sqe;
+
+	if (!p->remote || p->remote_armed)
+		return;
+	sqe = server_sqe(srv);
+	p->remote_op = (struct op){ .kind = OP_REMOTE, .pool = p };
+	io_uring_prep_poll_multishot(sqe, remote_fd(p->remote), POLLIN);
+	io_uring_sqe_set_data(sqe, &p->remote_op);
+	p->remote_armed = true;
+}
+
+int dpool_remote_open(struct dpool *p)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	const struct remote_config rc = {
+		.url = c->remote_tier,
+		.key_file = c->remote_tier_key_file,
+		.old_key_files = (const char *const *)c->remote_tier_old_key_files,
+		.n_old_key_files = c->n_remote_tier_old_key_files,
+		.geometry = { .layers = c->layers, .kv_heads = c->kv_heads,
+			      .head_dim = c->head_dim, .elem_bytes = c->element_bytes,
+			      .block_tokens = c->block_tokens, .payload_bytes = p->block_bytes },
+		.timeout_ms = c->remote_tier_timeout_ms,
+		.max_inflight = c->remote_tier_max_inflight,
+		.ttl_ms = c->remote_tier_ttl_ms,
+	};
+	char err[512] = "";
+	int r;
+
+	if (!c->remote_tier)
+		return 0;
+	if (!p->mem.base)
+		return log_error_errno(EOPNOTSUPP, "pool %s: remote_tier needs a pool in host memory "
+				       "in this version (backend = host): values are sealed from and "
+				       "opened into the pool's own memory", c->name);
+	r = remote_new(&rc, err, sizeof(err), &p->remote);
+	if (r < 0)
+		return log_error_errno(r, "pool %s: remote_tier: %s", c->name, err);
+	p->remote_bandwidth = c->remote_tier_bandwidth == KVPD_MEASURE
+				      ? 0 /* unknown: fetched until measured */
+				      : (double)c->remote_tier_bandwidth;
+	log_info("pool %s: remote tier %s (writes at %s, %u ms deadline, %u blocks in flight)",
+		 c->name, c->remote_tier, c->remote_tier_write == KVPD_REMOTE_COMMIT ? "commit" : "evict",
+		 c->remote_tier_timeout_ms, c->remote_tier_max_inflight);
+	return 0;
+}
+
+void dpool_remote_close(struct dpool *p)
+{
+	struct core *core = p->core;
+
+	/* What the thread still has comes back cancelled; the core goes with the pool anyway. */
+	p->core = NULL;
+	p->remote = remote_free(p->remote, job_back, p);
+	p->core = core;
+}
+
+int dpool_remote_salt(const struct dpool *p, const char *name, uint64_t *ret)
+{
+	return remote_namespace_salt(p->remote, name, strlen(name), ret);
+}
