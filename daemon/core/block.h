@@ -31,6 +31,8 @@ enum {
 	CORE_BLOCK_PRUNED = 1u << 4,   /* released by a sequence's retention policy while it kept
 					  later blocks: may be cached before its children */
 	CORE_BLOCK_STORING = 1u << 5,  /* a probed level's store still reads it: held once more */
+	CORE_BLOCK_LATE = 1u << 6,     /* cached when a store let go of it, maybe after its
+					  children: may be cached before them */
 };
 
 /*

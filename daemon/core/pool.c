@@ -104,7 +104,8 @@ uint32_t pool_alloc(struct pool *p)
 		 * Leaf-first holds by construction: a block becomes cached only after every
 		 * cached child did (tables release back to front, and whoever holds a child
 		 * holds its parent), so the oldest cached block has no cached child.
-		 * core_verify() checks this ordering.
+		 * core_verify() checks this ordering.  (Blocks a retention policy released, or
+		 * a store held past their children, are the exceptions: PRUNED, LATE.)
 		 */
 		b = p->lru_head;
 		if (b == CORE_NONE)

@@ -320,6 +320,13 @@ int core_tier_stored(struct core *c, uint32_t t, uint32_t b)
 		return -EINVAL;
 	blk->flags &= ~CORE_BLOCK_STORING;
 	c->nstoring--;
+	/*
+	 * The store held it past its sequence, whose children went back to the LRU before it
+	 * (leaf first) while it stayed out: cached now, it may be newer than they are.  Evicting
+	 * it first costs a fetch from the tier that has it, not a wrong hit.
+	 */
+	if (blk->refcount == 1)
+		blk->flags |= CORE_BLOCK_LATE;
 	pool_unref(&c->pool, b);
 	return 0;
 }

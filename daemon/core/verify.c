@@ -65,7 +65,7 @@ static int check_lists(struct verify *v)
 			return fail(v, "LRU back link of block %u is %u, expected %u", b, blk->prev,
 				    prev);
 		if (blk->refcount || blk->state != CORE_BLOCK_READY ||
-		    (blk->flags & ~(CORE_BLOCK_NODEMOTE | CORE_BLOCK_PRUNED)) !=
+		    (blk->flags & ~(CORE_BLOCK_NODEMOTE | CORE_BLOCK_PRUNED | CORE_BLOCK_LATE)) !=
 			    (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
 			return fail(v, "cached block %u has refcount %u state %u flags %#x", b,
 				    blk->refcount, blk->state, blk->flags);
@@ -257,11 +257,12 @@ static int check_blocks(struct verify *v, uint32_t *nindexed)
 
 			/*
 			 * Leaf-first: a cached child must be evicted before its cached parent,
-			 * unless a retention policy released the parent while keeping the child.
+			 * unless a retention policy released the parent while keeping the child,
+			 * or a store held the parent past the child.
 			 */
 			if (pb != CORE_NONE && v->lru_pos[b] && v->lru_pos[pb] &&
 			    v->lru_pos[pb] < v->lru_pos[b] &&
-			    !(p->blocks[pb].flags & CORE_BLOCK_PRUNED))
+			    !(p->blocks[pb].flags & (CORE_BLOCK_PRUNED | CORE_BLOCK_LATE)))
 				return fail(v, "cached block %u is older on the LRU than its child %u",
 					    pb, b);
 		}
