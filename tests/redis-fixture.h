@@ -29,6 +29,8 @@
 
 #include <hiredis/hiredis.h>
 
+#include "tests/check-runner.h"
+
 #define FIXTURE_MAX 8
 
 struct redis_server {
@@ -186,6 +188,15 @@ static inline void redis_fixture_standalone(struct redis_fixture *f)
 	f->s[0].pid = redis_spawn(f, f->s[0].port, false);
 }
 
+/* A standalone server's directory and free port, the server not started: redis_spawn starts it. */
+static inline void redis_fixture_absent(struct redis_fixture *f)
+{
+	memset(f, 0, sizeof(*f));
+	redis_fixture_dir(f);
+	f->n = 1;
+	f->s[0].port = free_port();
+}
+
 static inline bool cluster_ok(uint16_t port)
 {
 	redisReply *r = redis_direct(port, "CLUSTER INFO");
@@ -299,4 +310,47 @@ static inline void redis_fixture_stop(struct redis_fixture *f)
 	}
 	f->dir[0] = '\0';
 	f->n = 0;
+}
+
+/*
+ * For main(), once s holds the cases that need no server.  Ignores SIGPIPE first, as the daemon
+ * does: a write to a master just killed must fail, not kill the test.  Without redis-server or
+ * redis-cli it runs s alone, says the rest is skipped and returns false, *ret_status the exit
+ * status (77 if those cases passed); otherwise it returns true, nothing run, for the caller to
+ * add the cases that need Redis.
+ */
+static inline bool redis_fixture_suite_ready(Suite *s, int *ret_status)
+{
+	int r;
+
+	signal(SIGPIPE, SIG_IGN);
+	if (redis_installed())
+		return true;
+	r = run_suite(s);
+	fprintf(stderr, "redis-server or redis-cli not installed: the rest is skipped\n");
+	*ret_status = r == EXIT_SUCCESS ? 77 : r;
+	return false;
+}
+
+/* A case of the tests that need Redis, added to s; each test has timeout_s. */
+static inline TCase *redis_fixture_case(Suite *s, const char *name, unsigned timeout_s)
+{
+	TCase *tc = tcase_create(name);
+
+	tcase_set_timeout(tc, timeout_s);
+	suite_add_tcase(s, tc);
+	return tc;
+}
+
+/*
+ * A case on one cluster that up starts and down stops, in this process (an unchecked fixture),
+ * so that every test of it sees the same servers.
+ */
+static inline TCase *redis_fixture_cluster_case(Suite *s, const char *name, void (*up)(void),
+						void (*down)(void))
+{
+	TCase *tc = redis_fixture_case(s, name, 120);
+
+	tcase_add_unchecked_fixture(tc, up, down);
+	return tc;
 }

@@ -713,10 +713,7 @@ START_TEST(absent_at_start)
 	bool ok = false;
 	uint64_t t0;
 
-	memset(&sf, 0, sizeof(sf));
-	redis_fixture_dir(&sf);
-	sf.n = 1;
-	sf.s[0].port = free_port();
+	redis_fixture_absent(&sf);
 	c = client_of(&sf, 1, &o);
 	for (int round = 0; round < 3; round++) {
 		for (int i = 0; i < 50; i++) {
@@ -753,39 +750,27 @@ END_TEST
 int main(void)
 {
 	Suite *s = suite_create("redis");
-	TCase *offline = tcase_create("offline"), *cl = tcase_create("cluster");
-	TCase *fail = tcase_create("failures"), *solo = tcase_create("standalone");
+	TCase *offline = tcase_create("offline"), *cl, *fail, *solo;
 	int r;
 
-	/* As in the daemon: a write to a master just killed must fail, not kill the test. */
-	signal(SIGPIPE, SIG_IGN);
 	tcase_add_test(offline, url_parse);
 	tcase_add_test(offline, slots_known);
 	tcase_add_test(offline, connect_hangs);
 	suite_add_tcase(s, offline);
-	if (!redis_installed()) {
-		r = run_suite(s);
-		fprintf(stderr, "redis-server or redis-cli not installed: the rest is skipped\n");
-		return r == EXIT_SUCCESS ? 77 : r;
-	}
-	/* One cluster per case, started in this process (unchecked), so that every test of it
-	 * sees the same servers; the failures case gets a fresh one. */
-	tcase_add_unchecked_fixture(cl, cluster_up, cluster_down);
-	tcase_set_timeout(cl, 120);
+	if (!redis_fixture_suite_ready(s, &r))
+		return r;
+	/* One cluster per case; the failures case gets a fresh one. */
+	cl = redis_fixture_cluster_case(s, "cluster", cluster_up, cluster_down);
 	tcase_add_test(cl, keyslot);
 	tcase_add_test(cl, many_keys);
 	tcase_add_test(cl, big_values);
 	tcase_add_test(cl, moved);
 	tcase_add_test(cl, ask);
-	suite_add_tcase(s, cl);
-	tcase_add_unchecked_fixture(fail, cluster_up, cluster_down);
-	tcase_set_timeout(fail, 120);
+	fail = redis_fixture_cluster_case(s, "failures", cluster_up, cluster_down);
 	tcase_add_test(fail, hung_master);
 	tcase_add_test(fail, killed_master);
-	suite_add_tcase(s, fail);
-	tcase_set_timeout(solo, 60);
+	solo = redis_fixture_case(s, "standalone", 60);
 	tcase_add_test(solo, standalone);
 	tcase_add_test(solo, absent_at_start);
-	suite_add_tcase(s, solo);
 	return run_suite(s);
 }

@@ -936,11 +936,8 @@ START_TEST(absent_then_up)
 	bool ok = false;
 	uint64_t t0;
 
-	memset(&sf, 0, sizeof(sf));
-	redis_fixture_dir(&sf);
+	redis_fixture_absent(&sf);
 	keys_up(&sf);
-	sf.n = 1;
-	sf.s[0].port = free_port();
 	r = remote_on(&sf, 1, &(struct opts){ .payload = payload });
 	t0 = fixture_now_ms();
 	ck_assert_int_eq(fetch_one(r, 1, 8, payload, NULL, NULL), REMOTE_DOWN);
@@ -969,21 +966,14 @@ END_TEST
 int main(void)
 {
 	Suite *s = suite_create("remote");
-	TCase *offline = tcase_create("offline"), *cl = tcase_create("cluster");
-	TCase *solo = tcase_create("standalone");
+	TCase *offline = tcase_create("offline"), *cl, *solo;
 	int r;
 
-	/* As in the daemon: a write to a master just killed must fail, not kill the test. */
-	signal(SIGPIPE, SIG_IGN);
 	tcase_add_test(offline, bad_setup);
 	suite_add_tcase(s, offline);
-	if (!redis_installed()) {
-		r = run_suite(s);
-		fprintf(stderr, "redis-server or redis-cli not installed: the rest is skipped\n");
-		return r == EXIT_SUCCESS ? 77 : r;
-	}
-	tcase_add_unchecked_fixture(cl, cluster_up, cluster_down);
-	tcase_set_timeout(cl, 120);
+	if (!redis_fixture_suite_ready(s, &r))
+		return r;
+	cl = redis_fixture_cluster_case(s, "cluster", cluster_up, cluster_down);
 	tcase_add_test(cl, round_trip);
 	tcase_add_test(cl, absent);
 	tcase_add_test(cl, altered);
@@ -996,9 +986,7 @@ int main(void)
 	tcase_add_test(cl, stores_yield);
 	tcase_add_test(cl, free_between_chunks);
 	tcase_add_test(cl, too_big);
-	suite_add_tcase(s, cl);
-	tcase_set_timeout(solo, 60);
+	solo = redis_fixture_case(s, "standalone", 60);
 	tcase_add_test(solo, absent_then_up);
-	suite_add_tcase(s, solo);
 	return run_suite(s);
 }

@@ -347,7 +347,7 @@ static int daemon_appends(const struct lat_run *run, bool ring, uint32_t spin_us
 					  .max_blocks = 2 };
 	uint32_t total = run->warm + run->iters, first = 1, cached, len = 1;
 	struct kvp_completion cqe;
-	struct remote k;
+	struct remote_conn k;
 	uint64_t seq;
 	int r;
 
@@ -541,7 +541,7 @@ int cmd_latency(int argc, char **argv)
 	double busy_ratio, sleep_ratio, nospin_ratio;
 	const char *placement;
 	bool json = false;
-	struct remote probe;
+	struct remote_conn probe;
 	int opt, r = 0, base;
 
 	optind = 1;
@@ -669,7 +669,7 @@ struct tput_part {
 	uint64_t ops, ns;
 };
 
-static int tput_batches(const struct tput_ctx *x, uint32_t idx, struct remote *k,
+static int tput_batches(const struct tput_ctx *x, uint32_t idx, struct remote_conn *k,
 			struct tput_part *part, const char **what)
 {
 	const uint32_t per_seq = seq_max_tokens(kvp_pool(k->c));
@@ -750,7 +750,7 @@ static int tput_client(uint32_t idx, void *arg, struct worker_io *io)
 	};
 	struct tput_part part = { 0 };
 	const char *what = "connect";
-	struct remote k = { 0 };
+	struct remote_conn k = { 0 };
 	char who[32];
 	int r;
 

@@ -30,7 +30,7 @@ uint32_t pow2_at_least(uint32_t x)
 	return p;
 }
 
-int remote_connect(struct remote *k, const struct remote_options *o, const char *who)
+int remote_connect(struct remote_conn *k, const struct remote_options *o, const char *who)
 {
 	struct kvp_connect_options co = {
 		.size = sizeof(co),
@@ -40,7 +40,7 @@ int remote_connect(struct remote *k, const struct remote_options *o, const char 
 	};
 	int r;
 
-	*k = (struct remote){ .ring = o->ring };
+	*k = (struct remote_conn){ .ring = o->ring };
 	if (o->ring) {
 		co.ring_entries = o->ring_entries;
 		co.ring_data_bytes = o->ring_data_bytes;
@@ -60,13 +60,13 @@ int remote_connect(struct remote *k, const struct remote_options *o, const char 
 			fprintf(stderr, "kvpaged-bench: %s: cannot connect to %s: %s\n", who,
 				o->socket, strerror(-r));
 		free(k->ring_table);
-		*k = (struct remote){ 0 };
+		*k = (struct remote_conn){ 0 };
 		return r;
 	}
 	return 0;
 }
 
-void remote_disconnect(struct remote *k)
+void remote_disconnect(struct remote_conn *k)
 {
 	k->c = kvp_disconnect(k->c);
 	kvp_table_free(&k->table);
@@ -90,14 +90,14 @@ int remote_ring_call(struct kvp_client *c, const struct kvp_op *op, struct kvp_c
 }
 
 /* Table entries an operation over n tokens can return (an engine sizes its output the same way). */
-static uint32_t table_cap(const struct remote *k, uint64_t n)
+static uint32_t table_cap(const struct remote_conn *k, uint64_t n)
 {
 	uint64_t B = kvp_pool(k->c)->block_tokens, cap = (n + B - 1) / B + 1;
 
 	return cap < k->ring_table_cap ? (uint32_t)cap : k->ring_table_cap;
 }
 
-int remote_open(struct remote *k, const uint32_t *tokens, uint32_t n, uint64_t *ret_seq,
+int remote_open(struct remote_conn *k, const uint32_t *tokens, uint32_t n, uint64_t *ret_seq,
 		uint32_t *ret_cached)
 {
 	struct kvp_op op = { .opcode = KVP_OPEN, .tokens = tokens, .ntokens = n,
@@ -116,7 +116,7 @@ int remote_open(struct remote *k, const uint32_t *tokens, uint32_t n, uint64_t *
 	return 0;
 }
 
-int remote_commit(struct remote *k, uint64_t seq, uint32_t ntokens)
+int remote_commit(struct remote_conn *k, uint64_t seq, uint32_t ntokens)
 {
 	struct kvp_op op = { .opcode = KVP_COMMIT, .seq = seq, .arg = ntokens,
 			     .table_out = k->ring_table };
@@ -130,7 +130,7 @@ int remote_commit(struct remote *k, uint64_t seq, uint32_t ntokens)
 	return r < 0 ? r : (int)cqe.aux;
 }
 
-int remote_append(struct remote *k, uint64_t seq, const uint32_t *tokens, uint32_t n)
+int remote_append(struct remote_conn *k, uint64_t seq, const uint32_t *tokens, uint32_t n)
 {
 	struct kvp_op op = { .opcode = KVP_APPEND, .seq = seq, .tokens = tokens, .ntokens = n,
 			     .table_out = k->ring_table };
@@ -142,7 +142,7 @@ int remote_append(struct remote *k, uint64_t seq, const uint32_t *tokens, uint32
 	return remote_ring_call(k->c, &op, &cqe);
 }
 
-int remote_close(struct remote *k, uint64_t seq)
+int remote_close(struct remote_conn *k, uint64_t seq)
 {
 	struct kvp_op op = { .opcode = KVP_CLOSE, .seq = seq };
 	struct kvp_completion cqe;

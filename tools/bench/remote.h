@@ -26,7 +26,8 @@ struct remote_options {
 	uint32_t max_blocks;      /* with ring: the longest table a completion may carry */
 };
 
-struct remote {
+/* One client's connection to the daemon (not the remote tier's struct remote). */
+struct remote_conn {
 	struct kvp_client *c;
 	bool ring;
 	struct kvp_table table; /* what the socket calls return */
@@ -35,15 +36,15 @@ struct remote {
 };
 
 /* Connects; on failure prints why (prefixed by who) and returns -errno. */
-int remote_connect(struct remote *k, const struct remote_options *o, const char *who);
-void remote_disconnect(struct remote *k);
+int remote_connect(struct remote_conn *k, const struct remote_options *o, const char *who);
+void remote_disconnect(struct remote_conn *k);
 
 /* Sequence calls, through the socket or the rings as connected.  0 (or >= 0) or -errno. */
-int remote_open(struct remote *k, const uint32_t *tokens, uint32_t n, uint64_t *ret_seq,
+int remote_open(struct remote_conn *k, const uint32_t *tokens, uint32_t n, uint64_t *ret_seq,
 		uint32_t *ret_cached);
-int remote_commit(struct remote *k, uint64_t seq, uint32_t ntokens);
-int remote_append(struct remote *k, uint64_t seq, const uint32_t *tokens, uint32_t n);
-int remote_close(struct remote *k, uint64_t seq);
+int remote_commit(struct remote_conn *k, uint64_t seq, uint32_t ntokens);
+int remote_append(struct remote_conn *k, uint64_t seq, const uint32_t *tokens, uint32_t n);
+int remote_close(struct remote_conn *k, uint64_t seq);
 
 /* One operation through the rings: submits it and waits for its completion; returns its res. */
 int remote_ring_call(struct kvp_client *c, const struct kvp_op *op, struct kvp_completion *ret);

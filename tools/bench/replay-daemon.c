@@ -115,7 +115,7 @@ static bool rejected(int r)
 	return r == -ENOSPC || r == -EDQUOT;
 }
 
-static int replay_requests(const struct replay_ctx *x, uint32_t idx, struct remote *k,
+static int replay_requests(const struct replay_ctx *x, uint32_t idx, struct remote_conn *k,
 			   uint32_t *prompt, struct replay_part *part, const char **what)
 {
 	const struct workload *w = x->w;
@@ -193,7 +193,7 @@ static int replay_client(uint32_t idx, void *arg, struct worker_io *io)
 	struct replay_part *part = calloc(1, sizeof(*part));
 	uint32_t *prompt = malloc(((size_t)x->w->max_tokens + 1) * sizeof(*prompt));
 	const char *what = "connect";
-	struct remote k = { 0 };
+	struct remote_conn k = { 0 };
 	char who[32];
 	int r;
 
@@ -359,7 +359,7 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	size_t shared_bytes = sizeof(struct replay_shared) + (size_t)o->clients * sizeof(uint32_t);
 	struct replay_result local;
 	struct kvp_pool_info pool;
-	struct remote probe;
+	struct remote_conn probe;
 	uint64_t max_op;
 	char ns[64];
 	int r;

@@ -175,20 +175,81 @@ int cmd_seal(int argc, char **argv)
 	return 0;
 }
 
-static void redis_usage(FILE *f)
-{
-	fputs("usage: kvpaged-bench redis --seeds redis://HOST:PORT[,...] [--block-bytes N]\n"
-	      "                           [--depths 1,2,4,...] [--ops N] [--json]\n"
-	      "\n"
-	      "GET and SET GB/s of --block-bytes values (default 2 MiB) through the remote tier's\n"
-	      "cluster client, beside plain pipelined hiredis (one blocking context per master) on\n"
-	      "the same cluster, at each queue depth (default 1,2,4,8,16,32,64), --ops commands\n"
-	      "each (default 256).  Writes keys bench:N into the cluster.\n",
-	      f);
-}
-
 #define BENCH_KEYS 64
 #define MAX_MASTERS 64
+#define MAX_DEPTHS 16
+
+/* What kvpaged-bench redis and remote are told; only remote takes (and needs) --key-file. */
+struct depth_args {
+	const char *url, *key_file;
+	uint32_t block_bytes, ops, depths[MAX_DEPTHS];
+	int ndepths;
+	bool json;
+};
+
+/*
+ * Parses redis's arguments, or remote's (with_key_file), into a.  Returns whether the bench is
+ * to run; if not, *ret_status is the exit status (0 after --help, 2 for a usage error).
+ */
+static bool depth_args_parse(int argc, char **argv, bool with_key_file, void (*usage)(FILE *f),
+			     struct depth_args *a, int *ret_status)
+{
+	/* First, so that redis's table is the rest of remote's. */
+	static const struct option opts[] = {
+		{ "key-file", required_argument, NULL, 'k' },
+		{ "seeds", required_argument, NULL, 's' },
+		{ "block-bytes", required_argument, NULL, 'b' },
+		{ "depths", required_argument, NULL, 'd' },
+		{ "ops", required_argument, NULL, 'o' },
+		{ "json", no_argument, NULL, 'j' },
+		{ "help", no_argument, NULL, 'h' },
+		{}
+	};
+	uint32_t *target;
+	int opt;
+
+	*a = (struct depth_args){ .block_bytes = 2u << 20, .ops = 256,
+				  .depths = { 1, 2, 4, 8, 16, 32, 64 }, .ndepths = 7 };
+	optind = 1;
+	while ((opt = getopt_long(argc, argv, "", with_key_file ? opts : opts + 1, NULL)) != -1) {
+		target = NULL;
+		switch (opt) {
+		case 's': a->url = optarg; break;
+		case 'k': a->key_file = optarg; break;
+		case 'b': target = &a->block_bytes; break;
+		case 'o': target = &a->ops; break;
+		case 'd':
+			a->ndepths = parse_u32_list(optarg, a->depths, MAX_DEPTHS);
+			if (a->ndepths < 0) {
+				fprintf(stderr, "kvpaged-bench: --depths %s: not a list\n", optarg);
+				*ret_status = 2;
+				return false;
+			}
+			for (int i = 0; i < a->ndepths; i++)
+				if (!a->depths[i] || a->depths[i] > 64) {
+					fprintf(stderr, "kvpaged-bench: depths are 1 to 64\n");
+					*ret_status = 2;
+					return false;
+				}
+			break;
+		case 'j': a->json = true; break;
+		case 'h': usage(stdout); *ret_status = 0; return false;
+		default: usage(stderr); *ret_status = 2; return false;
+		}
+		if (target && (parse_u32(optarg, target) < 0 || *target == 0)) {
+			fprintf(stderr, "kvpaged-bench: %s: not a positive integer\n", optarg);
+			*ret_status = 2;
+			return false;
+		}
+	}
+	if (optind != argc || !a->url || (with_key_file && !a->key_file) ||
+	    a->block_bytes > (64u << 20)) {
+		usage(stderr);
+		*ret_status = 2;
+		return false;
+	}
+	return true;
+}
 
 struct raw_nodes {
 	redisContext *ctx[MAX_MASTERS];
@@ -196,6 +257,51 @@ struct raw_nodes {
 	unsigned n;
 	int of_key[BENCH_KEYS];
 };
+
+/*
+ * The cluster a bench runs on: the remote tier's client, plain hiredis's contexts, the keys, and
+ * the value hiredis sets.
+ */
+struct bench_cluster {
+	struct redis_cluster *c;
+	struct raw_nodes rn;
+	char keys[BENCH_KEYS][16];
+	const void *value;
+	size_t value_len;
+};
+
+/*
+ * Connects bc's cluster client to the cluster at url and names the keys; the masters' contexts
+ * are raw_connect's.  Returns 0, or the exit status once it said why (bench names the bench).
+ */
+static int bench_cluster_open(struct bench_cluster *bc, const char *bench, const char *url)
+{
+	struct redis_addr seeds[REDIS_MAX_SEEDS];
+	size_t nseeds;
+	char err[256];
+
+	bc->c = NULL;
+	bc->rn.n = 0;
+	if (redis_parse_url(url, seeds, REDIS_MAX_SEEDS, &nseeds, err, sizeof(err)) < 0) {
+		fprintf(stderr, "kvpaged-bench: --seeds: %s\n", err);
+		return 2;
+	}
+	if (redis_cluster_new(seeds, nseeds, NULL, &bc->c) < 0 ||
+	    redis_cluster_refresh(bc->c, 5000) < 0) {
+		fprintf(stderr, "kvpaged-bench: %s: no node of %s answers\n", bench, url);
+		return 1;
+	}
+	for (int k = 0; k < BENCH_KEYS; k++)
+		snprintf(bc->keys[k], sizeof(bc->keys[k]), "bench:%d", k);
+	return 0;
+}
+
+static void bench_cluster_close(struct bench_cluster *bc)
+{
+	for (unsigned n = 0; n < bc->rn.n; n++)
+		redisFree(bc->rn.ctx[n]);
+	redis_cluster_free(bc->c);
+}
 
 static int raw_connect(struct raw_nodes *rn, struct redis_cluster *c, char keys[][16])
 {
@@ -263,6 +369,87 @@ static int raw_batch(struct raw_nodes *rn, char keys[][16], uint32_t first, uint
 	return 0;
 }
 
+/*
+ * A bench of one side of the remote tier beside plain hiredis, at each queue depth: four phases
+ * (SET ours, SET hiredis, GET ours, GET hiredis; for remote, store and fetch are SET and GET).
+ */
+struct depth_bench {
+	const char *name;	  /* the bench's, in messages and in JSON */
+	const char *ours;	  /* what messages call the side beside hiredis */
+	const char *json_keys[4]; /* each phase's GB/s */
+	/* Our batch of depth commands or blocks from first (mod BENCH_KEYS): 0 or -errno. */
+	int (*batch)(void *ctx, bool set, uint32_t first, uint32_t depth);
+	/*
+	 * The table's GB/s columns are this wide; the ratios two less, and the gap before
+	 * hiredis's columns is four less (as the benches have always printed them).
+	 */
+	int width;
+};
+
+/*
+ * Runs and prints every depth (a row, or a JSON object, each): ours with ctx, hiredis on bc.
+ * 0, or 1 once it said why.
+ */
+static int depth_bench_run(const struct depth_bench *b, void *ctx, struct bench_cluster *bc,
+			   const struct depth_args *a)
+{
+	for (int d = 0; d < a->ndepths; d++) {
+		uint32_t depth = a->depths[d], batches = (a->ops + depth - 1) / depth;
+		double gb[4];
+
+		for (int phase = 0; phase < 4; phase++) {
+			bool set = phase < 2, raw = phase & 1;
+			uint64_t t0 = now_ns();
+			int r = 0;
+
+			for (uint32_t i = 0; i < batches && r >= 0; i++)
+				r = raw ? raw_batch(&bc->rn, bc->keys, i * depth, depth, set,
+						    bc->value, bc->value_len)
+					: b->batch(ctx, set, i * depth, depth);
+			if (r < 0) {
+				fprintf(stderr, "kvpaged-bench: %s: depth %u %s %s failed: %s\n",
+					b->name, depth, raw ? "hiredis" : b->ours,
+					set ? "SET" : "GET", strerror(-r));
+				return 1;
+			}
+			gb[phase] = gbps((uint64_t)batches * depth * a->block_bytes,
+					 (double)(now_ns() - t0));
+		}
+		if (a->json) {
+			json_object *j = json_object_new_object();
+
+			json_object_object_add(j, "bench", json_object_new_string(b->name));
+			json_object_object_add(j, "depth", json_object_new_int64(depth));
+			json_object_object_add(j, "block_bytes",
+					       json_object_new_int64(a->block_bytes));
+			for (int phase = 0; phase < 4; phase++)
+				json_object_object_add(j, b->json_keys[phase],
+						       json_object_new_double(gb[phase]));
+			json_print(j);
+		} else {
+			int w = b->width;
+
+			printf("  %5u  %*.2f GB/s%*s%*.2f GB/s  %*.0f%%  %*.2f GB/s%*s%*.2f GB/s  %*.0f%%\n",
+			       depth, w, gb[0], w - 4, "", w, gb[1], w - 2,
+			       gb[1] > 0 ? 100 * gb[0] / gb[1] : 0, w, gb[2], w - 4, "", w, gb[3], w - 2,
+			       gb[3] > 0 ? 100 * gb[2] / gb[3] : 0);
+		}
+	}
+	return 0;
+}
+
+static void redis_usage(FILE *f)
+{
+	fputs("usage: kvpaged-bench redis --seeds redis://HOST:PORT[,...] [--block-bytes N]\n"
+	      "                           [--depths 1,2,4,...] [--ops N] [--json]\n"
+	      "\n"
+	      "GET and SET GB/s of --block-bytes values (default 2 MiB) through the remote tier's\n"
+	      "cluster client, beside plain pipelined hiredis (one blocking context per master) on\n"
+	      "the same cluster, at each queue depth (default 1,2,4,8,16,32,64), --ops commands\n"
+	      "each (default 256).  Writes keys bench:N into the cluster.\n",
+	      f);
+}
+
 /* Checks and frees each reply as it arrives, like the raw loop. */
 static void client_done(struct redis_cmd *cmd, void *arg)
 {
@@ -294,126 +481,57 @@ static int client_batch(struct redis_cluster *c, struct redis_cmd *cmds, char ke
 	return bad ? -EPROTO : 0;
 }
 
+struct redis_bench {
+	struct bench_cluster *bc;
+	struct redis_cmd cmds[64];
+};
+
+static int redis_bench_batch(void *ctx, bool set, uint32_t first, uint32_t depth)
+{
+	struct redis_bench *x = ctx;
+
+	return client_batch(x->bc->c, x->cmds, x->bc->keys, first, depth, set, x->bc->value,
+			    x->bc->value_len);
+}
+
+static const struct depth_bench redis_depth_bench = {
+	.name = "redis", .ours = "client",
+	.json_keys = { "set_client_gbps", "set_hiredis_gbps",
+		       "get_client_gbps", "get_hiredis_gbps" },
+	.batch = redis_bench_batch, .width = 7,
+};
+
 int cmd_redis(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "seeds", required_argument, NULL, 's' },
-		{ "block-bytes", required_argument, NULL, 'b' },
-		{ "depths", required_argument, NULL, 'd' },
-		{ "ops", required_argument, NULL, 'o' },
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{}
-	};
-	uint32_t block_bytes = 2u << 20, ops = 256, depths[16] = { 1, 2, 4, 8, 16, 32, 64 }, *target;
-	int ndepths = 7, opt, r;
-	const char *url = NULL;
-	bool json = false;
-	struct redis_addr seeds[REDIS_MAX_SEEDS];
-	struct redis_cluster *c = NULL;
-	struct raw_nodes rn = { .n = 0 };
-	static char keys[BENCH_KEYS][16];
-	struct redis_cmd cmds[64];
-	size_t nseeds;
-	char err[256];
+	static struct bench_cluster bc;
+	static struct redis_bench x = { .bc = &bc };
+	struct depth_args a;
 	uint8_t *value;
+	int r;
 
-	optind = 1;
-	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		target = NULL;
-		switch (opt) {
-		case 's': url = optarg; break;
-		case 'b': target = &block_bytes; break;
-		case 'o': target = &ops; break;
-		case 'd':
-			ndepths = parse_u32_list(optarg, depths, 16);
-			if (ndepths < 0) {
-				fprintf(stderr, "kvpaged-bench: --depths %s: not a list\n", optarg);
-				return 2;
-			}
-			for (int i = 0; i < ndepths; i++)
-				if (!depths[i] || depths[i] > 64) {
-					fprintf(stderr, "kvpaged-bench: depths are 1 to 64\n");
-					return 2;
-				}
-			break;
-		case 'j': json = true; break;
-		case 'h': redis_usage(stdout); return 0;
-		default: redis_usage(stderr); return 2;
-		}
-		if (target && (parse_u32(optarg, target) < 0 || *target == 0)) {
-			fprintf(stderr, "kvpaged-bench: %s: not a positive integer\n", optarg);
-			return 2;
-		}
-	}
-	if (optind != argc || !url || block_bytes > (64u << 20)) {
-		redis_usage(stderr);
-		return 2;
-	}
+	if (!depth_args_parse(argc, argv, false, redis_usage, &a, &r))
+		return r;
 	signal(SIGPIPE, SIG_IGN); /* a node that dies mid-run fails its commands (redis.h) */
-	r = redis_parse_url(url, seeds, REDIS_MAX_SEEDS, &nseeds, err, sizeof(err));
-	if (r < 0) {
-		fprintf(stderr, "kvpaged-bench: --seeds: %s\n", err);
-		return 2;
-	}
-	if (redis_cluster_new(seeds, nseeds, NULL, &c) < 0 || redis_cluster_refresh(c, 5000) < 0) {
-		fprintf(stderr, "kvpaged-bench: redis: no node of %s answers\n", url);
-		return 1;
-	}
-	for (int k = 0; k < BENCH_KEYS; k++)
-		snprintf(keys[k], sizeof(keys[k]), "bench:%d", k);
-	value = malloc(block_bytes);
-	if (!value || raw_connect(&rn, c, keys) < 0) {
+	r = bench_cluster_open(&bc, "redis", a.url);
+	if (r)
+		return r;
+	value = malloc(a.block_bytes);
+	if (!value || raw_connect(&bc.rn, bc.c, bc.keys) < 0) {
 		fprintf(stderr, "kvpaged-bench: redis: cannot connect to the masters\n");
 		return 1;
 	}
-	for (uint32_t i = 0; i < block_bytes; i++)
+	for (uint32_t i = 0; i < a.block_bytes; i++)
 		value[i] = (uint8_t)mix64(i);
-	if (!json)
+	bc.value = value;
+	bc.value_len = a.block_bytes;
+	if (!a.json)
 		printf("redis: %u-byte values, %u commands per depth, %u masters\n"
 		       "  depth    SET client    SET hiredis   ratio    GET client    GET hiredis   ratio\n",
-		       block_bytes, ops, rn.n);
-	for (int d = 0; d < ndepths; d++) {
-		uint32_t depth = depths[d], batches = (ops + depth - 1) / depth;
-		double gb[4];
-
-		for (int phase = 0; phase < 4; phase++) {
-			bool set = phase < 2, raw = phase & 1;
-			uint64_t t0 = now_ns();
-
-			for (uint32_t b = 0; b < batches && r >= 0; b++)
-				r = raw ? raw_batch(&rn, keys, b * depth, depth, set, value, block_bytes)
-					: client_batch(c, cmds, keys, b * depth, depth, set, value,
-						       block_bytes);
-			if (r < 0) {
-				fprintf(stderr, "kvpaged-bench: redis: depth %u %s %s failed: %s\n",
-					depth, raw ? "hiredis" : "client", set ? "SET" : "GET",
-					strerror(-r));
-				return 1;
-			}
-			gb[phase] = gbps((uint64_t)batches * depth * block_bytes,
-					 (double)(now_ns() - t0));
-		}
-		if (json) {
-			json_object *j = json_object_new_object();
-
-			json_object_object_add(j, "bench", json_object_new_string("redis"));
-			json_object_object_add(j, "depth", json_object_new_int64(depth));
-			json_object_object_add(j, "block_bytes", json_object_new_int64(block_bytes));
-			json_object_object_add(j, "set_client_gbps", json_object_new_double(gb[0]));
-			json_object_object_add(j, "set_hiredis_gbps", json_object_new_double(gb[1]));
-			json_object_object_add(j, "get_client_gbps", json_object_new_double(gb[2]));
-			json_object_object_add(j, "get_hiredis_gbps", json_object_new_double(gb[3]));
-			json_print(j);
-		} else {
-			printf("  %5u  %7.2f GB/s   %7.2f GB/s  %5.0f%%  %7.2f GB/s   %7.2f GB/s  %5.0f%%\n",
-			       depth, gb[0], gb[1], gb[1] > 0 ? 100 * gb[0] / gb[1] : 0, gb[2], gb[3],
-			       gb[3] > 0 ? 100 * gb[2] / gb[3] : 0);
-		}
-	}
-	for (unsigned n = 0; n < rn.n; n++)
-		redisFree(rn.ctx[n]);
-	redis_cluster_free(c);
+		       a.block_bytes, a.ops, bc.rn.n);
+	r = depth_bench_run(&redis_depth_bench, &x, &bc, &a);
+	if (r)
+		return r;
+	bench_cluster_close(&bc);
 	free(value);
 	return 0;
 }
@@ -488,158 +606,95 @@ static int rb_batch(struct remote *r, struct rb_blocks *rb, const uint8_t *paylo
 	return 0;
 }
 
+struct remote_bench {
+	struct remote *rt;
+	struct rb_blocks rb;
+	const uint8_t *payload; /* what the tier stores */
+};
+
+static int remote_bench_batch(void *ctx, bool set, uint32_t first, uint32_t depth)
+{
+	struct remote_bench *x = ctx;
+
+	return rb_batch(x->rt, &x->rb, x->payload, first, depth, set);
+}
+
+static const struct depth_bench remote_depth_bench = {
+	.name = "remote", .ours = "tier",
+	.json_keys = { "store_tier_gbps", "set_hiredis_gbps",
+		       "fetch_tier_gbps", "get_hiredis_gbps" },
+	.batch = remote_bench_batch, .width = 6,
+};
+
 int cmd_remote(int argc, char **argv)
 {
-	static const struct option opts[] = {
-		{ "seeds", required_argument, NULL, 's' },
-		{ "key-file", required_argument, NULL, 'k' },
-		{ "block-bytes", required_argument, NULL, 'b' },
-		{ "depths", required_argument, NULL, 'd' },
-		{ "ops", required_argument, NULL, 'o' },
-		{ "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },
-		{}
-	};
-	uint32_t block_bytes = 2u << 20, ops = 256, depths[16] = { 1, 2, 4, 8, 16, 32, 64 }, *target;
-	int ndepths = 7, opt, r = 0;
-	const char *url = NULL, *key_file = NULL;
-	bool json = false;
-	struct redis_addr seeds[REDIS_MAX_SEEDS];
-	struct redis_cluster *c = NULL;
-	struct raw_nodes rn = { .n = 0 };
-	static char keys[BENCH_KEYS][16];
-	static struct rb_blocks rb;
-	struct remote *rt = NULL;
+	static struct bench_cluster bc;
+	static struct remote_bench x;
+	struct rb_blocks *rb = &x.rb;
 	struct remote_config cfg = { 0 };
-	size_t nseeds, sealed;
+	struct depth_args a;
+	size_t sealed;
 	char err[512];
 	uint8_t *payload, *value;
+	int r;
 
-	optind = 1;
-	while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-		target = NULL;
-		switch (opt) {
-		case 's': url = optarg; break;
-		case 'k': key_file = optarg; break;
-		case 'b': target = &block_bytes; break;
-		case 'o': target = &ops; break;
-		case 'd':
-			ndepths = parse_u32_list(optarg, depths, 16);
-			if (ndepths < 0) {
-				fprintf(stderr, "kvpaged-bench: --depths %s: not a list\n", optarg);
-				return 2;
-			}
-			for (int i = 0; i < ndepths; i++)
-				if (!depths[i] || depths[i] > 64) {
-					fprintf(stderr, "kvpaged-bench: depths are 1 to 64\n");
-					return 2;
-				}
-			break;
-		case 'j': json = true; break;
-		case 'h': remote_usage(stdout); return 0;
-		default: remote_usage(stderr); return 2;
-		}
-		if (target && (parse_u32(optarg, target) < 0 || *target == 0)) {
-			fprintf(stderr, "kvpaged-bench: %s: not a positive integer\n", optarg);
-			return 2;
-		}
-	}
-	if (optind != argc || !url || !key_file || block_bytes > (64u << 20)) {
-		remote_usage(stderr);
-		return 2;
-	}
+	if (!depth_args_parse(argc, argv, true, remote_usage, &a, &r))
+		return r;
 	signal(SIGPIPE, SIG_IGN);
-	cfg.url = url;
-	cfg.key_file = key_file;
+	cfg.url = a.url;
+	cfg.key_file = a.key_file;
 	cfg.geometry = (struct seal_geometry){ .layers = 1, .kv_heads = 1, .head_dim = 1,
 					       .elem_bytes = 1, .block_tokens = RB_TOKENS,
-					       .payload_bytes = block_bytes };
+					       .payload_bytes = a.block_bytes };
 	cfg.timeout_ms = 30000; /* throughput, not deadlines: nothing may come back late */
 	cfg.store_timeout_ms = 30000;
 	cfg.max_inflight = 64;
-	if (remote_new(&cfg, err, sizeof(err), &rt) < 0) {
+	if (remote_new(&cfg, err, sizeof(err), &x.rt) < 0) {
 		fprintf(stderr, "kvpaged-bench: remote: %s\n", err);
 		return 1;
 	}
-	r = redis_parse_url(url, seeds, REDIS_MAX_SEEDS, &nseeds, err, sizeof(err));
-	if (r < 0 || redis_cluster_new(seeds, nseeds, NULL, &c) < 0 ||
-	    redis_cluster_refresh(c, 5000) < 0) {
-		fprintf(stderr, "kvpaged-bench: remote: no node of %s answers\n", url);
-		return 1;
-	}
-	for (int k = 0; k < BENCH_KEYS; k++)
-		snprintf(keys[k], sizeof(keys[k]), "bench:%d", k);
+	/* remote_new took the same seeds: only the cluster not answering can fail here. */
+	r = bench_cluster_open(&bc, "remote", a.url);
+	if (r)
+		return r;
 	sealed = seal_size(&cfg.geometry, 5);
-	payload = malloc(block_bytes);
+	payload = malloc(a.block_bytes);
 	value = malloc(sealed);
-	if (!payload || !value || raw_connect(&rn, c, keys) < 0) {
+	if (!payload || !value || raw_connect(&bc.rn, bc.c, bc.keys) < 0) {
 		fprintf(stderr, "kvpaged-bench: remote: cannot connect to the masters\n");
 		return 1;
 	}
-	for (uint32_t i = 0; i < block_bytes; i++)
+	for (uint32_t i = 0; i < a.block_bytes; i++)
 		payload[i] = (uint8_t)mix64(i);
-	memcpy(value, payload, block_bytes < sealed ? block_bytes : sealed);
+	memcpy(value, payload, a.block_bytes < sealed ? a.block_bytes : sealed);
 	for (int k = 0; k < BENCH_KEYS; k++) {
 		uint64_t h = mix64((uint64_t)k + 1), g = mix64(h);
 
-		memcpy(rb.b[k].hash, &h, 8);
-		memcpy(rb.b[k].hash + 8, &g, 8);
+		memcpy(rb->b[k].hash, &h, 8);
+		memcpy(rb->b[k].hash + 8, &g, 8);
 		for (int t = 0; t < RB_TOKENS; t++)
-			rb.tokens[k][t] = (uint32_t)(k * RB_TOKENS + t);
-		rb.b[k].tokens = rb.tokens[k];
-		rb.dst[k] = malloc(block_bytes);
-		if (!rb.dst[k]) {
+			rb->tokens[k][t] = (uint32_t)(k * RB_TOKENS + t);
+		rb->b[k].tokens = rb->tokens[k];
+		rb->dst[k] = malloc(a.block_bytes);
+		if (!rb->dst[k]) {
 			fprintf(stderr, "kvpaged-bench: remote: out of memory\n");
 			return 1;
 		}
 	}
-	if (!json)
+	x.payload = payload;
+	bc.value = value; /* as long as the tier's sealed values */
+	bc.value_len = sealed;
+	if (!a.json)
 		printf("remote: %u-byte blocks (%zu sealed), %u blocks per depth, %u masters\n"
 		       "  depth  store tier   SET hiredis  ratio   fetch tier   GET hiredis  ratio\n",
-		       block_bytes, sealed, ops, rn.n);
-	for (int d = 0; d < ndepths; d++) {
-		uint32_t depth = depths[d], batches = (ops + depth - 1) / depth;
-		double gb[4];
-
-		for (int phase = 0; phase < 4; phase++) {
-			bool set = phase < 2, raw = phase & 1;
-			uint64_t t0 = now_ns();
-
-			for (uint32_t b = 0; b < batches && r >= 0; b++)
-				r = raw ? raw_batch(&rn, keys, b * depth, depth, set, value, sealed)
-					: rb_batch(rt, &rb, payload, b * depth, depth, set);
-			if (r < 0) {
-				fprintf(stderr, "kvpaged-bench: remote: depth %u %s %s failed: %s\n",
-					depth, raw ? "hiredis" : "tier", set ? "SET" : "GET",
-					strerror(-r));
-				return 1;
-			}
-			gb[phase] = gbps((uint64_t)batches * depth * block_bytes,
-					 (double)(now_ns() - t0));
-		}
-		if (json) {
-			json_object *j = json_object_new_object();
-
-			json_object_object_add(j, "bench", json_object_new_string("remote"));
-			json_object_object_add(j, "depth", json_object_new_int64(depth));
-			json_object_object_add(j, "block_bytes", json_object_new_int64(block_bytes));
-			json_object_object_add(j, "store_tier_gbps", json_object_new_double(gb[0]));
-			json_object_object_add(j, "set_hiredis_gbps", json_object_new_double(gb[1]));
-			json_object_object_add(j, "fetch_tier_gbps", json_object_new_double(gb[2]));
-			json_object_object_add(j, "get_hiredis_gbps", json_object_new_double(gb[3]));
-			json_print(j);
-		} else {
-			printf("  %5u  %6.2f GB/s  %6.2f GB/s  %4.0f%%  %6.2f GB/s  %6.2f GB/s  %4.0f%%\n",
-			       depth, gb[0], gb[1], gb[1] > 0 ? 100 * gb[0] / gb[1] : 0, gb[2], gb[3],
-			       gb[3] > 0 ? 100 * gb[2] / gb[3] : 0);
-		}
-	}
-	for (unsigned n = 0; n < rn.n; n++)
-		redisFree(rn.ctx[n]);
-	redis_cluster_free(c);
-	remote_free(rt, NULL, NULL);
+		       a.block_bytes, sealed, a.ops, bc.rn.n);
+	r = depth_bench_run(&remote_depth_bench, &x, &bc, &a);
+	if (r)
+		return r;
+	bench_cluster_close(&bc);
+	remote_free(x.rt, NULL, NULL);
 	for (int k = 0; k < BENCH_KEYS; k++)
-		free(rb.dst[k]);
+		free(rb->dst[k]);
 	free(payload);
 	free(value);
 	return 0;
