@@ -287,6 +287,9 @@ int dpool_remote_open(struct dpool *p)
 
 	if (!c->remote_tier)
 		return 0;
+	if (c->remote_tier_write == KVPD_REMOTE_EVICT)
+		log_warning("pool %s: remote_tier_write = evict is not served yet in this version: "
+			    "blocks are published when committed (docs/remote.md)", c->name);
 	if (!p->mem.base)
 		return log_error_errno(EOPNOTSUPP, "pool %s: remote_tier needs a pool in host memory "
 				       "in this version (backend = host): values are sealed from and "
