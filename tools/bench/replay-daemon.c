@@ -6,6 +6,11 @@
  * same tokens.  The in-process replay at the pool's capacity runs first, in the same run, so the
  * hit fractions can be compared: they differ only by how the clients' requests interleave.
  *
+ * With --daemon given more than once, the requests are dealt round-robin across the daemons
+ * (nodes): client c connects to node c % nodes, so request i goes to node i % nodes, and each
+ * node's hit fraction is printed after the total.  Nodes that share a remote tier hit on what
+ * the others committed; the in-process replay then runs at the nodes' capacities summed.
+ *
  * Free-running clients drift apart (one served faster than another gets hundreds of requests
  * ahead), and a request then no longer meets the prefixes its neighbours in the trace cached;
  * the clients report how far apart they got.  --ordered makes the opens happen in trace order.
@@ -52,6 +57,7 @@ struct replay_ctx {
 	struct remote_options ro;
 	struct replay_shared *shared;
 	uint32_t B;
+	uint32_t nclients; /* over all nodes: o->clients · o->nodes */
 };
 
 static void futex_wake_all(uint32_t *addr)
@@ -121,14 +127,14 @@ static int replay_requests(const struct replay_ctx *x, uint32_t idx, struct remo
 	const struct workload *w = x->w;
 	int r = 0;
 
-	for (uint32_t i = idx; i < w->nreqs; i += x->o->clients) {
+	for (uint32_t i = idx; i < w->nreqs; i += x->nclients) {
 		const struct wreq *q = &w->reqs[i];
 		uint32_t cached, lag;
 		uint64_t seq, t;
 
 		workload_prompt(w, i, prompt);
 		part->requests++;
-		lag = publish_pos(x->shared, x->o->clients, idx, i);
+		lag = publish_pos(x->shared, x->nclients, idx, i);
 		if (lag > part->max_lag)
 			part->max_lag = lag;
 		*what = "waiting for its turn";
@@ -190,6 +196,7 @@ static int replay_requests(const struct replay_ctx *x, uint32_t idx, struct remo
 static int replay_client(uint32_t idx, void *arg, struct worker_io *io)
 {
 	const struct replay_ctx *x = arg;
+	struct remote_options ro = x->ro;
 	struct replay_part *part = calloc(1, sizeof(*part));
 	uint32_t *prompt = malloc(((size_t)x->w->max_tokens + 1) * sizeof(*prompt));
 	const char *what = "connect";
@@ -198,7 +205,8 @@ static int replay_client(uint32_t idx, void *arg, struct worker_io *io)
 	int r;
 
 	snprintf(who, sizeof(who), "client %u", idx);
-	r = part && prompt ? remote_connect(&k, &x->ro, who) : -ENOMEM;
+	ro.socket = x->o->sockets[idx % x->o->nodes];
+	r = part && prompt ? remote_connect(&k, &ro, who) : -ENOMEM;
 	r = worker_ready(io, r);
 	if (r < 0)
 		return r;
@@ -220,13 +228,26 @@ static int replay_client(uint32_t idx, void *arg, struct worker_io *io)
 	return r;
 }
 
+/* What one node's clients did. */
+struct node_result {
+	uint32_t capacity;
+	uint32_t requests, rejected;
+	uint64_t blocks, hit_blocks;
+};
+
 /* The sum of what the clients did, as the in-process replay reports it. */
 struct daemon_result {
 	struct replay_result res;
 	struct hist lat;
 	uint32_t max_lag;
 	bool have_admin;
+	struct node_result node[REPLAY_MAX_NODES];
 };
+
+static double fraction(uint64_t hits, uint64_t blocks)
+{
+	return blocks ? (double)hits / (double)blocks : 0;
+}
 
 static int run_clients(struct replay_ctx *x, struct daemon_result *d)
 {
@@ -236,7 +257,7 @@ static int run_clients(struct replay_ctx *x, struct daemon_result *d)
 
 	if (!part)
 		return -ENOMEM;
-	r = workers_spawn(&ws, x->o->clients, replay_client, x);
+	r = workers_spawn(&ws, x->nclients, replay_client, x);
 	if (r < 0) {
 		fprintf(stderr, "kvpaged-bench: cannot start clients: %s\n", strerror(-r));
 		free(part);
@@ -244,6 +265,8 @@ static int run_clients(struct replay_ctx *x, struct daemon_result *d)
 	}
 	r = workers_start(&ws);
 	for (uint32_t i = 0; r == 0 && i < ws.n; i++) {
+		struct node_result *node = &d->node[i % x->o->nodes];
+
 		r = workers_collect(&ws, i, part, sizeof(*part));
 		if (r < 0) {
 			fprintf(stderr, "kvpaged-bench: client %u died\n", i);
@@ -254,6 +277,10 @@ static int run_clients(struct replay_ctx *x, struct daemon_result *d)
 			fprintf(stderr, "kvpaged-bench: client %u: %s\n", i, part->why);
 			failed = part->error;
 		}
+		node->requests += part->requests;
+		node->rejected += part->rejected;
+		node->blocks += part->blocks;
+		node->hit_blocks += part->hit_blocks;
 		d->res.requests += part->requests;
 		d->res.rejected += part->rejected;
 		d->res.blocks += part->blocks;
@@ -291,12 +318,25 @@ static void print_text(const struct replay_daemon_options *o, const struct repla
 	       local->ops ? (double)local->core_ns / (double)local->ops : 0, "-", "-");
 	if (d->have_admin)
 		snprintf(evicted, sizeof(evicted), "%" PRIu64, res->evictions);
-	printf("%10u %6u %9u %8" PRIu64 " %8" PRIu64 " %9.4f %8s %9.1f %8.1f %8.2f %8.2f"
-	       "  daemon, %u client%s, %s\n", res->capacity, res->block_tokens, res->requests,
-	       res->blocks, res->hit_blocks, frac, evicted, (double)res->wall_ns / 1e6,
+	printf("%10u %6u %9u %8" PRIu64 " %8" PRIu64 " %9.4f %8s %9.1f %8.1f %8.2f %8.2f",
+	       res->capacity, res->block_tokens, res->requests, res->blocks, res->hit_blocks, frac,
+	       evicted, (double)res->wall_ns / 1e6,
 	       res->ops ? (double)res->core_ns / (double)res->ops : 0,
-	       hist_quantile(&d->lat, 0.50) / 1e3, hist_quantile(&d->lat, 0.99) / 1e3, o->clients,
-	       o->clients == 1 ? "" : "s", o->ring ? "rings" : "socket");
+	       hist_quantile(&d->lat, 0.50) / 1e3, hist_quantile(&d->lat, 0.99) / 1e3);
+	if (o->nodes == 1)
+		printf("  daemon, %u client%s, %s\n", o->clients, o->clients == 1 ? "" : "s",
+		       o->ring ? "rings" : "socket");
+	else
+		printf("  %u daemons, %u client%s each, %s\n", o->nodes, o->clients,
+		       o->clients == 1 ? "" : "s", o->ring ? "rings" : "socket");
+	for (uint32_t n = 0; o->nodes > 1 && n < o->nodes; n++) {
+		const struct node_result *node = &d->node[n];
+
+		printf("%10u %6u %9u %8" PRIu64 " %8" PRIu64 " %9.4f %8s %9s %8s %8s %8s"
+		       "  node %u, %s\n", node->capacity, res->block_tokens, node->requests,
+		       node->blocks, node->hit_blocks, fraction(node->hit_blocks, node->blocks),
+		       "-", "-", "-", "-", "-", n, o->sockets[n]);
+	}
 	if (local->rejected || res->rejected)
 		printf("rejected (larger than the pool): %u in-process, %u daemon\n",
 		       local->rejected, res->rejected);
@@ -306,6 +346,12 @@ static void print_text(const struct replay_daemon_options *o, const struct repla
 	if (local->belady_hit_fraction >= 0)
 		printf("belady (offline optimum) at capacity %u: %.4f\n", local->capacity,
 		       local->belady_hit_fraction);
+	if (o->nodes > 1) {
+		printf("hit_frac per node:");
+		for (uint32_t n = 0; n < o->nodes; n++)
+			printf(" %.4f", fraction(d->node[n].hit_blocks, d->node[n].blocks));
+		printf("; total %.4f over %u nodes\n", frac, o->nodes);
+	}
 }
 
 static void print_json(const struct replay_daemon_options *o, const struct replay_result *local,
@@ -348,6 +394,28 @@ static void print_json(const struct replay_daemon_options *o, const struct repla
 			       json_object_new_int64((int64_t)local->hit_blocks));
 	json_object_object_add(j, "inprocess_hit_fraction", json_object_new_double(lfrac));
 	json_object_object_add(j, "hit_fraction_diff", json_object_new_double(frac - lfrac));
+	if (o->nodes > 1) {
+		json_object *nodes = json_object_new_array();
+
+		for (uint32_t n = 0; n < o->nodes; n++) {
+			const struct node_result *node = &d->node[n];
+			json_object *e = json_object_new_object();
+
+			json_object_object_add(e, "socket", json_object_new_string(o->sockets[n]));
+			json_object_object_add(e, "capacity_blocks",
+					       json_object_new_int64(node->capacity));
+			json_object_object_add(e, "requests", json_object_new_int64(node->requests));
+			json_object_object_add(e, "rejected", json_object_new_int64(node->rejected));
+			json_object_object_add(e, "blocks",
+					       json_object_new_int64((int64_t)node->blocks));
+			json_object_object_add(e, "hit_blocks",
+					       json_object_new_int64((int64_t)node->hit_blocks));
+			json_object_object_add(e, "hit_fraction", json_object_new_double(
+					       fraction(node->hit_blocks, node->blocks)));
+			json_object_array_add(nodes, e);
+		}
+		json_object_object_add(j, "nodes", nodes);
+	}
 	json_print(j);
 }
 
@@ -356,24 +424,43 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	struct replay_ctx x = { .w = w, .o = o, .B = B };
 	struct admin_pool before = { 0 }, after = { 0 };
 	struct daemon_result *d = NULL;
-	size_t shared_bytes = sizeof(struct replay_shared) + (size_t)o->clients * sizeof(uint32_t);
+	size_t shared_bytes;
 	struct replay_result local;
-	struct kvp_pool_info pool;
-	struct remote_conn probe;
+	struct kvp_pool_info pool, pools[REPLAY_MAX_NODES];
+	uint32_t capacity = 0;
 	uint64_t max_op;
 	char ns[64];
 	int r;
 
-	r = remote_connect(&probe, &(struct remote_options){ .socket = o->socket }, "replay");
-	if (r < 0)
-		return r;
-	pool = *kvp_pool(probe.c);
-	remote_disconnect(&probe);
-	if (pool.block_tokens != B) {
-		fprintf(stderr, "kvpaged-bench: --block-tokens %u, but pool %s has blocks of %u "
-			"tokens\n", B, pool.name, pool.block_tokens);
-		return -EINVAL;
+	x.nclients = o->clients * o->nodes;
+	shared_bytes = sizeof(struct replay_shared) + (size_t)x.nclients * sizeof(uint32_t);
+	for (uint32_t n = 0; n < o->nodes; n++) {
+		struct remote_conn probe;
+
+		r = remote_connect(&probe, &(struct remote_options){ .socket = o->sockets[n] },
+				   "replay");
+		if (r < 0)
+			return r;
+		pools[n] = *kvp_pool(probe.c);
+		remote_disconnect(&probe);
+		if (pools[n].block_tokens != B) {
+			fprintf(stderr, "kvpaged-bench: --block-tokens %u, but pool %s of %s has "
+				"blocks of %u tokens\n", B, pools[n].name, o->sockets[n],
+				pools[n].block_tokens);
+			return -EINVAL;
+		}
+		/* Only a pool of the same name shares the remote tier's blocks. */
+		if (strcmp(pools[n].name, pools[0].name))
+			fprintf(stderr, "kvpaged-bench: note: pool %s of %s, pool %s of %s: they "
+				"share no blocks\n", pools[0].name, o->sockets[0], pools[n].name,
+				o->sockets[n]);
+		if (pools[n].capacity_blocks > UINT32_MAX - capacity) {
+			fprintf(stderr, "kvpaged-bench: the pools are too large together\n");
+			return -EOVERFLOW;
+		}
+		capacity += pools[n].capacity_blocks;
 	}
+	pool = pools[0];
 
 	/*
 	 * A namespace of its own, shared by this run's clients: blocks cached by an earlier run
@@ -381,7 +468,7 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	 * blocks the LRU reuses first.
 	 */
 	snprintf(ns, sizeof(ns), "kvpaged-bench-%ld-%" PRIu64, (long)getpid(), now_ns());
-	x.ro = (struct remote_options){ .socket = o->socket, .ns = ns, .ring = o->ring };
+	x.ro = (struct remote_options){ .ns = ns, .ring = o->ring };
 	if (o->ring) {
 		/*
 		 * One operation in flight: its tokens and its table, twice over, since the data
@@ -401,9 +488,9 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	}
 
 	/* The same replay in-process at the same capacity, for comparison in the same run. */
-	r = replay_core(w, B, pool.capacity_blocks, o->prompt_only, &local);
+	r = replay_core(w, B, capacity, o->prompt_only, &local);
 	if (r == 0 && o->belady)
-		r = replay_belady(w, B, pool.capacity_blocks, o->prompt_only, &local);
+		r = replay_belady(w, B, capacity, o->prompt_only, &local);
 	if (r < 0) {
 		fprintf(stderr, "kvpaged-bench: in-process replay: %s\n", strerror(-r));
 		return r;
@@ -417,10 +504,12 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 		free(d);
 		return -ENOMEM;
 	}
-	for (uint32_t i = 0; i < o->clients; i++)
+	for (uint32_t i = 0; i < x.nclients; i++)
 		x.shared->pos[i] = POS_DONE;
-	d->res = (struct replay_result){ .capacity = pool.capacity_blocks, .block_tokens = B,
+	d->res = (struct replay_result){ .capacity = capacity, .block_tokens = B,
 					 .belady_hit_fraction = local.belady_hit_fraction };
+	for (uint32_t n = 0; n < o->nodes; n++)
+		d->node[n].capacity = pools[n].capacity_blocks;
 	if (o->admin) {
 		r = admin_pool_query(o->admin, pool.name, &before);
 		if (r < 0)
@@ -451,10 +540,19 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	}
 	if (o->json) {
 		print_json(o, &local, d);
-	} else {
+	} else if (o->nodes == 1) {
 		printf("daemon %s, pool %s: %u blocks of %u tokens; %u client%s through the %s\n",
-		       o->socket, pool.name, pool.capacity_blocks, pool.block_tokens, o->clients,
+		       o->sockets[0], pool.name, pool.capacity_blocks, pool.block_tokens, o->clients,
 		       o->clients == 1 ? "" : "s", o->ring ? "rings" : "socket");
+		print_text(o, &local, d);
+	} else {
+		for (uint32_t n = 0; n < o->nodes; n++)
+			printf("node %u: daemon %s, pool %s: %u blocks of %u tokens\n", n,
+			       o->sockets[n], pools[n].name, pools[n].capacity_blocks,
+			       pools[n].block_tokens);
+		printf("%u nodes, %u client%s each through the %s; requests dealt round-robin "
+		       "across the nodes\n", o->nodes, o->clients, o->clients == 1 ? "" : "s",
+		       o->ring ? "rings" : "socket");
 		print_text(o, &local, d);
 	}
 out:

@@ -111,6 +111,7 @@ static void replay_usage(FILE *f)
 	      "                            [--host-tier-blocks N] [--file-tier-blocks N]\n"
 	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
 	      "       kvpaged-bench replay --trace FILE --block-tokens N --daemon SOCKET\n"
+	      "                            [--daemon SOCKET...]\n"
 	      "                            [--clients N] [--ring [--spin-us US]] [--ordered]\n"
 	      "                            [--admin SOCKET]\n"
 	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
@@ -126,7 +127,10 @@ static void replay_usage(FILE *f)
 	      "goes to client i % N), over the socket or the rings; the capacity is the pool's,\n"
 	      "and the in-process replay at that capacity is printed beside it.  --ordered opens\n"
 	      "the requests in trace order across the clients.  --admin reads the pool's\n"
-	      "evictions from the admin socket.\n",
+	      "evictions from the admin socket.  --daemon given more than once deals the requests\n"
+	      "round-robin across the daemons (request i to node i % nodes), N clients each; the\n"
+	      "in-process replay then runs at their capacities summed, and each node's hit\n"
+	      "fraction follows the total.\n",
 	      f);
 }
 
@@ -198,7 +202,12 @@ int cmd_replay(int argc, char **argv)
 			json = true;
 			break;
 		case 'd':
-			remote.socket = optarg;
+			if (remote.nodes == REPLAY_MAX_NODES) {
+				fprintf(stderr, "kvpaged-bench: --daemon: at most %u\n",
+					REPLAY_MAX_NODES);
+				return 2;
+			}
+			remote.sockets[remote.nodes++] = optarg;
 			break;
 		case 'C':
 			if (parse_u32(optarg, &remote.clients) < 0 || remote.clients == 0 ||
@@ -241,22 +250,31 @@ int cmd_replay(int argc, char **argv)
 			return 2;
 		}
 	}
-	if (remote.socket && (host || file)) {
+	if (remote.nodes && (host || file)) {
 		fprintf(stderr, "kvpaged-bench: --host-tier-blocks and --file-tier-blocks are the "
 			"daemon's pool settings with --daemon\n");
 		return 2;
 	}
-	if (!trace || !B || optind != argc || (remote.socket ? ncaps != 0 : ncaps <= 0)) {
-		if (remote.socket && ncaps)
+	if (!trace || !B || optind != argc || (remote.nodes ? ncaps != 0 : ncaps <= 0)) {
+		if (remote.nodes && ncaps)
 			fprintf(stderr, "kvpaged-bench: --capacity-blocks: with --daemon the "
 				"capacity is the pool's\n");
 		replay_usage(stderr);
 		return 2;
 	}
-	if (!remote.socket &&
+	if (!remote.nodes &&
 	    (clients_given || remote.ring || remote.admin || spin_given || remote.ordered)) {
 		fprintf(stderr, "kvpaged-bench: --clients, --ring, --spin-us, --ordered and "
 			"--admin need --daemon\n");
+		return 2;
+	}
+	if (remote.nodes > 1 && remote.admin) {
+		fprintf(stderr, "kvpaged-bench: --admin needs a single --daemon\n");
+		return 2;
+	}
+	if (remote.clients * remote.nodes > MAX_CLIENTS) {
+		fprintf(stderr, "kvpaged-bench: --clients times the daemons: at most %u\n",
+			MAX_CLIENTS);
 		return 2;
 	}
 	if (spin_given && !remote.ring) {
@@ -270,7 +288,7 @@ int cmd_replay(int argc, char **argv)
 		workload_free(&w);
 		return 1;
 	}
-	if (remote.socket) {
+	if (remote.nodes) {
 		remote.prompt_only = prompt_only;
 		remote.belady = belady;
 		remote.json = json;

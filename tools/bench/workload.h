@@ -91,10 +91,15 @@ int replay_core_tiers(const struct workload *w, uint32_t block_tokens, uint32_t 
 int replay_belady(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
 		  bool prompt_only, struct replay_result *res);
 
+/* Daemons one replay may deal its requests across (--daemon given this many times). */
+#define REPLAY_MAX_NODES 16
+
 struct replay_daemon_options {
-	const char *socket; /* the daemon's client socket */
-	const char *admin;  /* its admin socket, for evictions (NULL: not reported) */
-	uint32_t clients;   /* client processes; request i goes to client i % clients */
+	const char *sockets[REPLAY_MAX_NODES]; /* the daemons' client sockets, one per node */
+	uint32_t nodes;     /* sockets given; request i goes to node i % nodes */
+	const char *admin;  /* with one node: its admin socket, for evictions (NULL: not reported) */
+	uint32_t clients;   /* client processes per node; request i goes to client i % (clients ·
+			     * nodes), which is one of node i % nodes's */
 	uint32_t spin_us;   /* with ring: kvp_complete spins this long before sleeping */
 	bool ring;          /* the async ring API instead of the socket calls */
 	bool ordered;       /* requests open in trace order across the clients */
@@ -104,8 +109,9 @@ struct replay_daemon_options {
 };
 
 /*
- * Replays w through a running daemon from o->clients processes, after replaying it in-process
- * at the pool's capacity for comparison; prints both.  block_tokens must be the pool's.
+ * Replays w through running daemons (o->nodes of them) from o->clients processes each, after
+ * replaying it in-process at the pools' capacity summed for comparison; prints both, and with
+ * more than one node each node's hit fraction.  block_tokens must be every pool's.
  * Returns 0 or -errno (after printing why).
  */
 int replay_daemon(const struct workload *w, uint32_t block_tokens,
