@@ -185,6 +185,11 @@ START_TEST(test_remote_replies)
 	ar->tier.hits = 77;
 	ck_assert(!admin_remote_fill(&f.pools[0], ar));
 	ck_assert_uint_eq(ar->tier.hits, 77);
+	/* Before any job: the seed, never needed yet. */
+	ck_assert(admin_remote_fill(&f.pools[1], ar));
+	ck_assert_uint_eq(x->n_nodes, 1);
+	ck_assert_str_eq(x->nodes[0]->state, "idle");
+	ck_assert_uint_eq(x->fetches, 0);
 	fetch_one(f.pools[1].remote);
 	ck_assert(admin_remote_fill(&f.pools[1], ar));
 	ck_assert_uint_eq(x->n_nodes, 1);
