@@ -194,8 +194,8 @@ static void remote_metrics_text(struct server *srv, struct text *t)
 		{ "fetches_busy_total", "counter",
 		  "Fetch jobs refused at once: the remote tier's queue was full.",
 		  offsetof(Kvpaged__V1__RemoteTier, fetches_busy) },
-		{ "hits_total", "counter", "Blocks fetched from the remote tier, verified and opened.",
-		  offsetof(Kvpaged__V1__RemoteTier, hits) },
+		{ "hits_total", "counter",
+		  "Blocks fetched from the remote tier, verified and opened.", offsetof(Kvpaged__V1__RemoteTier, hits) },
 		{ "bytes_in_total", "counter", "Sealed values fetched from the remote tier.",
 		  offsetof(Kvpaged__V1__RemoteTier, bytes_in) },
 		{ "bytes_out_total", "counter", "Sealed values stored to the remote tier.",
@@ -274,16 +274,16 @@ static void remote_metrics_text(struct server *srv, struct text *t)
 		       "by reason.\n# TYPE kvpaged_remote_misses_total counter\n");
 	FOR_REMOTE(i, x)
 		for (size_t r = 0; r < x->n_misses; r++)
-			text_printf(t, "kvpaged_remote_misses_total{pool=\"%s\",reason=\"%s\"} %llu\n",
-				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+			text_printf(t, "kvpaged_remote_misses_total{pool=\"%s\",reason=\"%s\"} "
+				       "%llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
 				    x->misses[r]->reason, (unsigned long long)x->misses[r]->count);
 	text_printf(t, "# HELP kvpaged_remote_verify_failures_total Remote tier values that did "
 		       "not open (the misses with reason verify), by why.\n"
 		       "# TYPE kvpaged_remote_verify_failures_total counter\n");
 	FOR_REMOTE(i, x)
 		for (size_t r = 0; r < x->n_verify_failures; r++)
-			text_printf(t, "kvpaged_remote_verify_failures_total{pool=\"%s\",reason=\"%s\"} "
-				       "%llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+			text_printf(t, "kvpaged_remote_verify_failures_total{pool=\"%s\","
+				       "reason=\"%s\"} %llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
 				    x->verify_failures[r]->reason,
 				    (unsigned long long)x->verify_failures[r]->count);
 	text_printf(t, "# HELP kvpaged_remote_stores_total Blocks stored to the remote tier, by "
@@ -298,15 +298,18 @@ static void remote_metrics_text(struct server *srv, struct text *t)
 			    (unsigned long long)x->stores_dropped, pl,
 			    (unsigned long long)x->stores_failed);
 	}
-	text_printf(t, "# HELP kvpaged_remote_fetch_latency_seconds Remote tier fetch latency, "
-		       "submit to completion, over the last 1024 fetches.\n"
-		       "# TYPE kvpaged_remote_fetch_latency_seconds gauge\n");
-	FOR_REMOTE(i, x) {
-		label(srv->pools[i].cfg->name, pl, sizeof(pl));
-		text_printf(t, "kvpaged_remote_fetch_latency_seconds{pool=\"%s\",quantile=\"0.5\"} "
-			       "%.9f\n"
-			       "kvpaged_remote_fetch_latency_seconds{pool=\"%s\",quantile=\"0.99\"} "
-			       "%.9f\n", pl, x->latency_p50_ns / 1e9, pl, x->latency_p99_ns / 1e9);
+	/* Two gauges, not a summary's quantile label: the tier keeps no sum or count of them. */
+	for (int q = 0; q < 2; q++) {
+		const char *name = q ? "p99" : "p50";
+
+		text_printf(t, "# HELP kvpaged_remote_fetch_latency_%s_seconds Remote tier fetch "
+			       "latency, submit to completion: the %s of the last 1024 fetches.\n"
+			       "# TYPE kvpaged_remote_fetch_latency_%s_seconds gauge\n", name,
+			    q ? "99th percentile" : "median", name);
+		FOR_REMOTE(i, x)
+			text_printf(t, "kvpaged_remote_fetch_latency_%s_seconds{pool=\"%s\"} %.9f\n",
+				    name, label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (q ? x->latency_p99_ns : x->latency_p50_ns) / 1e9);
 	}
 	text_printf(t, "# HELP kvpaged_remote_inflight_blocks Blocks submitted to the remote tier's "
 		       "thread and not reaped yet.\n# TYPE kvpaged_remote_inflight_blocks gauge\n");

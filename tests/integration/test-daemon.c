@@ -747,8 +747,8 @@ START_TEST(test_remote_tier_shown)
 	ck_assert_ptr_null(strstr(out, "main: remote tier"));
 
 	ck_assert_int_eq(ctl_plain(&d, "metrics", out, sizeof(out)), 0);
-	ck_assert_msg(strstr(out, "\nkvpaged_remote_misses_total{pool=\"shared\",reason=\"down\"} 2\n"),
-		      "%s", out);
+	ck_assert_msg(strstr(out, "\nkvpaged_remote_misses_total{pool=\"shared\","
+				  "reason=\"down\"} 2\n"), "%s", out);
 	ck_assert_ptr_nonnull(strstr(out, "\nkvpaged_remote_node_state{pool=\"shared\","
 					  "node=\"127.0.0.1:1\",state=\"down\"} 1\n"));
 	ck_assert_ptr_nonnull(strstr(out, "\nkvpaged_remote_fetches_total{pool=\"shared\"} 1\n"));

@@ -245,8 +245,8 @@ START_TEST(test_remote_metrics)
 				 "1500000000"));
 	ck_assert(has_line(text, "kvpaged_remote_local_sessions_total{pool=\"shared\"} 3"));
 	ck_assert(has_line(text, "kvpaged_remote_probes_total{pool=\"shared\"} 0"));
-	ck_assert(strstr(text, "kvpaged_remote_fetch_latency_seconds{pool=\"shared\","
-			       "quantile=\"0.99\"} "));
+	ck_assert(strstr(text, "\nkvpaged_remote_fetch_latency_p99_seconds{pool=\"shared\"} "));
+	ck_assert(strstr(text, "\nkvpaged_remote_fetch_latency_p50_seconds{pool=\"shared\"} "));
 	ck_assert(has_line(text, "kvpaged_tier_blocks{pool=\"shared\",tier=\"remote\"} 0"));
 	/* The pool without one has no remote sample at all. */
 	for (const char *line = text; line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL)
