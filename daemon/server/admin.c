@@ -95,6 +95,237 @@ static const char *label(const char *s, char *out, size_t n)
 	return admin_label_value(s, out, n);
 }
 
+/*
+ * The remote tier's reasons as label values and JSON keys: one word each, stable (the tier's
+ * own names, remote_status_name and seal_reason_name, are for log lines).
+ */
+static const char *const remote_miss_keys[REMOTE_NSTATUS] = {
+	[REMOTE_ABSENT] = "absent", [REMOTE_LATE] = "late",   [REMOTE_VERIFY] = "verify",
+	[REMOTE_DOWN] = "down",	    [REMOTE_BUSY] = "busy",   [REMOTE_ERROR] = "error",
+	[REMOTE_CANCELLED] = "cancelled",
+};
+static const char *const remote_verify_keys[SEAL_NREASONS] = {
+	[SEAL_TRUNCATED] = "truncated",	    [SEAL_BAD_MAGIC] = "bad_magic",
+	[SEAL_BAD_VERSION] = "bad_version", [SEAL_UNKNOWN_KEY] = "unknown_key",
+	[SEAL_GEOMETRY] = "geometry",	    [SEAL_TAG] = "tag",
+	[SEAL_IDENTITY] = "identity",	    [SEAL_TOKENS] = "tokens",
+};
+/* A status or a reason added to the tier needs its key above. */
+_Static_assert(REMOTE_NSTATUS == 9 && SEAL_NREASONS == 9, "remote tier keys out of date");
+
+bool admin_remote_fill(struct dpool *p, struct admin_remote *ret)
+{
+	Kvpaged__V1__RemoteTier *x = &ret->tier;
+	struct remote_stats *st = &ret->stats;
+	struct core_tier_stats ts = { 0 };
+
+	if (!p->remote)
+		return false;
+	remote_get_stats(p->remote, st);
+	(void)core_get_tier_stats(p->core, p->remote_level, &ts);
+	kvpaged__v1__remote_tier__init(x);
+	for (size_t i = 0; i < st->nnodes && i < REMOTE_MAX_NODES; i++) {
+		Kvpaged__V1__RemoteNode *n = &ret->nodes[i];
+		const struct redis_node_info *ni = &st->nodes[i];
+
+		kvpaged__v1__remote_node__init(n);
+		n->addr = (char *)ni->addr;
+		n->state = (char *)redis_node_state_name(ni->state);
+		n->slots = ni->slots;
+		n->commands = ni->commands;
+		n->errors = ni->errors;
+		n->bytes_in = ni->bytes_in;
+		n->bytes_out = ni->bytes_out;
+		n->connects = ni->connects;
+		n->failures = ni->failures;
+		ret->nodep[x->n_nodes++] = n;
+	}
+	x->nodes = ret->nodep;
+	x->bandwidth = p->remote_bandwidth;
+	x->promotes = core_tier_promotes(p->core, p->remote_level);
+	x->inflight = st->inflight;
+	x->local_sessions = p->remote_unlocal;
+	x->fetches = st->fetches;
+	x->fetches_busy = st->fetches_busy;
+	x->hits = st->hits;
+	for (int r = 0; r < REMOTE_NSTATUS; r++) {
+		Kvpaged__V1__RemoteCount *c = &ret->misses[x->n_misses];
+
+		if (!remote_miss_keys[r])
+			continue;
+		kvpaged__v1__remote_count__init(c);
+		c->reason = (char *)remote_miss_keys[r];
+		c->count = st->misses[r];
+		ret->missp[x->n_misses++] = c;
+	}
+	x->misses = ret->missp;
+	for (int r = 0; r < SEAL_NREASONS; r++) {
+		Kvpaged__V1__RemoteCount *c = &ret->verify[x->n_verify_failures];
+
+		if (!remote_verify_keys[r])
+			continue;
+		kvpaged__v1__remote_count__init(c);
+		c->reason = (char *)remote_verify_keys[r];
+		c->count = st->verify[r];
+		ret->verifyp[x->n_verify_failures++] = c;
+	}
+	x->verify_failures = ret->verifyp;
+	x->stores_ok = st->stores_ok;
+	x->stores_dropped = st->stores_dropped;
+	x->stores_failed = st->stores_failed;
+	x->bytes_in = st->bytes_in;
+	x->bytes_out = st->bytes_out;
+	x->latency_p50_ns = st->latency_p50_ns;
+	x->latency_p99_ns = st->latency_p99_ns;
+	x->probes = ts.probes;
+	x->published = ts.published;
+	return true;
+}
+
+/* The remote tiers' metrics, when a pool has one: nothing at all otherwise. */
+static void remote_metrics_text(struct server *srv, struct text *t)
+{
+	static const struct {
+		const char *name, *type, *help;
+		size_t off;
+	} per_pool[] = {
+		{ "fetches_total", "counter", "Fetch jobs sent to the remote tier.",
+		  offsetof(Kvpaged__V1__RemoteTier, fetches) },
+		{ "fetches_busy_total", "counter",
+		  "Fetch jobs refused at once: the remote tier's queue was full.",
+		  offsetof(Kvpaged__V1__RemoteTier, fetches_busy) },
+		{ "hits_total", "counter",
+		  "Blocks fetched from the remote tier, verified and opened.", offsetof(Kvpaged__V1__RemoteTier, hits) },
+		{ "bytes_in_total", "counter", "Sealed values fetched from the remote tier.",
+		  offsetof(Kvpaged__V1__RemoteTier, bytes_in) },
+		{ "bytes_out_total", "counter", "Sealed values stored to the remote tier.",
+		  offsetof(Kvpaged__V1__RemoteTier, bytes_out) },
+		{ "probes_total", "counter", "Blocks lookups asked the remote tier for.",
+		  offsetof(Kvpaged__V1__RemoteTier, probes) },
+		{ "published_total", "counter", "Committed blocks offered to the remote tier.",
+		  offsetof(Kvpaged__V1__RemoteTier, published) },
+		{ "local_sessions_total", "counter",
+		  "Sessions whose namespace has no name: kept on this node, not in the remote tier.",
+		  offsetof(Kvpaged__V1__RemoteTier, local_sessions) },
+	};
+	struct admin_remote *ar;
+	char pl[160], nl[160];
+	bool any = false;
+
+	for (size_t i = 0; i < srv->npools; i++)
+		any |= srv->pools[i].remote != NULL;
+	if (!any)
+		return;
+	ar = calloc(srv->npools, sizeof(*ar));
+	if (!ar) {
+		t->failed = true;
+		return;
+	}
+	for (size_t i = 0; i < srv->npools; i++)
+		(void)admin_remote_fill(&srv->pools[i], &ar[i]);
+	/* Each pool with a remote tier, x its numbers. */
+#define FOR_REMOTE(i, x)                                                                   \
+	for (size_t i = 0; i < srv->npools; i++)                                           \
+		for (const Kvpaged__V1__RemoteTier *x = srv->pools[i].remote ? &ar[i].tier : NULL; \
+		     x; x = NULL)
+	text_printf(t, "# HELP kvpaged_remote_node_state Each remote tier node's state: 1 for "
+		       "the one it is in.\n# TYPE kvpaged_remote_node_state gauge\n");
+	FOR_REMOTE(i, x)
+		for (size_t n = 0; n < x->n_nodes; n++)
+			for (int state = REDIS_NODE_DOWN; state <= REDIS_NODE_IDLE; state++) {
+				const char *name = redis_node_state_name(state);
+
+				text_printf(t, "kvpaged_remote_node_state{pool=\"%s\",node=\"%s\","
+					       "state=\"%s\"} %d\n",
+					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+					    label(x->nodes[n]->addr, nl, sizeof(nl)), name,
+					    !strcmp(x->nodes[n]->state, name));
+			}
+	text_printf(t, "# HELP kvpaged_remote_node_errors_total Failed commands, per remote tier "
+		       "node.\n# TYPE kvpaged_remote_node_errors_total counter\n");
+	FOR_REMOTE(i, x)
+		for (size_t n = 0; n < x->n_nodes; n++)
+			text_printf(t, "kvpaged_remote_node_errors_total{pool=\"%s\",node=\"%s\"} "
+				       "%llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    label(x->nodes[n]->addr, nl, sizeof(nl)),
+				    (unsigned long long)x->nodes[n]->errors);
+	text_printf(t, "# HELP kvpaged_remote_node_failures_total Connections that failed or "
+		       "broke, per remote tier node.\n"
+		       "# TYPE kvpaged_remote_node_failures_total counter\n");
+	FOR_REMOTE(i, x)
+		for (size_t n = 0; n < x->n_nodes; n++)
+			text_printf(t, "kvpaged_remote_node_failures_total{pool=\"%s\",node=\"%s\"} "
+				       "%llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    label(x->nodes[n]->addr, nl, sizeof(nl)),
+				    (unsigned long long)x->nodes[n]->failures);
+	for (size_t k = 0; k < sizeof(per_pool) / sizeof(per_pool[0]); k++) {
+		text_printf(t, "# HELP kvpaged_remote_%s %s\n# TYPE kvpaged_remote_%s %s\n",
+			    per_pool[k].name, per_pool[k].help, per_pool[k].name, per_pool[k].type);
+		FOR_REMOTE(i, x) {
+			uint64_t v;
+
+			memcpy(&v, (const char *)x + per_pool[k].off, sizeof(v));
+			text_printf(t, "kvpaged_remote_%s{pool=\"%s\"} %llu\n", per_pool[k].name,
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (unsigned long long)v);
+		}
+	}
+	text_printf(t, "# HELP kvpaged_remote_misses_total Blocks not fetched from the remote tier, "
+		       "by reason.\n# TYPE kvpaged_remote_misses_total counter\n");
+	FOR_REMOTE(i, x)
+		for (size_t r = 0; r < x->n_misses; r++)
+			text_printf(t, "kvpaged_remote_misses_total{pool=\"%s\",reason=\"%s\"} "
+				       "%llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    x->misses[r]->reason, (unsigned long long)x->misses[r]->count);
+	text_printf(t, "# HELP kvpaged_remote_verify_failures_total Remote tier values that did "
+		       "not open (the misses with reason verify), by why.\n"
+		       "# TYPE kvpaged_remote_verify_failures_total counter\n");
+	FOR_REMOTE(i, x)
+		for (size_t r = 0; r < x->n_verify_failures; r++)
+			text_printf(t, "kvpaged_remote_verify_failures_total{pool=\"%s\","
+				       "reason=\"%s\"} %llu\n", label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    x->verify_failures[r]->reason,
+				    (unsigned long long)x->verify_failures[r]->count);
+	text_printf(t, "# HELP kvpaged_remote_stores_total Blocks stored to the remote tier, by "
+		       "result (dropped: the queue was full).\n"
+		       "# TYPE kvpaged_remote_stores_total counter\n");
+	FOR_REMOTE(i, x) {
+		label(srv->pools[i].cfg->name, pl, sizeof(pl));
+		text_printf(t, "kvpaged_remote_stores_total{pool=\"%s\",result=\"ok\"} %llu\n"
+			       "kvpaged_remote_stores_total{pool=\"%s\",result=\"dropped\"} %llu\n"
+			       "kvpaged_remote_stores_total{pool=\"%s\",result=\"failed\"} %llu\n",
+			    pl, (unsigned long long)x->stores_ok, pl,
+			    (unsigned long long)x->stores_dropped, pl,
+			    (unsigned long long)x->stores_failed);
+	}
+	/* Two gauges, not a summary's quantile label: the tier keeps no sum or count of them. */
+	for (int q = 0; q < 2; q++) {
+		const char *name = q ? "p99" : "p50";
+
+		text_printf(t, "# HELP kvpaged_remote_fetch_latency_%s_seconds Remote tier fetch "
+			       "latency, submit to completion: the %s of the last 1024 fetches.\n"
+			       "# TYPE kvpaged_remote_fetch_latency_%s_seconds gauge\n", name,
+			    q ? "99th percentile" : "median", name);
+		FOR_REMOTE(i, x)
+			text_printf(t, "kvpaged_remote_fetch_latency_%s_seconds{pool=\"%s\"} %.9f\n",
+				    name, label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (q ? x->latency_p99_ns : x->latency_p50_ns) / 1e9);
+	}
+	text_printf(t, "# HELP kvpaged_remote_inflight_blocks Blocks submitted to the remote tier's "
+		       "thread and not reaped yet.\n# TYPE kvpaged_remote_inflight_blocks gauge\n");
+	FOR_REMOTE(i, x)
+		text_printf(t, "kvpaged_remote_inflight_blocks{pool=\"%s\"} %u\n",
+			    label(srv->pools[i].cfg->name, pl, sizeof(pl)), x->inflight);
+	text_printf(t, "# HELP kvpaged_remote_bandwidth_bytes_per_second The remote tier's "
+		       "bandwidth as the cost model uses it (0: not known yet).\n"
+		       "# TYPE kvpaged_remote_bandwidth_bytes_per_second gauge\n");
+	FOR_REMOTE(i, x)
+		text_printf(t, "kvpaged_remote_bandwidth_bytes_per_second{pool=\"%s\"} %.0f\n",
+			    label(srv->pools[i].cfg->name, pl, sizeof(pl)), x->bandwidth);
+#undef FOR_REMOTE
+	free(ar);
+}
+
 static void metrics_text(struct server *srv, struct text *t)
 {
 	struct http_stats hs;
@@ -295,6 +526,7 @@ static void metrics_text(struct server *srv, struct text *t)
 			}
 		}
 	}
+	remote_metrics_text(srv, t);
 }
 
 int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len)
@@ -375,6 +607,9 @@ static void tier_stats_fill(struct dpool *p, Kvpaged__V1__PoolStats *x)
 		y->skipped = st.skipped;
 		y->bytes_in = st.demotions * p->block_bytes;
 		y->bytes_out = st.promotions * p->block_bytes;
+		y->probes = st.probes;
+		y->misses = st.misses;
+		y->published = st.published;
 		if (t == p->file_level && p->file) {
 			struct file_tier_stats fs;
 
@@ -459,6 +694,7 @@ static void on_pools(struct session *s, const struct kvp_frame_header *h, const 
 	Kvpaged__V1__PoolUsage *use = calloc(srv->npools, sizeof(*use));
 	Kvpaged__V1__PoolUsage **usep = calloc(srv->npools, sizeof(*usep));
 	Kvpaged__V1__PoolDescription *desc = calloc(srv->npools, sizeof(*desc));
+	struct admin_remote *remotes = calloc(srv->npools, sizeof(*remotes));
 	Kvpaged__V1__SwapFile *files, **filep;
 	size_t nfiles = 0;
 
@@ -466,10 +702,11 @@ static void on_pools(struct session *s, const struct kvp_frame_header *h, const 
 		nfiles += srv->pools[i].file ? srv->pools[i].cfg->n_swap_files : 0;
 	files = calloc(nfiles + 1, sizeof(*files));
 	filep = calloc(nfiles + 1, sizeof(*filep));
-	if (!use || !usep || !desc || !files || !filep) {
+	if (!use || !usep || !desc || !remotes || !files || !filep) {
 		free(use);
 		free(usep);
 		free(desc);
+		free(remotes);
 		free(files);
 		free(filep);
 		session_reply_error(s, h->seq, ENOMEM, "out of memory");
@@ -506,6 +743,8 @@ static void on_pools(struct session *s, const struct kvp_frame_header *h, const 
 			nfiles++;
 			use[rep.n_pools].n_swap_files++;
 		}
+		if (admin_remote_fill(&srv->pools[i], &remotes[i]))
+			use[rep.n_pools].remote = &remotes[i].tier;
 		usep[rep.n_pools] = &use[rep.n_pools];
 		rep.n_pools++;
 	}
@@ -514,6 +753,7 @@ static void on_pools(struct session *s, const struct kvp_frame_header *h, const 
 	free(use);
 	free(usep);
 	free(desc);
+	free(remotes);
 	free(files);
 	free(filep);
 }
@@ -632,7 +872,8 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 		nns += srv->pools[i].nns + 1; /* and "(other)" */
 	Kvpaged__V1__PoolStats *ps = calloc(np + 1, sizeof(*ps)), **pp = calloc(np + 1, sizeof(*pp));
 	Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
-	if (!ps || !pp || !ns || !nsp) {
+	struct admin_remote *remotes = calloc(np + 1, sizeof(*remotes));
+	if (!ps || !pp || !ns || !nsp || !remotes) {
 		session_reply_error(s, h->seq, ENOMEM, "out of memory");
 	} else {
 		for (size_t i = 0; i < np; i++) {
@@ -666,6 +907,8 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 			x->loop_waits = p->cpu_waits;
 			x->namespaces_folded = p->ns_folded;
 			tier_stats_fill(p, x);
+			if (admin_remote_fill(p, &remotes[i]))
+				x->remote = &remotes[i].tier;
 			pp[rep.n_pools++] = x;
 			for (uint32_t j = 0; j <= p->nns; j++) {
 				const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
@@ -697,6 +940,7 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 	free(pp);
 	free(ns);
 	free(nsp);
+	free(remotes);
 }
 
 static void on_metrics(struct session *s, const struct kvp_frame_header *h, const char *pool)

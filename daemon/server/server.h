@@ -15,6 +15,7 @@
 #include "daemon/backend/backend.h"
 #include "daemon/config.h"
 #include "daemon/core/core.h"
+#include "daemon/tier/remote.h"
 #include "daemon/tier/tier.h"
 #include "proto/frame.h"
 #include "proto/kvpaged.pb-c.h"
@@ -675,6 +676,22 @@ const char *admin_label_value(const char *s, char *out, size_t n);
  * *ret_text of *ret_len bytes (the caller frees it), or -ENOMEM.
  */
 int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len);
+
+/*
+ * A pool's remote tier for the Pools and Stats replies and the metrics: tier points into the
+ * rest (the counters copied from the tier thread, the nodes' names), so it is valid as long
+ * as the struct is.  Large (the nodes): allocate it.
+ */
+struct admin_remote {
+	Kvpaged__V1__RemoteTier tier;
+	Kvpaged__V1__RemoteNode nodes[REMOTE_MAX_NODES], *nodep[REMOTE_MAX_NODES];
+	Kvpaged__V1__RemoteCount misses[REMOTE_NSTATUS], *missp[REMOTE_NSTATUS];
+	Kvpaged__V1__RemoteCount verify[SEAL_NREASONS], *verifyp[SEAL_NREASONS];
+	struct remote_stats stats;
+};
+
+/* Fills *ret from p's remote tier: false (and *ret untouched) when p has none. */
+bool admin_remote_fill(struct dpool *p, struct admin_remote *ret);
 
 /* http.c: the HTTP metrics endpoint, driven by the loop (no thread of its own) */
 /*

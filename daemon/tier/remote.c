@@ -718,6 +718,8 @@ int remote_new(const struct remote_config *cfg, char *err, size_t errlen, struct
 	e = redis_cluster_new(seeds, nseeds, &cfg->redis, &r->cluster);
 	if (e < 0)
 		goto fail;
+	/* The seeds, idle, until the first batch: the stats name them from the start. */
+	snapshot_nodes(r);
 	e = reserve_cmds(r, 64);
 	if (e < 0)
 		goto fail;

@@ -177,7 +177,7 @@ struct remote_stats {
 	uint64_t latency_p50_ns, latency_p99_ns;	   /* of the last 1024 fetches */
 	uint32_t inflight;				   /* blocks submitted, not reaped */
 	size_t nnodes;
-	struct redis_node_info nodes[REMOTE_MAX_NODES]; /* as of the thread's last batch */
+	struct redis_node_info nodes[REMOTE_MAX_NODES]; /* as of the last batch (the seeds before) */
 };
 
 /* Copies the counters (under a short lock the thread holds only to update them). */

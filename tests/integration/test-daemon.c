@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The real daemon with real client processes: prefix sharing across processes, shared memory,
- * fork and copy-on-write, quotas, a client killed mid-stream, namespaces, the rings.  (Other
- * users: test-users; what needs the test hooks: test-hooks.)
+ * fork and copy-on-write, quotas, a client killed mid-stream, namespaces, the rings, the
+ * remote tier in kvpagedctl and the metrics.  (Other users: test-users; what needs the test
+ * hooks: test-hooks.)
  */
 #include <sys/mman.h>
 
@@ -659,6 +660,106 @@ START_TEST(test_ring_data_area)
 }
 END_TEST
 
+/* Runs kvpagedctl without --json (human tables, or the metrics text). */
+static int ctl_plain(const struct daemon *dm, const char *cmd, char *out, size_t out_len)
+{
+	char *argv[] = { "kvpagedctl", "--socket", (char *)dm->admin, (char *)cmd, NULL };
+
+	return run_output(dm->ctl[0] ? dm->ctl : bin("KVPAGEDCTL_BIN", "./kvpagedctl"), argv, out,
+			  out_len);
+}
+
+/* Whether text has key (as "key":) at all before end. */
+static bool has_key_before(const char *text, const char *end, const char *key)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), "\"%s\":", key);
+	p = strstr(text, pat);
+	return p && p < end;
+}
+
+/*
+ * A pool with a remote tier whose only node is down, next to one without: pools and stats
+ * (JSON and tables) and the metrics show the tier, its node down and the fetch a miss, for
+ * that pool only.
+ */
+START_TEST(test_remote_tier_shown)
+{
+	static char out[65536];
+	char kdir[] = "/tmp/kvpaged-key-XXXXXX", kpath[64], conf[1024];
+	struct kvp_connect_options o = { .size = sizeof(o), .pool = "shared", .client_name = "t" };
+	const char *shared;
+	uint32_t t[32], cached;
+	struct kvp_client *c;
+	uint8_t key[32];
+	uint64_t seq;
+	int fd;
+
+	ck_assert_ptr_nonnull(mkdtemp(kdir));
+	snprintf(kpath, sizeof(kpath), "%s/remote.key", kdir);
+	for (unsigned i = 0; i < sizeof(key); i++)
+		key[i] = (uint8_t)(i * 5 + 3);
+	fd = open(kpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
+	close(fd);
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = 16\ncapacity_blocks = 64\n"
+		 "[pool shared]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = 16\ncapacity_blocks = 64\nnamespace = shared\n"
+		 "remote_tier = redis://127.0.0.1:1\nremote_tier_key_file = %s\n"
+		 "remote_tier_timeout_ms = 2000\n", kpath);
+	daemon_start_with(&d, NULL, conf);
+	/* A prompt the remote tier is asked for, two blocks: its node refuses, so two misses. */
+	ck_assert_int_eq(kvp_connect(&o, &c), 0);
+	prompt(t, 32, 5);
+	ck_assert_int_eq(kvp_open(c, t, 32, 0, 0, &seq, &cached, NULL), 0);
+	ck_assert_uint_eq(cached, 0);
+
+	ck_assert_int_eq(ctl(&d, "pools", out, sizeof(out)), 0);
+	shared = strstr(out, "\"shared\"");
+	ck_assert_ptr_nonnull(shared);
+	ck_assert_msg(!has_key_before(out, shared, "remote"), "remote for pool main: %s", out);
+	ck_assert_msg(has_key_before(shared, shared + strlen(shared), "remote"), "%s", out);
+	ck_assert_ptr_nonnull(strstr(shared, "\"127.0.0.1:1\""));
+	ck_assert_ptr_nonnull(strstr(shared, "\"down\""));
+	ck_assert_int_eq(json_int(shared, "fetches"), 1);
+	ck_assert_int_eq(json_int(shared, "inflight"), 0);
+
+	ck_assert_int_eq(ctl(&d, "stats", out, sizeof(out)), 0);
+	shared = strstr(out, "\"shared\"");
+	ck_assert_ptr_nonnull(shared);
+	ck_assert_msg(!has_key_before(out, shared, "remote"), "remote for pool main: %s", out);
+	ck_assert_int_eq(json_int(shared, "hits"), 0);
+	ck_assert_int_eq(json_int(strstr(shared, "\"misses\": {"), "down"), 2);
+	ck_assert_int_eq(json_int(strstr(shared, "\"verify_failures\""), "tag"), 0);
+	ck_assert_int_ge(json_int(strstr(shared, "\"remote\":"), "probes"), 1);
+	ck_assert_int_eq(json_int(shared, "stores_dropped"), 0);
+	ck_assert_int_eq(json_int(shared, "latency_p99_ns") >= 0, 1);
+
+	ck_assert_int_eq(ctl_plain(&d, "pools", out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "remote node   127.0.0.1:1: down"), "%s", out);
+	ck_assert_int_eq(ctl_plain(&d, "stats", out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "shared: remote tier:") && strstr(out, "(down 2)"), "%s", out);
+	ck_assert_ptr_null(strstr(out, "main: remote tier"));
+
+	ck_assert_int_eq(ctl_plain(&d, "metrics", out, sizeof(out)), 0);
+	ck_assert_msg(strstr(out, "\nkvpaged_remote_misses_total{pool=\"shared\","
+				  "reason=\"down\"} 2\n"), "%s", out);
+	ck_assert_ptr_nonnull(strstr(out, "\nkvpaged_remote_node_state{pool=\"shared\","
+					  "node=\"127.0.0.1:1\",state=\"down\"} 1\n"));
+	ck_assert_ptr_nonnull(strstr(out, "\nkvpaged_remote_fetches_total{pool=\"shared\"} 1\n"));
+	ck_assert_ptr_null(strstr(out, "kvpaged_remote_hits_total{pool=\"main\"}"));
+	kvp_disconnect(c);
+	daemon_stop(&d);
+	unlink(kpath);
+	rmdir(kdir);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("daemon");
@@ -677,6 +778,7 @@ int main(void)
 	tcase_add_test(tc, test_ring_data_area);
 	tcase_add_test(tc, test_park_drop_resume);
 	tcase_add_test(tc, test_wait_for_memory);
+	tcase_add_test(tc, test_remote_tier_shown);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

@@ -122,6 +122,114 @@ static double ratio(uint64_t num, uint64_t den)
 	return den ? (double)num / (double)den : 0.0;
 }
 
+/* A count by reason as an object: {"absent": 3, "late": 0, ...}. */
+static json_object *counts_json(Kvpaged__V1__RemoteCount **c, size_t n)
+{
+	json_object *o = json_object_new_object();
+
+	for (size_t i = 0; i < n; i++)
+		jadd_u(o, c[i]->reason, c[i]->count);
+	return o;
+}
+
+static uint64_t counts_sum(Kvpaged__V1__RemoteCount **c, size_t n)
+{
+	uint64_t sum = 0;
+
+	for (size_t i = 0; i < n; i++)
+		sum += c[i]->count;
+	return sum;
+}
+
+/* The remote tier as both pools and stats show it with --json. */
+static json_object *remote_json(const Kvpaged__V1__RemoteTier *r)
+{
+	json_object *o = json_object_new_object(), *nodes = json_object_new_array();
+
+	for (size_t i = 0; i < r->n_nodes; i++) {
+		const Kvpaged__V1__RemoteNode *n = r->nodes[i];
+		json_object *y = json_object_new_object();
+
+		jadd_s(y, "addr", n->addr);
+		jadd_s(y, "state", n->state);
+		jadd_u(y, "slots", n->slots);
+		jadd_u(y, "commands", n->commands);
+		jadd_u(y, "errors", n->errors);
+		jadd_u(y, "bytes_in", n->bytes_in);
+		jadd_u(y, "bytes_out", n->bytes_out);
+		jadd_u(y, "connects", n->connects);
+		jadd_u(y, "failures", n->failures);
+		json_object_array_add(nodes, y);
+	}
+	json_object_object_add(o, "nodes", nodes);
+	json_object_object_add(o, "bandwidth", json_object_new_double(r->bandwidth));
+	json_object_object_add(o, "promotes", json_object_new_boolean(r->promotes));
+	jadd_u(o, "inflight", r->inflight);
+	jadd_u(o, "local_sessions", r->local_sessions);
+	jadd_u(o, "fetches", r->fetches);
+	jadd_u(o, "fetches_busy", r->fetches_busy);
+	jadd_u(o, "hits", r->hits);
+	json_object_object_add(o, "misses", counts_json(r->misses, r->n_misses));
+	json_object_object_add(o, "verify_failures",
+			       counts_json(r->verify_failures, r->n_verify_failures));
+	jadd_u(o, "stores_ok", r->stores_ok);
+	jadd_u(o, "stores_dropped", r->stores_dropped);
+	jadd_u(o, "stores_failed", r->stores_failed);
+	jadd_u(o, "bytes_in", r->bytes_in);
+	jadd_u(o, "bytes_out", r->bytes_out);
+	jadd_u(o, "latency_p50_ns", r->latency_p50_ns);
+	jadd_u(o, "latency_p99_ns", r->latency_p99_ns);
+	jadd_u(o, "probes", r->probes);
+	jadd_u(o, "published", r->published);
+	return o;
+}
+
+/* "absent 3, verify 1 (tag 1)": the reasons that counted something; "none" otherwise. */
+static void print_counts(Kvpaged__V1__RemoteCount **c, size_t n,
+			 Kvpaged__V1__RemoteCount **verify, size_t nverify)
+{
+	bool first = true;
+
+	for (size_t i = 0; i < n; i++) {
+		if (!c[i]->count)
+			continue;
+		printf("%s%s %" PRIu64, first ? "" : ", ", c[i]->reason, c[i]->count);
+		first = false;
+		if (!verify || strcmp(c[i]->reason, "verify"))
+			continue;
+		printf(" (");
+		for (size_t k = 0, shown = 0; k < nverify; k++)
+			if (verify[k]->count)
+				printf("%s%s %" PRIu64, shown++ ? ", " : "", verify[k]->reason,
+				       verify[k]->count);
+		printf(")");
+	}
+	if (first)
+		printf("none");
+}
+
+static void print_remote_nodes(const Kvpaged__V1__RemoteTier *r, const char *indent)
+{
+	if (!r->n_nodes)
+		printf("%sremote node   none known yet\n", indent);
+	for (size_t i = 0; i < r->n_nodes; i++) {
+		const Kvpaged__V1__RemoteNode *n = r->nodes[i];
+
+		printf("%sremote node   %s: %s, %u slots, %" PRIu64 " commands, %" PRIu64
+		       " errors, %" PRIu64 " connects, %" PRIu64 " failures\n", indent, n->addr,
+		       n->state, n->slots, n->commands, n->errors, n->connects, n->failures);
+	}
+}
+
+/* The cost model's bandwidth in words. */
+static void print_bandwidth(double bw)
+{
+	if (bw > 0)
+		printf("%.3f GB/s", bw / 1e9);
+	else
+		printf("not known yet");
+}
+
 static int cmd_status(int fd, const char *pool)
 {
 	Kvpaged__V1__Status *st = (Kvpaged__V1__Status *)request(
@@ -307,6 +415,8 @@ static int cmd_pools(int fd, const char *pool)
 				}
 				json_object_object_add(p, "swap_files", files);
 			}
+			if (u->remote)
+				json_object_object_add(p, "remote", remote_json(u->remote));
 			json_object_array_add(arr, p);
 		}
 		print_json(arr);
@@ -331,6 +441,17 @@ static int cmd_pools(int fd, const char *pool)
 				       u->swap_files[f]->direct
 					       ? "direct I/O"
 					       : "buffered I/O (the file system refused O_DIRECT)");
+			if (u->remote) {
+				const Kvpaged__V1__RemoteTier *r = u->remote;
+
+				printf("  remote tier   bandwidth ");
+				print_bandwidth(r->bandwidth);
+				printf(" (cost model), hits %s; %u blocks in flight, %" PRIu64
+				       " sessions kept on this node\n",
+				       r->promotes ? "fetched" : "recomputed", r->inflight,
+				       r->local_sessions);
+				print_remote_nodes(r, "  ");
+			}
 		}
 	}
 	kvpaged__v1__pools__free_unpacked(ps, NULL);
@@ -497,6 +618,9 @@ static int cmd_stats(int fd, const char *pool)
 				jadd_u(y, "bytes_in", t->bytes_in);
 				jadd_u(y, "bytes_out", t->bytes_out);
 				jadd_u(y, "checksum_errors", t->checksum_errors);
+				jadd_u(y, "probes", t->probes);
+				jadd_u(y, "misses", t->misses);
+				jadd_u(y, "published", t->published);
 				json_object_array_add(ta, y);
 			}
 			for (size_t k = 0; k < p->n_recent_preemptions; k++) {
@@ -519,6 +643,8 @@ static int cmd_stats(int fd, const char *pool)
 			}
 			json_object_object_add(x, "tiers", ta);
 			json_object_object_add(x, "recent_preemptions", ra);
+			if (p->remote)
+				json_object_object_add(x, "remote", remote_json(p->remote));
 			json_object_array_add(pa, x);
 		}
 		for (size_t i = 0; i < st->n_namespaces; i++) {
@@ -582,6 +708,27 @@ static int cmd_stats(int fd, const char *pool)
 				       " %8" PRIu64 " %8" PRIu64 " %8" PRIu64 "\n", p->pool, t->tier, uc,
 				       t->demotions, t->promotions, t->evictions,
 				       t->load_errors + t->store_errors, t->lost, t->skipped);
+			}
+			if (p->remote) {
+				const Kvpaged__V1__RemoteTier *r = p->remote;
+
+				printf("\n%s: remote tier: %" PRIu64 " blocks probed, %" PRIu64
+				       " hits, %" PRIu64 " misses (", p->pool, r->probes, r->hits,
+				       counts_sum(r->misses, r->n_misses));
+				print_counts(r->misses, r->n_misses, r->verify_failures,
+					     r->n_verify_failures);
+				printf(")\n  fetches       %" PRIu64 " (%" PRIu64 " busy), latency p50 "
+				       "%.3f ms, p99 %.3f ms, %" PRIu64 " bytes in\n", r->fetches,
+				       r->fetches_busy, r->latency_p50_ns / 1e6, r->latency_p99_ns / 1e6,
+				       r->bytes_in);
+				printf("  stores        %" PRIu64 " published, %" PRIu64 " ok, %" PRIu64
+				       " dropped, %" PRIu64 " failed, %" PRIu64 " bytes out\n",
+				       r->published, r->stores_ok, r->stores_dropped, r->stores_failed,
+				       r->bytes_out);
+				printf("  in flight     %u blocks; bandwidth ", r->inflight);
+				print_bandwidth(r->bandwidth);
+				printf(" (cost model)\n");
+				print_remote_nodes(r, "  ");
 			}
 			if (p->namespaces_folded)
 				printf("\n%s: %" PRIu64 " namespaces no session used any more are "
