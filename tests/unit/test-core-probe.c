@@ -825,6 +825,45 @@ START_TEST(test_only_deferred_probed_sequences_probe_and_publish)
 }
 END_TEST
 
+/*
+ * A fork shares its parent's namespace: a probed sequence's children offer what they commit,
+ * an unprobed one's do not (a closed probed sequence's slot leaves nothing behind).
+ */
+START_TEST(test_a_fork_publishes_as_its_parent)
+{
+	static struct side sd;
+	struct core *c = mk(&sd, 8, 0, 8);
+	uint32_t t[8], u[4];
+	uint64_t s, child;
+
+	fill_tokens(t, 8, 100);
+	fill_tokens(u, 4, 500);
+	sd.store_ret = 0;
+	s = open_seq(c, t, 4, CORE_OPEN_PROBED);
+	prefill(&sd, c, s, t, 0, 4);
+	ck_assert_int_eq(core_seq_commit(c, s, 4), 0);
+	ck_assert_uint_eq(tstats(c, sd.probe).published, 1);
+	ck_assert_int_eq(core_seq_fork(c, s, &child), 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	ck_assert_int_ge(core_seq_append(c, child, t + 4, 4), 0);
+	prefill(&sd, c, child, t, 4, 8);
+	ck_assert_int_eq(core_seq_commit(c, child, 8), 0);
+	assert_verified(c);
+	ck_assert_uint_eq(tstats(c, sd.probe).published, 2);
+	ck_assert_int_eq(core_seq_close(c, child), 0);
+
+	s = open_seq(c, u, 4, 0);
+	ck_assert_int_eq(core_seq_fork(c, s, &child), 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	prefill(&sd, c, child, u, 0, 4);
+	ck_assert_int_eq(core_seq_commit(c, child, 4), 0);
+	assert_verified(c);
+	ck_assert_uint_eq(tstats(c, sd.probe).published, 2);
+	ck_assert_int_eq(core_seq_close(c, child), 0);
+	done(c, &sd);
+}
+END_TEST
+
 /* A refused offer is counted and keeps nothing; a 0 keeps nothing either. */
 START_TEST(test_a_refused_publish_keeps_nothing)
 {
@@ -976,6 +1015,7 @@ int main(void)
 	tcase_add_test(tc, test_local_levels_come_first);
 	tcase_add_test(tc, test_nothing_is_demoted_into_the_probe);
 	tcase_add_test(tc, test_only_deferred_probed_sequences_probe_and_publish);
+	tcase_add_test(tc, test_a_fork_publishes_as_its_parent);
 	tcase_add_test(tc, test_a_refused_publish_keeps_nothing);
 	tcase_add_test(tc, test_a_dropped_probed_sequence_probes_on_resume);
 	tcase_add_test(tc, test_a_probed_level_must_be_last);
