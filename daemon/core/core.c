@@ -620,6 +620,7 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->chain = s->chain;
 	child->retention = s->retention;
 	child->pruned = s->pruned;
+	child->probed = s->probed; /* the same namespace: its commits are offered too */
 	child->n_sink = s->n_sink;
 	child->recent = s->recent;
 	child->prune_from = s->prune_from;

@@ -334,7 +334,8 @@ enum core_retention {
  * The caller's, never a client's: the sequence's namespace reaches a CORE_TIER_PROBED level
  * (the names mean the same on the machines that share it).  Its lookups (with
  * CORE_OPEN_DEFER_LOADS, here and at resume) ask that level for what the levels above do not
- * hold, and the blocks it commits are offered to it.  Without such a level it changes nothing.
+ * hold, and the blocks it commits are offered to it; its forks share its namespace, and do the
+ * same.  Without such a level it changes nothing.
  */
 #define CORE_OPEN_PROBED (1u << 17)
 

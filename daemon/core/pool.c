@@ -169,6 +169,27 @@ void pool_unref(struct pool *p, uint32_t b)
 		push_free(p, b);
 }
 
+void pool_unref_before(struct pool *p, uint32_t b, uint32_t older_than)
+{
+	struct core_block *blk = &p->blocks[b], *next;
+
+	if (older_than == CORE_NONE || blk->refcount > 1 || !(blk->flags & CORE_BLOCK_INDEXED)) {
+		pool_unref(p, b);
+		return;
+	}
+	blk->refcount = 0;
+	next = &p->blocks[older_than];
+	blk->prev = next->prev;
+	blk->next = older_than;
+	if (next->prev != CORE_NONE)
+		p->blocks[next->prev].next = b;
+	else
+		p->lru_head = b;
+	next->prev = b;
+	blk->flags |= CORE_BLOCK_ON_LRU;
+	p->ncached++;
+}
+
 void pool_evict(struct pool *p, uint32_t b)
 {
 	lru_unlink(p, b);

@@ -60,6 +60,12 @@ void pool_ref(struct pool *p, uint32_t b);
 void pool_unref(struct pool *p, uint32_t b);
 
 /*
+ * The same, but a block that becomes cached goes just before cached block older_than on the
+ * LRU list (evicted before it) instead of newest; CORE_NONE: newest.
+ */
+void pool_unref_before(struct pool *p, uint32_t b, uint32_t older_than);
+
+/*
  * Frees the oldest cached block (calling the evict hook).  Returns false when nothing is
  * cached.
  */

@@ -309,6 +309,31 @@ void tier_publish(struct core *c, uint32_t b)
 	}
 }
 
+/*
+ * The nearest cached ancestor of pool block b (CORE_NONE: none), past the held ones.
+ * Leaf-first eviction rests on whoever holds a block holding its parent, so a block is
+ * released before its parent; a store holds one block alone and finishes in any order (root
+ * first, as a remote writes a chain), so a block it lets go of must go in older than its
+ * cached ancestors, not newest: else the root is evicted first, and the rest of the chain with
+ * it can no longer be found.  Its ancestors that are held go in later, newer than it.
+ */
+static uint32_t cached_ancestor(const struct core *c, uint32_t b)
+{
+	struct core_hash h = c->pool.blocks[b].parent;
+
+	/* Bounded: a weak test hash_fn can make a chain of hashes loop. */
+	for (uint32_t n = 0; (h.lo || h.hi) && n < c->pool.capacity; n++) {
+		uint32_t a = index_find(&c->index, c->pool.blocks, h);
+
+		if (a == CORE_NONE)
+			return CORE_NONE;
+		if (c->pool.blocks[a].flags & CORE_BLOCK_ON_LRU)
+			return a;
+		h = c->pool.blocks[a].parent;
+	}
+	return CORE_NONE;
+}
+
 int core_tier_stored(struct core *c, uint32_t t, uint32_t b)
 {
 	struct core_block *blk;
@@ -322,12 +347,14 @@ int core_tier_stored(struct core *c, uint32_t t, uint32_t b)
 	c->nstoring--;
 	/*
 	 * The store held it past its sequence, whose children went back to the LRU before it
-	 * (leaf first) while it stayed out: cached now, it may be newer than they are.  Evicting
-	 * it first costs a fetch from the tier that has it, not a wrong hit.
+	 * (leaf first) while it stayed out.  Cached now, it goes just before its nearest cached
+	 * ancestor, which keeps it older than its parent; a child cached before it may still be
+	 * older (stores finish in any order), so it is LATE: evicting it first costs a fetch
+	 * from the tier that has it, not a wrong hit.
 	 */
 	if (blk->refcount == 1)
 		blk->flags |= CORE_BLOCK_LATE;
-	pool_unref(&c->pool, b);
+	pool_unref_before(&c->pool, b, blk->refcount == 1 ? cached_ancestor(c, b) : CORE_NONE);
 	return 0;
 }
 
