@@ -1001,10 +1001,18 @@ START_TEST(test_freeing_with_blocks_kept)
 }
 END_TEST
 
+/* Each test starts with an empty remote, forked or not (CK_FORK=no, as under a debugger). */
+static void remote_empty(void)
+{
+	memset(&remote, 0, sizeof(remote));
+}
+
 int main(void)
 {
 	Suite *s = suite_create("core-probe");
 	TCase *tc = tcase_create("probe");
+
+	tcase_add_checked_fixture(tc, remote_empty, NULL);
 
 	tcase_add_test(tc, test_one_core_publishes_another_probes);
 	tcase_add_test(tc, test_a_kept_block_is_not_reused);
