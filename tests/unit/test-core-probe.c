@@ -146,7 +146,8 @@ static void host_load(void *ctx, struct core_load *loads, uint32_t n)
 
 		ck_assert_uint_eq(l->tier, 1);
 		if (!core_hash_eq(sd->hhash[l->slot], l->key.hash) ||
-		    memcmp(sd->htokens + (size_t)l->slot * B, l->key.tokens, B * sizeof(uint32_t))) {
+		    memcmp(sd->htokens + (size_t)l->slot * B, l->key.tokens,
+			   B * sizeof(uint32_t))) {
 			l->result = -EBADMSG;
 			continue;
 		}
@@ -383,7 +384,7 @@ START_TEST(test_one_core_publishes_another_probes)
 		const struct core_block *blk = &a->pool.blocks[sa.pend[k].block];
 
 		ck_assert_uint_eq(sa.pend[k].block, info(a, s).table[k]);
-		ck_assert_int_eq(memcmp(sa.pend[k].tokens, t + k * B, sizeof(sa.pend[k].tokens)), 0);
+		ck_assert_int_eq(memcmp(sa.pend[k].tokens, t + k * B, B * sizeof(uint32_t)), 0);
 		ck_assert(core_hash_eq(sa.pend[k].key.hash, blk->hash));
 		ck_assert(k ? core_hash_eq(sa.pend[k].key.parent, sa.pend[k - 1].key.hash)
 			    : core_hash_eq(sa.pend[k].key.parent, (struct core_hash){ 0, 0 }));
@@ -485,7 +486,8 @@ START_TEST(test_a_kept_block_is_not_reused)
 	ck_assert_uint_eq(st.evictions, 0);
 	for (uint32_t k = 0; k < 2; k++)
 		for (uint32_t i = 0; i < B; i++)
-			ck_assert_uint_eq(sd.mem.slots[(size_t)kept[k] * B + i], kv_word(p[0], k * B + i));
+			ck_assert_uint_eq(sd.mem.slots[(size_t)kept[k] * B + i],
+					  kv_word(p[0], k * B + i));
 
 	/* Bad completions change nothing. */
 	ck_assert_int_eq(core_tier_stored(c, sd.probe + 1, kept[0]), -EINVAL);
@@ -1001,10 +1003,18 @@ START_TEST(test_freeing_with_blocks_kept)
 }
 END_TEST
 
+/* Each test starts with an empty remote, forked or not (CK_FORK=no, as under a debugger). */
+static void remote_empty(void)
+{
+	memset(&remote, 0, sizeof(remote));
+}
+
 int main(void)
 {
 	Suite *s = suite_create("core-probe");
 	TCase *tc = tcase_create("probe");
+
+	tcase_add_checked_fixture(tc, remote_empty, NULL);
 
 	tcase_add_test(tc, test_one_core_publishes_another_probes);
 	tcase_add_test(tc, test_a_kept_block_is_not_reused);
