@@ -33,6 +33,9 @@ enum {
 	CORE_BLOCK_STORING = 1u << 5,  /* a probed level's store still reads it: held once more */
 	CORE_BLOCK_LATE = 1u << 6,     /* cached when a store let go of it, maybe after its
 					  children: may be cached before them */
+	CORE_BLOCK_REMOTE = 1u << 7,   /* committed by a CORE_OPEN_PROBED sequence: offered to the
+					  probed level when it leaves the last local level
+					  (CORE_TIER_STORE_EVICTED); kept through the tiers */
 };
 
 /*

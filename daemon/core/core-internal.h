@@ -211,6 +211,12 @@ void tiers_done(struct core *c);
 void tier_demote_block(struct core *c, uint32_t b);
 /* Offers a block a probed sequence just made findable to the probed level (c->probe_tier). */
 void tier_publish(struct core *c, uint32_t b);
+/*
+ * Offers a block leaving the last local level (from_tier, from; being reused) to a probed
+ * level with CORE_TIER_STORE_EVICTED; nothing without one.
+ */
+void tier_publish_evicted(struct core *c, uint32_t from_tier, uint32_t from,
+			  const struct core_key *key);
 /* The tier that holds a block with this identity, and its slot; 0 if none. */
 uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,
 		   uint64_t salt, uint64_t extra, uint32_t *ret_slot);

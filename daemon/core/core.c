@@ -41,8 +41,9 @@ static int config_check(const struct core_config *cfg)
 		if (t->slots == 0 || !t->ops || !t->ops->store || !t->ops->load)
 			return -EINVAL;
 		/* A level nobody can see into ends the list: nothing is demoted past it. */
-		if ((t->flags & ~CORE_TIER_PROBED) ||
-		    ((t->flags & CORE_TIER_PROBED) && i + 1 != cfg->ntiers))
+		if ((t->flags & ~(CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED)) ||
+		    ((t->flags & CORE_TIER_PROBED) && i + 1 != cfg->ntiers) ||
+		    ((t->flags & CORE_TIER_STORE_EVICTED) && !(t->flags & CORE_TIER_PROBED)))
 			return -EINVAL;
 	}
 	return 0;
@@ -518,8 +519,11 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	if (found == CORE_NONE) {
 		index_insert(&c->index, blk->hash, b);
 		blk->flags |= CORE_BLOCK_INDEXED;
-		if (s->probed && c->probe_tier)
-			tier_publish(c, b);
+		if (s->probed && c->probe_tier) {
+			blk->flags |= CORE_BLOCK_REMOTE;
+			if (!(c->tiers[c->probe_tier].cfg->flags & CORE_TIER_STORE_EVICTED))
+				tier_publish(c, b);
+		}
 		return 0;
 	}
 

@@ -145,6 +145,15 @@ struct core_tier_ops {
  *   done with it (copied or dropped); -errno: not stored (counted in store_errors).
  */
 #define CORE_TIER_PROBED (1u << 0)
+/*
+ * With CORE_TIER_PROBED: blocks are offered when they leave the last local level (the pool
+ * when there is none) instead of at commit, once each time.  The store callback gets the
+ * level they leave (from_tier, from: a pool block, or a slot of that level, in its storage;
+ * key->tokens NULL from a tier, whose storage has them) while it is being reused: it must copy
+ * what it needs within the call (a return of 1 counts as 0).  Only blocks of CORE_OPEN_PROBED
+ * sequences are offered, and not while core_drop_cache or a persist pass moves them.
+ */
+#define CORE_TIER_STORE_EVICTED (1u << 1)
 
 /* One level below the pool. */
 struct core_tier_config {

@@ -269,6 +269,10 @@ uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
 		} else {
 			findable = false;
 		}
+		/* Back from a local level: whether it may go on to the probed one comes too. */
+		if (!c->tiers[l->tier].probed)
+			c->pool.blocks[table[nhit + k]].flags |=
+				c->tiers[l->tier].pool.blocks[l->slot].flags & CORE_BLOCK_REMOTE;
 		tier_release(c, l->tier, l->slot);
 		c->tiers[l->tier].stats.promotions++;
 	}

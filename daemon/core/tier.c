@@ -39,6 +39,8 @@ static void on_tier_evict(void *ctx, uint32_t slot)
 	t->stats.evictions++;
 	if (!c->dropping && local_tier_exists(c, t->id + 1))
 		(void)store_into(c, t->id + 1, t->id, slot, &key);
+	else if (!c->dropping && (e->flags & CORE_BLOCK_REMOTE))
+		tier_publish_evicted(c, t->id, slot, &key); /* the last local level */
 }
 
 /*
@@ -79,7 +81,11 @@ static int store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t 
 	e->extra = key->extra;
 	e->parent = key->parent;
 	e->state = CORE_BLOCK_READY;
-	e->flags |= CORE_BLOCK_INDEXED;
+	/* Whether it may go on to the probed level goes down with it. */
+	e->flags |= CORE_BLOCK_INDEXED |
+		    ((from_tier == CORE_TIER_POOL ? c->pool.blocks[from].flags
+						  : c->tiers[from_tier].pool.blocks[from].flags) &
+		     CORE_BLOCK_REMOTE);
 	index_insert(&t->index, key->hash, slot);
 	pool_unref(&t->pool, slot); /* cached: newest on the LRU */
 	t->stats.demotions++;
@@ -91,7 +97,7 @@ void tier_demote_block(struct core *c, uint32_t b)
 	const struct core_block *blk = &c->pool.blocks[b];
 	struct core_key key;
 
-	if (c->dropping || !c->first_tier || (blk->flags & CORE_BLOCK_NODEMOTE))
+	if (c->dropping || (blk->flags & CORE_BLOCK_NODEMOTE))
 		return;
 	key = (struct core_key){
 		.hash = blk->hash,
@@ -100,7 +106,27 @@ void tier_demote_block(struct core *c, uint32_t b)
 		.extra = blk->extra,
 		.tokens = core_slot_tokens(c, b),
 	};
-	(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
+	if (c->first_tier)
+		(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
+	else if (blk->flags & CORE_BLOCK_REMOTE)
+		tier_publish_evicted(c, CORE_TIER_POOL, b, &key); /* the pool is the last */
+}
+
+void tier_publish_evicted(struct core *c, uint32_t from_tier, uint32_t from,
+			  const struct core_key *key)
+{
+	struct tier *t;
+	int r;
+
+	if (!c->probe_tier)
+		return;
+	t = &c->tiers[c->probe_tier];
+	if (!(t->cfg->flags & CORE_TIER_STORE_EVICTED))
+		return;
+	t->stats.published++;
+	r = t->cfg->ops->store(t->cfg->ctx, from_tier, from, t->id, CORE_NONE, key);
+	if (r < 0)
+		t->stats.store_errors++;
 }
 
 uint32_t tier_find(const struct core *c, struct core_hash h, struct core_hash parent,

@@ -65,7 +65,8 @@ static int check_lists(struct verify *v)
 			return fail(v, "LRU back link of block %u is %u, expected %u", b, blk->prev,
 				    prev);
 		if (blk->refcount || blk->state != CORE_BLOCK_READY ||
-		    (blk->flags & ~(CORE_BLOCK_NODEMOTE | CORE_BLOCK_PRUNED | CORE_BLOCK_LATE)) !=
+		    (blk->flags & ~(CORE_BLOCK_NODEMOTE | CORE_BLOCK_PRUNED | CORE_BLOCK_LATE |
+				       CORE_BLOCK_REMOTE)) !=
 			    (CORE_BLOCK_INDEXED | CORE_BLOCK_ON_LRU))
 			return fail(v, "cached block %u has refcount %u state %u flags %#x", b,
 				    blk->refcount, blk->state, blk->flags);

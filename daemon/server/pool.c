@@ -308,7 +308,9 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 
 		p->remote_level = tier_add(p, cc, "remote", probe ? probe : 1, p->remote_bandwidth,
 					   &dpool_remote_tier_ops);
-		cc->tiers[cc->ntiers - 1].flags = CORE_TIER_PROBED;
+		cc->tiers[cc->ntiers - 1].flags =
+			CORE_TIER_PROBED |
+			(c->remote_tier_write == KVPD_REMOTE_EVICT ? CORE_TIER_STORE_EVICTED : 0);
 	}
 	cc->cost = (struct core_cost_config){
 		.block_bytes = (double)p->block_bytes,

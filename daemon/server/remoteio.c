@@ -30,12 +30,17 @@
 #include "daemon/server/server.h"
 #include "daemon/tier/remote.h"
 
-/* One block published: its job, and the pool block the core keeps for it. */
+/*
+ * One block published: its job, and the pool block the core keeps for it (at commit), or
+ * CORE_NONE and a copy of the block following the struct (an evicted block: its memory is
+ * reused at once).
+ */
 struct rstore {
 	struct remote_job job;
 	struct remote_block block;
 	uint32_t pool_block;
 	uint8_t ns[8];
+	uint32_t *tokens; /* a copy's */
 };
 
 /* One sequence's fetch: the loads it answers (their index in the sequence's loads). */
@@ -88,6 +93,56 @@ static int load_result(const struct remote_block *b)
  * went out and reads the block until it comes back; 0: dropped (queue full, or the block's
  * bytes still on their way in).
  */
+/*
+ * remote_tier_write = evict: a block leaving the last local level (the pool, or the host tier)
+ * is copied and published from the copy, since its memory is reused as soon as this returns.
+ * One memcpy on the loop per block, bounded by remote_tier_max_inflight; 0 always (dropped
+ * when the queue is full, or the slot no longer holds it).
+ */
+static int store_evicted(struct dpool *p, uint32_t from_tier, uint32_t from,
+			 const struct core_key *key)
+{
+	const uint32_t B = p->cfg->block_tokens;
+	struct tier_key tk = { .hash_lo = key->hash.lo, .hash_hi = key->hash.hi,
+			       .parent_lo = key->parent.lo, .parent_hi = key->parent.hi,
+			       .salt = key->salt, .extra = key->extra, .tokens = key->tokens };
+	const void *data;
+	struct rstore *st;
+
+	if (from_tier == CORE_TIER_POOL) {
+		data = block_at(p, from);
+	} else if (from_tier == p->host_level) {
+		struct tier_key stored;
+
+		/* The slot's tokens are the tier's; a move into it may still be coming. */
+		host_tier_key(p->host, from, &stored);
+		tk.tokens = stored.tokens;
+		if (p->host_direct)
+			dpool_wait(p, &p->slot_ticket[from]);
+		data = p->failed ? NULL : host_tier_lookup(p->host, from, &tk);
+		if (!data)
+			return 0;
+	} else {
+		return 0; /* dpool_remote_open refuses evict with a file tier */
+	}
+	st = malloc(sizeof(*st) + (size_t)B * sizeof(uint32_t) + p->block_bytes);
+	if (!st)
+		return 0;
+	st->tokens = (uint32_t *)(st + 1);
+	memcpy(st->tokens, tk.tokens, (size_t)B * sizeof(uint32_t));
+	memcpy(st->tokens + B, data, p->block_bytes);
+	le64(st->ns, key->salt);
+	st->pool_block = CORE_NONE;
+	st->block = (struct remote_block){ .tokens = st->tokens, .data = st->tokens + B };
+	hash_bytes(st->block.hash, key->hash);
+	hash_bytes(st->block.parent, key->parent);
+	st->job = (struct remote_job){ .kind = REMOTE_STORE, .ns = st->ns, .ns_len = sizeof(st->ns),
+				       .blocks = &st->block, .nblocks = 1, .user = st };
+	if (remote_store(p->remote, &st->job) < 0)
+		free(st);
+	return 0;
+}
+
 static int remote_store_op(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
 			   uint32_t to, const struct core_key *key)
 {
@@ -97,7 +152,11 @@ static int remote_store_op(void *ctx, uint32_t from_tier, uint32_t from, uint32_
 
 	(void)to_tier;
 	(void)to;
-	if (from_tier != CORE_TIER_POOL || !p->remote)
+	if (!p->remote)
+		return 0;
+	if (p->cfg->remote_tier_write == KVPD_REMOTE_EVICT)
+		return store_evicted(p, from_tier, from, key);
+	if (from_tier != CORE_TIER_POOL)
 		return 0;
 	/* A queued copy into it (copy_thread) would race the seal: not published. */
 	if (!dpool_passed(p, p->block_ticket[from]))
@@ -222,7 +281,7 @@ static void job_back(struct remote_job *job, void *arg)
 	if (job->kind == REMOTE_STORE) {
 		struct rstore *st = job->user;
 
-		if (p->core)
+		if (p->core && st->pool_block != CORE_NONE)
 			(void)core_tier_stored(p->core, p->remote_level, st->pool_block);
 		free(st);
 		return;
@@ -287,9 +346,12 @@ int dpool_remote_open(struct dpool *p)
 
 	if (!c->remote_tier)
 		return 0;
-	if (c->remote_tier_write == KVPD_REMOTE_EVICT)
-		log_warning("pool %s: remote_tier_write = evict is not served yet in this version: "
-			    "blocks are published when committed (docs/remote.md)", c->name);
+	/* Reading a block back from the swap files as it leaves them would hold the loop. */
+	if (c->remote_tier_write == KVPD_REMOTE_EVICT && c->file_tier_blocks)
+		return log_error_errno(EOPNOTSUPP, "pool %s: remote_tier_write = evict with a file "
+				       "tier is not served in this version (the blocks would be read "
+				       "back from the swap files): use commit, or no file tier",
+				       c->name);
 	if (!p->mem.base)
 		return log_error_errno(EOPNOTSUPP, "pool %s: remote_tier needs a pool in host memory "
 				       "in this version (backend = host): values are sealed from and "

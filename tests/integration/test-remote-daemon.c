@@ -138,9 +138,12 @@ struct node {
 
 static char conf[1024];
 
-/* A node: a pool "pool" of 64 blocks of 16 tokens (2 KiB each) on the shared remote tier. */
-static void node_up(struct node *n, const char *pool, const char *ns_mode, const char *key,
-		    const char *narrow)
+/*
+ * A node: a pool "pool" of 2 KiB blocks of 16 tokens on the shared remote tier; extra: more
+ * keys (capacity_blocks = 64 unless it sets it).
+ */
+static void node_up_with(struct node *n, const char *pool, const char *ns_mode, const char *key,
+			 const char *narrow, const char *extra)
 {
 	struct kvp_connect_options o = { .size = sizeof(o), .ns = narrow, .client_name = "test" };
 	char err[256] = "";
@@ -148,15 +151,22 @@ static void node_up(struct node *n, const char *pool, const char *ns_mode, const
 
 	snprintf(conf, sizeof(conf),
 		 "[pool %s]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
-		 "block_tokens = %u\ncapacity_blocks = 64\nnamespace = %s\nremote_tier = %s\n"
-		 "remote_tier_key_file = %s\nremote_tier_timeout_ms = 2000\n",
-		 pool, BT, ns_mode, seeds, key);
+		 "block_tokens = %u\n%snamespace = %s\nremote_tier = %s\n"
+		 "remote_tier_key_file = %s\nremote_tier_timeout_ms = 2000\n%s",
+		 pool, BT, strstr(extra, "capacity_blocks") ? "" : "capacity_blocks = 64\n",
+		 ns_mode, seeds, key, extra);
 	daemon_start(&n->d, conf);
 	o.socket_path = n->d.sock;
 	o.error_buf = err;
 	o.error_len = sizeof(err);
 	r = kvp_connect(&o, &n->c);
 	ck_assert_msg(r == 0, "kvp_connect: %d %s", r, err);
+}
+
+static void node_up(struct node *n, const char *pool, const char *ns_mode, const char *key,
+		    const char *narrow)
+{
+	node_up_with(n, pool, ns_mode, key, narrow, "");
 }
 
 static void node_down(struct node *n)
@@ -459,6 +469,56 @@ START_TEST(tenants)
 END_TEST
 
 /*
+ * remote_tier_write = evict: nothing is published at commit; a block goes to Redis when it
+ * leaves the node's last local level (the pool; or the host tier below it), and another node
+ * then hits it, bytewise.  With a file tier, evict is refused at start.
+ */
+START_TEST(evict_mode)
+{
+	static const char *levels[] = {
+		"capacity_blocks = 8\nremote_tier_write = evict\n",
+		"capacity_blocks = 8\nhost_tier_blocks = 4\nremote_tier_write = evict\n",
+	};
+	char log[4096];
+
+	for (size_t l = 0; l < 2; l++) {
+		struct node a, b;
+		uint32_t t[3 * BT + 1], other[3 * BT + 1];
+
+		cluster_flush();
+		node_up_with(&a, "main", "shared", key_a, NULL, levels[l]);
+		node_up(&b, "main", "shared", key_a, NULL);
+		prompt(t, 3 * BT + 1, 31000);
+		commit_prompt(a.c, t, 3 * BT + 1, 0x90);
+		msleep(200);
+		ck_assert_int_eq(cluster_keys(), 0); /* still in A's pool: not published */
+		/* Other prompts push it out of A's pool (and host tier). */
+		for (uint32_t i = 0; i < 6; i++) {
+			prompt(other, 3 * BT + 1, 40000 + 1000 * (l * 10 + i));
+			commit_prompt(a.c, other, 3 * BT + 1, (uint8_t)(0xa0 + i));
+		}
+		ck_assert_int_gt(cluster_keys(), 0);
+		wait_keys(cluster_keys()); /* settles */
+		ck_assert_uint_eq(open_cached(b.c, t, 3 * BT + 1, 0x90), 3 * BT);
+		node_down(&a);
+		node_down(&b);
+	}
+	char swap[] = "/tmp/kvpaged-swap-XXXXXX", cmd[64];
+
+	ck_assert_ptr_nonnull(mkdtemp(swap));
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = 16\ncapacity_blocks = 8\nfile_tier_blocks = 8\n"
+		 "swap_files = %s/swap\nnamespace = shared\nremote_tier = %s\n"
+		 "remote_tier_key_file = %s\nremote_tier_write = evict\n", swap, seeds, key_a);
+	ck_assert_int_ne(daemon_refuses(conf, log, sizeof(log)), 0);
+	ck_assert_msg(strstr(log, "remote_tier_write = evict with a file tier"), "%s", log);
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", swap);
+	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/*
  * Redis absent when the nodes start: they serve, their opens miss and their stores drop; once
  * it is up, what is committed from then on crosses nodes.
  */
@@ -584,6 +644,7 @@ int main(void)
 	tcase_add_test(cl, copied);
 	tcase_add_test(cl, wrong_key);
 	tcase_add_test(cl, tenants);
+	tcase_add_test(cl, evict_mode);
 	tcase_add_test(cl, master_killed);
 	suite_add_tcase(s, cl);
 	tcase_set_timeout(solo, 60);
