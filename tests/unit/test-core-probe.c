@@ -53,6 +53,7 @@ struct side {
 	uint32_t htokens[MAX_HOST * B];
 	struct core_hash hhash[MAX_HOST];
 	uint32_t host_stores, host_load_calls;
+	uint32_t evicted_pool, evicted_host; /* STORE_EVICTED offers, by the level left */
 };
 
 static struct remote remote;
@@ -121,6 +122,41 @@ static void probe_load(void *ctx, struct core_load *loads, uint32_t n)
 
 static const struct core_tier_ops probe_ops = { .store = probe_store, .load = probe_load };
 
+/*
+ * CORE_TIER_STORE_EVICTED's store: a block leaving the last local level, from the pool (with
+ * its tokens) or from the local level's storage (without: that storage has them), copied into
+ * the remote within the call.  Returns 1, which must keep nothing.
+ */
+static int evict_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier,
+		       uint32_t to, const struct core_key *key)
+{
+	struct side *sd = ctx;
+
+	ck_assert_uint_eq(to_tier, sd->probe);
+	ck_assert_uint_eq(to, CORE_NONE);
+	if (from_tier == CORE_TIER_POOL) {
+		ck_assert_uint_lt(from, sd->mem.capacity);
+		ck_assert_ptr_nonnull(key->tokens);
+		remote_put(sd->remote, key, key->tokens, sd->mem.slots + (size_t)from * B);
+		sd->evicted_pool++;
+	} else {
+		ck_assert_uint_eq(from_tier, 1);
+		ck_assert_uint_lt(from, sd->host_slots);
+		ck_assert_ptr_null(key->tokens);
+		ck_assert(core_hash_eq(sd->hhash[from], key->hash));
+		remote_put(sd->remote, key, sd->htokens + (size_t)from * B,
+			   sd->hwords + (size_t)from * B);
+		sd->evicted_host++;
+	}
+	sd->probe_stores++;
+	return 1;
+}
+
+static const struct core_tier_ops evict_ops = { .store = evict_store, .load = probe_load };
+/* What mk gives its probed level: the ops and flags (tests of STORE_EVICTED change them). */
+static const struct core_tier_ops *mk_probe_ops = &probe_ops;
+static uint32_t mk_probe_flags = CORE_TIER_PROBED;
+
 static int host_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		      const struct core_key *key)
 {
@@ -186,7 +222,7 @@ static struct core *mk(struct side *sd, uint32_t capacity, uint32_t host_slots,
 		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){ .slots = host_slots,
 								     .ops = &host_ops, .ctx = sd };
 	cfg.tiers[cfg.ntiers++] = (struct core_tier_config){
-		.slots = probe_slots, .ops = &probe_ops, .ctx = sd, .flags = CORE_TIER_PROBED };
+		.slots = probe_slots, .ops = mk_probe_ops, .ctx = sd, .flags = mk_probe_flags };
 	sd->probe = cfg.ntiers;
 	ck_assert_int_eq(core_new(&cfg, &c), 0);
 	assert_verified(c);
@@ -924,7 +960,7 @@ START_TEST(test_a_dropped_probed_sequence_probes_on_resume)
 }
 END_TEST
 
-/* The list's rules: a probed level ends it, and no flag but CORE_TIER_PROBED is known. */
+/* The list's rules: a probed level ends it, and no flag but the CORE_TIER_* ones is known. */
 START_TEST(test_a_probed_level_must_be_last)
 {
 	static struct side sd;
@@ -944,9 +980,9 @@ START_TEST(test_a_probed_level_must_be_last)
 	cfg.tiers[1] = probed; /* two of them: the first is not last */
 	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
 	cfg.tiers[0] = host;
-	cfg.tiers[1].flags = CORE_TIER_PROBED << 1;
+	cfg.tiers[1].flags = 1u << 7;
 	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
-	cfg.tiers[1].flags = CORE_TIER_PROBED | CORE_TIER_PROBED << 1;
+	cfg.tiers[1].flags = CORE_TIER_PROBED | 1u << 7;
 	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
 	cfg.tiers[1] = probed;
 	cfg.tiers[1].slots = 0; /* asks for nothing: not a level */
@@ -1003,6 +1039,125 @@ START_TEST(test_freeing_with_blocks_kept)
 }
 END_TEST
 
+/* Opens, "prefills" and commits prompt t (flags: CORE_OPEN_PROBED or 0), then closes it. */
+static void commit_closed(struct core *c, struct side *sd, const uint32_t *t, uint32_t n,
+			  uint32_t flags)
+{
+	uint64_t s = open_seq(c, t, n, flags);
+
+	prefill(sd, c, s, t, 0, n);
+	ck_assert_int_eq(core_seq_commit(c, s, n), 0);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	assert_verified(c);
+}
+
+/*
+ * CORE_TIER_STORE_EVICTED with the pool as the last local level: nothing is offered at commit;
+ * a probed sequence's block is offered, with its tokens and bytes, when its memory is reused
+ * (once), and kept by nobody; an unprobed sequence's never; another core then probes it.
+ */
+START_TEST(test_store_evicted_from_the_pool)
+{
+	static struct side sa, sb;
+	struct core *a, *b;
+	uint32_t t[8], u[16];
+	uint64_t s;
+
+	mk_probe_ops = &evict_ops;
+	mk_probe_flags = CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED;
+	a = mk(&sa, 4, 0, 4);
+	mk_probe_ops = &probe_ops;
+	mk_probe_flags = CORE_TIER_PROBED;
+	b = mk(&sb, 8, 0, 8);
+
+	fill_tokens(t, 8, 100);
+	commit_closed(a, &sa, t, 8, CORE_OPEN_PROBED);
+	ck_assert_uint_eq(sa.probe_stores, 0);
+	ck_assert_uint_eq(tstats(a, sa.probe).published, 0);
+	/* Reusing all four blocks pushes both cached ones out of the pool: offered. */
+	fill_tokens(u, 16, 500);
+	commit_closed(a, &sa, u, 16, 0);
+	ck_assert_uint_eq(sa.evicted_pool, 2);
+	ck_assert_uint_eq(tstats(a, sa.probe).published, 2);
+	ck_assert_uint_eq(core_tier_storing(a), 0);
+	ck_assert_uint_eq(remote.n, 2);
+	/* u came from an unprobed sequence: pushed out, it is not offered. */
+	commit_closed(a, &sa, t, 8, CORE_OPEN_PROBED);
+	ck_assert_uint_eq(sa.evicted_pool, 2);
+	ck_assert_uint_eq(remote.n, 2);
+
+	s = open_seq(b, t, 8, CORE_OPEN_PROBED | CORE_OPEN_DEFER_LOADS);
+	ck_assert_uint_eq(serve(b, &sb, s, NULL, 0), 2);
+	ck_assert_uint_eq(info(b, s).ncommitted, 8);
+	assert_kv(&sb, b, s, t[0], 8);
+	ck_assert_int_eq(core_seq_close(b, s), 0);
+	done(a, &sa);
+	done(b, &sb);
+}
+END_TEST
+
+/*
+ * With a local level below the pool, a block goes there first (nothing offered) and is offered
+ * when it leaves that level, from its storage; its mark comes back up with a promotion, so it
+ * is offered again when it leaves once more.
+ */
+START_TEST(test_store_evicted_from_the_last_local_level)
+{
+	static struct side sd;
+	struct core *c;
+	uint32_t t[8], u[8], v[8];
+	uint64_t s;
+
+	mk_probe_ops = &evict_ops;
+	mk_probe_flags = CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED;
+	c = mk(&sd, 2, 2, 4);
+	mk_probe_ops = &probe_ops;
+	mk_probe_flags = CORE_TIER_PROBED;
+
+	fill_tokens(t, 8, 100);
+	fill_tokens(u, 8, 300);
+	fill_tokens(v, 8, 700);
+	commit_closed(c, &sd, t, 8, CORE_OPEN_PROBED);
+	commit_closed(c, &sd, u, 8, 0); /* t's two blocks into the local level */
+	ck_assert_uint_eq(sd.host_stores, 2);
+	ck_assert_uint_eq(sd.probe_stores, 0);
+	commit_closed(c, &sd, v, 8, 0); /* u's into it: t's leave it */
+	ck_assert_uint_eq(sd.evicted_host, 2);
+	ck_assert_uint_eq(sd.evicted_pool, 0);
+	ck_assert_uint_eq(remote.n, 2);
+	/* t again (recomputed): v down, u out (unprobed: not offered); then t down. */
+	commit_closed(c, &sd, t, 8, CORE_OPEN_PROBED);
+	commit_closed(c, &sd, u, 8, 0);
+	ck_assert_uint_eq(sd.evicted_host, 2);
+
+	/* Back up from the local level (promoted), then out of both again: offered again. */
+	s = open_seq(c, t, 8, CORE_OPEN_PROBED);
+	ck_assert_uint_eq(info(c, s).ncommitted, 8);
+	ck_assert_uint_eq(tstats(c, 1).promotions, 2);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	commit_closed(c, &sd, v, 8, 0);
+	commit_closed(c, &sd, u, 8, 0);
+	ck_assert_uint_eq(sd.evicted_host, 4);
+	done(c, &sd);
+}
+END_TEST
+
+/* STORE_EVICTED needs PROBED. */
+START_TEST(test_store_evicted_needs_a_probed_level)
+{
+	static struct side sd;
+	struct core_config cfg = {
+		.capacity_blocks = 4, .block_tokens = B, .max_sequences = 2, .max_seq_tokens = 16,
+		.copy_block = fake_copy, .copy_ctx = &sd.mem,
+	};
+	struct core *c = NULL;
+
+	cfg.tiers[cfg.ntiers++] = (struct core_tier_config){
+		.slots = 2, .ops = &host_ops, .ctx = &sd, .flags = CORE_TIER_STORE_EVICTED };
+	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
+}
+END_TEST
+
 /* Each test starts with an empty remote, forked or not (CK_FORK=no, as under a debugger). */
 static void remote_empty(void)
 {
@@ -1030,6 +1185,9 @@ int main(void)
 	tcase_add_test(tc, test_a_dropped_probed_sequence_probes_on_resume);
 	tcase_add_test(tc, test_a_probed_level_must_be_last);
 	tcase_add_test(tc, test_freeing_with_blocks_kept);
+	tcase_add_test(tc, test_store_evicted_from_the_pool);
+	tcase_add_test(tc, test_store_evicted_from_the_last_local_level);
+	tcase_add_test(tc, test_store_evicted_needs_a_probed_level);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
