@@ -1175,6 +1175,9 @@ static int check_remote(struct parse *p, size_t i)
 			case TYPE_REMOTE_WRITE:
 				set = *(const enum kvpd_remote_write *)field != key->def;
 				break;
+			case TYPE_BOOL:
+				set = *(const bool *)field != (key->def != 0);
+				break;
 			case TYPE_PATH:
 				set = *(char *const *)field != NULL;
 				break;
