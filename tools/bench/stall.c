@@ -285,6 +285,8 @@ static void report(const struct stall_options *o, const struct pool_result *r, i
 					       json_object_new_double(us(hist_quantile(&r[i].idle, 0.5))));
 			json_object_object_add(p, "idle_p99_us",
 					       json_object_new_double(us(hist_quantile(&r[i].idle, 0.99))));
+			json_object_object_add(p, "idle_max_us",
+					       json_object_new_double(us((double)r[i].idle.max_ns)));
 			json_object_object_add(p, "busy_p50_us",
 					       json_object_new_double(us(hist_quantile(&r[i].busy, 0.5))));
 			json_object_object_add(p, "busy_p99_us",
