@@ -71,7 +71,7 @@ static void usage(FILE *f)
 	      "  latency     one-token append round trips through a daemon, beside bare limits\n"
 	      "  throughput  batched ring appends per second from several client processes\n"
 	      "  swap        file tier GB/s beside fio, host tier beside memcpy\n"
-	      "  stall       round trips while another client reads from the swap files\n"
+	      "  stall       round trips while another client brings blocks back from the tiers\n"
 	      "  seal        remote-tier AES-256-GCM seal and open GB/s beside memcpy\n"
 	      "  redis       remote-tier cluster client GET/SET GB/s beside plain hiredis\n"
 	      "  remote      remote-tier thread store/fetch GB/s (sealed) beside plain hiredis\n"

@@ -419,3 +419,49 @@ int workers_finish(struct workers *ws, bool kill_them)
 	*ws = (struct workers){ .go_fd = -1 };
 	return r;
 }
+
+int admin_remote_query(const char *path, const char *pool, struct admin_remote *ret)
+{
+	Kvpaged__V1__Stats *st = NULL;
+	struct admin_remote a = { 0 };
+	bool found = false;
+	int fd, r;
+
+	fd = kvp_unix_connect(path);
+	if (fd < 0) {
+		fprintf(stderr, "kvpaged-bench: cannot connect to %s: %s\n", path, strerror(-fd));
+		return fd;
+	}
+	r = admin_request(fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATS, pool,
+			  &kvpaged__v1__stats__descriptor, (ProtobufCMessage **)&st);
+	close(fd);
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < st->n_pools; i++) {
+		const Kvpaged__V1__PoolStats *p = st->pools[i];
+		const Kvpaged__V1__RemoteTier *t = p->remote;
+
+		if (strcmp(p->pool, pool))
+			continue;
+		found = true;
+		if (!t)
+			continue;
+		a.present = true;
+		a.inflight = t->inflight;
+		a.fetches = t->fetches;
+		a.fetches_busy = t->fetches_busy;
+		a.hits = t->hits;
+		for (size_t k = 0; k < t->n_misses; k++)
+			a.misses += t->misses[k]->count;
+		a.stores_ok = t->stores_ok;
+		a.stores_dropped = t->stores_dropped;
+		a.stores_failed = t->stores_failed;
+	}
+	kvpaged__v1__stats__free_unpacked(st, NULL);
+	if (!found) {
+		fprintf(stderr, "kvpaged-bench: admin socket: no pool %s\n", pool);
+		return -ENOENT;
+	}
+	*ret = a;
+	return 0;
+}

@@ -61,6 +61,17 @@ struct admin_pool {
 /* ADMIN_STATS and ADMIN_POOLS for one pool; prints why and returns -errno on failure. */
 int admin_pool_query(const char *admin_socket, const char *pool, struct admin_pool *ret);
 
+/* A pool's remote tier as the admin socket reports it (docs/remote.md). */
+struct admin_remote {
+	bool present; /* the pool has a remote tier; the rest is zero otherwise */
+	uint32_t inflight;
+	uint64_t fetches, fetches_busy, hits, misses; /* misses: every reason */
+	uint64_t stores_ok, stores_dropped, stores_failed;
+};
+
+/* ADMIN_STATS for one pool's remote tier; prints why and returns -errno on failure. */
+int admin_remote_query(const char *admin_socket, const char *pool, struct admin_remote *ret);
+
 /*
  * Client processes.  Each child runs fn(idx, ctx, io): it connects, says it is ready (or why
  * not) with worker_ready(), which returns once every child is ready and the parent said go, then

@@ -8,11 +8,14 @@
  * the daemon's deferred reads the prober is served while they are in flight; with
  * file_tier_blocking_reads = yes it waits behind each batch.  Host-tier copies: with
  * copy_thread = yes they run on the backend's helper thread while the prober is served; without
- * it the loop copies them itself.  Each pool named is measured in turn, in one run: the prober
- * alone first, then beside the loader.
+ * it the loop copies them itself.  Remote-tier fetches: a pool with a remote tier and no tier
+ * below it forgets what it evicts, so each open fetches its blocks back from Redis on the tier's
+ * thread while the prober is served.  Each pool named is measured in turn, in one run: the
+ * prober alone first, then beside the loader.
  */
 #include <errno.h>
 #include <getopt.h>
+#include <inttypes.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +27,7 @@
 #include "libclient/include/kvpaged.h"
 #include "tools/bench/bench.h"
 #include "tools/bench/hist.h"
+#include "tools/bench/remote.h"
 
 #define MAX_POOLS 8
 #define STREAM_STALL (UINT64_C(5) << 56) /* | prompt: the loader's prompts */
@@ -31,6 +35,7 @@
 
 struct stall_options {
 	const char *socket;
+	const char *admin; /* NULL: no remote-tier counters, no waiting for stores */
 	const char *pools[MAX_POOLS];
 	int npools;
 	uint32_t blocks;  /* per prompt */
@@ -50,6 +55,9 @@ struct pool_result {
 	uint32_t block_tokens;
 	struct hist idle, busy;
 	struct loader_result load;
+	/* The remote tier's counters over the busy phase (remote.present: the pool has one). */
+	struct admin_remote remote;
+	uint64_t stores_dropped; /* while the prompts were cached: then opens miss */
 };
 
 static int connect_pool(const struct stall_options *o, const char *pool, const char *who,
@@ -117,6 +125,31 @@ static void loader(const struct stall_options *o, const char *pool, uint32_t n, 
 	_exit(0);
 }
 
+/*
+ * Waits until the remote tier holds no job of the pool: the stores of the blocks just committed
+ * have landed in Redis (or failed, counted), and the next commit's stores find room in the
+ * queue instead of being dropped.
+ */
+static int remote_settle(const struct stall_options *o, const char *pool)
+{
+	uint64_t stop = now_ns() + (uint64_t)REMOTE_TIMEOUT_MS * 1000000u;
+	struct admin_remote a;
+	int r;
+
+	for (;;) {
+		r = admin_remote_query(o->admin, pool, &a);
+		if (r < 0 || !a.present || a.inflight == 0)
+			return r;
+		if (now_ns() > stop) {
+			fprintf(stderr, "kvpaged-bench stall: pool '%s': %u blocks still in flight "
+					"to the remote tier after %d ms\n", pool, a.inflight,
+				REMOTE_TIMEOUT_MS);
+			return -ETIMEDOUT;
+		}
+		usleep(1000);
+	}
+}
+
 /* Times LOOKUPs of one block until stop_ns. */
 static int probe(struct kvp_client *c, const uint32_t *t, uint32_t n, uint64_t stop_ns,
 		 struct hist *h)
@@ -137,6 +170,7 @@ static int probe(struct kvp_client *c, const uint32_t *t, uint32_t n, uint64_t s
 static int measure_pool(const struct stall_options *o, const char *pool, struct pool_result *res)
 {
 	struct kvp_client *c = NULL;
+	struct admin_remote before = { 0 }, after = { 0 };
 	uint32_t B, n, *t = NULL, probe_t[4096], cached;
 	uint64_t stop;
 	char ready;
@@ -163,10 +197,17 @@ static int measure_pool(const struct stall_options *o, const char *pool, struct 
 		r = -ENOMEM;
 		goto out;
 	}
-	/* Cache every prompt; the pool keeps only some of them, the rest go below. */
+	if (o->admin && (r = admin_remote_query(o->admin, pool, &before)) < 0)
+		goto out;
+	/*
+	 * Cache every prompt; the pool keeps only some of them, the rest go below (or, with a
+	 * remote tier and nothing between, only to Redis, where every commit published them).
+	 */
 	for (uint32_t k = 0; k < o->prompts; k++) {
 		prompt_tokens(t, n, k);
 		r = open_close(c, t, n, true, &cached);
+		if (r == 0 && before.present)
+			r = remote_settle(o, pool);
 		if (r < 0) {
 			fprintf(stderr, "kvpaged-bench stall: pool '%s': caching prompt %u: %s\n",
 				pool, k, strerror(-r));
@@ -174,6 +215,11 @@ static int measure_pool(const struct stall_options *o, const char *pool, struct 
 		}
 	}
 	r = probe(c, probe_t, B, now_ns() + (uint64_t)o->seconds * 1000000000u, &res->idle);
+	if (r == 0 && before.present) {
+		r = admin_remote_query(o->admin, pool, &after);
+		res->stores_dropped = after.stores_dropped - before.stores_dropped;
+		before = after;
+	}
 	if (r < 0 || pipe(fds) < 0) {
 		r = r < 0 ? r : -errno;
 		goto out;
@@ -200,6 +246,15 @@ static int measure_pool(const struct stall_options *o, const char *pool, struct 
 		res->load.error = -EIO;
 	close(fds[0]);
 	waitpid(pid, &status, 0);
+	if (r == 0 && before.present && (r = admin_remote_query(o->admin, pool, &after)) == 0) {
+		res->remote = (struct admin_remote){
+			.present = true,
+			.fetches = after.fetches - before.fetches,
+			.fetches_busy = after.fetches_busy - before.fetches_busy,
+			.hits = after.hits - before.hits,
+			.misses = after.misses - before.misses,
+		};
+	}
 	if (r == 0 && res->load.error < 0) {
 		fprintf(stderr, "kvpaged-bench stall: pool '%s': the loader failed: %s\n", pool,
 			strerror(-res->load.error));
@@ -230,6 +285,8 @@ static void report(const struct stall_options *o, const struct pool_result *r, i
 					       json_object_new_double(us(hist_quantile(&r[i].idle, 0.5))));
 			json_object_object_add(p, "idle_p99_us",
 					       json_object_new_double(us(hist_quantile(&r[i].idle, 0.99))));
+			json_object_object_add(p, "idle_max_us",
+					       json_object_new_double(us((double)r[i].idle.max_ns)));
 			json_object_object_add(p, "busy_p50_us",
 					       json_object_new_double(us(hist_quantile(&r[i].busy, 0.5))));
 			json_object_object_add(p, "busy_p99_us",
@@ -243,6 +300,20 @@ static void report(const struct stall_options *o, const struct pool_result *r, i
 					       json_object_new_double(l->opens ? (double)l->cached_tokens /
 										 r[i].block_tokens / l->opens
 									       : 0));
+			if (r[i].remote.present) {
+				const struct admin_remote *a = &r[i].remote;
+
+				json_object_object_add(p, "remote_fetches",
+						       json_object_new_int64((int64_t)a->fetches));
+				json_object_object_add(p, "remote_fetches_busy",
+						       json_object_new_int64((int64_t)a->fetches_busy));
+				json_object_object_add(p, "remote_hits",
+						       json_object_new_int64((int64_t)a->hits));
+				json_object_object_add(p, "remote_misses",
+						       json_object_new_int64((int64_t)a->misses));
+				json_object_object_add(p, "remote_stores_dropped",
+						       json_object_new_int64((int64_t)r[i].stores_dropped));
+			}
 			json_object_array_add(arr, p);
 		}
 		json_object_object_add(top, "blocks_per_prompt", json_object_new_int64(o->blocks));
@@ -265,14 +336,26 @@ static void report(const struct stall_options *o, const struct pool_result *r, i
 		       us((double)r[i].busy.max_ns), l->ns ? l->opens * 1e9 / l->ns : 0,
 		       l->opens ? (double)l->cached_tokens / r[i].block_tokens / l->opens : 0);
 	}
+	for (int i = 0; i < n; i++) {
+		const struct admin_remote *a = &r[i].remote;
+
+		if (!a->present)
+			continue;
+		printf("%-16s remote tier over the busy phase: %" PRIu64 " fetches (%" PRIu64
+		       " refused busy), %" PRIu64 " blocks fetched, %" PRIu64 " missed; %" PRIu64
+		       " stores dropped while caching\n", r[i].pool, a->fetches, a->fetches_busy,
+		       a->hits, a->misses, r[i].stores_dropped);
+	}
 }
 
 static void usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench stall --daemon SOCKET --pool NAME[,NAME...] [--blocks N]\n"
-	      "                           [--prompts K] [--seconds S] [--json]\n"
+	      "                           [--prompts K] [--seconds S] [--admin SOCKET] [--json]\n"
 	      "  Each pool needs a tier below it and room for fewer than K prompts of N blocks, so\n"
-	      "  that every open brings blocks back from the tiers (docs/bench.md).\n",
+	      "  that every open brings blocks back from the tiers (docs/bench.md).  With --admin,\n"
+	      "  a pool's remote tier is waited for after each prompt is cached and its fetches\n"
+	      "  over the busy phase are reported.\n",
 	      f);
 }
 
@@ -282,7 +365,8 @@ int cmd_stall(int argc, char **argv)
 		{ "daemon", required_argument, NULL, 'd' }, { "pool", required_argument, NULL, 'p' },
 		{ "blocks", required_argument, NULL, 'b' }, { "prompts", required_argument, NULL, 'k' },
 		{ "seconds", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
-		{ "help", no_argument, NULL, 'h' },	     { 0 }
+		{ "admin", required_argument, NULL, 'a' },   { "help", no_argument, NULL, 'h' },
+		{ 0 }
 	};
 	struct stall_options o = { .blocks = 32, .prompts = 4, .seconds = 5 };
 	struct pool_result *res;
@@ -292,6 +376,7 @@ int cmd_stall(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'd': o.socket = optarg; break;
+		case 'a': o.admin = optarg; break;
 		case 'p': pools = optarg; break;
 		case 'b':
 			if (parse_u32(optarg, &o.blocks) < 0 || o.blocks == 0)
