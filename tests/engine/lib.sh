@@ -39,7 +39,8 @@ cleanup() {
 		kill -KILL "$daemon_pid" 2>/dev/null || true
 		wait "$daemon_pid" 2>/dev/null || true
 	fi
-	for dir in ${!daemon_in_pid[@]+"${!daemon_in_pid[@]}"}; do
+	# (bash >= 4.4: an empty array under set -u expands to nothing.)
+	for dir in "${!daemon_in_pid[@]}"; do
 		kill -KILL "${daemon_in_pid[$dir]}" 2>/dev/null || true
 		wait "${daemon_in_pid[$dir]}" 2>/dev/null || true
 		if [ $rc -ne 0 ] && [ -s "$dir/kvpaged.log" ]; then
