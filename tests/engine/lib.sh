@@ -22,9 +22,13 @@ daemon_pid=
 # Engines a test runs in the background (llama_bg): stopped on exit, so none outlives a
 # failed test.
 engine_pids=()
+# More daemons (start_daemon_in), by directory, and other processes a test starts in the
+# background (a redis-server, bg_pids): killed on exit.
+declare -A daemon_in_pid=()
+bg_pids=()
 
 cleanup() {
-	local rc=$? pid
+	local rc=$? pid dir
 
 	for pid in ${engine_pids[@]+"${engine_pids[@]}"}; do
 		# TERM, which timeout(1) passes on to the engine; KILL would leave the engine behind.
@@ -35,6 +39,19 @@ cleanup() {
 		kill -KILL "$daemon_pid" 2>/dev/null || true
 		wait "$daemon_pid" 2>/dev/null || true
 	fi
+	# (bash >= 4.4: an empty array under set -u expands to nothing.)
+	for dir in "${!daemon_in_pid[@]}"; do
+		kill -KILL "${daemon_in_pid[$dir]}" 2>/dev/null || true
+		wait "${daemon_in_pid[$dir]}" 2>/dev/null || true
+		if [ $rc -ne 0 ] && [ -s "$dir/kvpaged.log" ]; then
+			echo "--- kvpaged log ($dir) ---" >&2
+			tail -n 30 "$dir/kvpaged.log" >&2
+		fi
+	done
+	for pid in ${bg_pids[@]+"${bg_pids[@]}"}; do
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
 	if [ $rc -ne 0 ] && [ -s "$tmp/kvpaged.log" ]; then
 		echo "--- kvpaged log ---" >&2
 		tail -n 30 "$tmp/kvpaged.log" >&2
@@ -93,6 +110,61 @@ stop_daemon() {
 	wait "$daemon_pid" || status=$?
 	daemon_pid=
 	[ "$status" -eq 0 ] || fail "kvpaged exited with status $status"
+}
+
+# start_daemon_in DIR [LAYERS [POOL-LINES]]: another daemon, like start_daemon's, with its
+# configuration, sockets (DIR/kvpaged.sock, DIR/admin.sock) and log in DIR (made if missing);
+# stopped on exit.  It leaves KVPAGED_SOCKET alone: give it per command, or use ctl_in DIR.
+start_daemon_in() {
+	local dir=$1 capacity='capacity_blocks = 4096'
+
+	shift
+	case "${2:-}" in *capacity_blocks*) capacity= ;; esac
+	mkdir -p "$dir"
+	cat >"$dir/kvpaged.conf" <<-EOF
+	[daemon]
+	socket = $dir/kvpaged.sock
+	admin_socket = $dir/admin.sock
+	[pool main]
+	layers = ${1:-5}
+	kv_heads = 4
+	head_dim = 8
+	element_bytes = 4
+	block_tokens = 16
+	$capacity
+	${2:-}
+	EOF
+	"$KVPAGED" --config "$dir/kvpaged.conf" --verbose 2>"$dir/kvpaged.log" &
+	daemon_in_pid[$dir]=$!
+	for _ in $(seq 500); do
+		ctl_in "$dir" status >/dev/null 2>&1 && return 0
+		kill -0 "${daemon_in_pid[$dir]}" 2>/dev/null || fail "kvpaged in $dir exited at start"
+		sleep 0.01
+	done
+	fail "kvpaged in $dir did not answer within 5 s"
+}
+
+# ctl_in DIR ARGS: kvpagedctl on the daemon start_daemon_in started in DIR.
+ctl_in() {
+	local dir=$1
+
+	shift
+	timeout 10 "$KVPAGEDCTL" --socket "$dir/admin.sock" "$@"
+}
+
+# stop_daemon_in DIR: SIGTERM, and a clean exit within 5 s.
+stop_daemon_in() {
+	local dir=$1 pid=${daemon_in_pid[$1]} status=0
+
+	kill -TERM "$pid"
+	for _ in $(seq 500); do
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.01
+	done
+	kill -0 "$pid" 2>/dev/null && fail "kvpaged in $dir did not stop within 5 s of SIGTERM"
+	wait "$pid" || status=$?
+	unset "daemon_in_pid[$dir]"
+	[ "$status" -eq 0 ] || fail "kvpaged in $dir exited with status $status"
 }
 
 llama() {
