@@ -97,7 +97,7 @@ void tier_demote_block(struct core *c, uint32_t b)
 	const struct core_block *blk = &c->pool.blocks[b];
 	struct core_key key;
 
-	if (c->dropping || (blk->flags & CORE_BLOCK_NODEMOTE))
+	if (c->dropping)
 		return;
 	key = (struct core_key){
 		.hash = blk->hash,
@@ -106,10 +106,16 @@ void tier_demote_block(struct core *c, uint32_t b)
 		.extra = blk->extra,
 		.tokens = core_slot_tokens(c, b),
 	};
-	if (c->first_tier)
-		(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
-	else if (blk->flags & CORE_BLOCK_REMOTE)
-		tier_publish_evicted(c, CORE_TIER_POOL, b, &key); /* the pool is the last */
+	/*
+	 * It leaves every local level: the pool is the last, or the cost model chose to
+	 * recompute it here rather than move it down (another node may still want it).
+	 */
+	if (!c->first_tier || (blk->flags & CORE_BLOCK_NODEMOTE)) {
+		if (blk->flags & CORE_BLOCK_REMOTE)
+			tier_publish_evicted(c, CORE_TIER_POOL, b, &key);
+		return;
+	}
+	(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
 }
 
 void tier_publish_evicted(struct core *c, uint32_t from_tier, uint32_t from,

@@ -71,6 +71,51 @@ static bool acl_allows(struct session *s, const struct kvpd_pool_config *pc)
  * sends can produce another credential's salt.
  */
 /*
+ * The user's (gid false) or group's name of id, when it maps back to id (two local ids with one
+ * name would otherwise share a namespace): false when there is none, or it is too long.  From
+ * NSS, on the loop: with a directory service, a cache (nscd, sssd) keeps attaches fast.
+ */
+static bool id_name(uint32_t id, bool gid, char *out, size_t len)
+{
+	char stack[4096], *buf = stack, *big = NULL;
+	size_t size = sizeof(stack);
+	bool ok = false;
+	int r;
+
+	for (;;) {
+		if (gid) {
+			struct group gr, *found = NULL, gr2, *back = NULL;
+
+			r = getgrgid_r(id, &gr, buf, size, &found);
+			if (r == 0 && found && strlen(found->gr_name) < len) {
+				snprintf(out, len, "%s", found->gr_name);
+				ok = getgrnam_r(out, &gr2, buf, size, &back) == 0 && back &&
+				     back->gr_gid == id;
+			}
+		} else {
+			struct passwd pw, *found = NULL, pw2, *back = NULL;
+
+			r = getpwuid_r(id, &pw, buf, size, &found);
+			if (r == 0 && found && strlen(found->pw_name) < len) {
+				snprintf(out, len, "%s", found->pw_name);
+				ok = getpwnam_r(out, &pw2, buf, size, &back) == 0 && back &&
+				     back->pw_uid == id;
+			}
+		}
+		/* A group with many members needs more room: grow, up to 1 MiB. */
+		if (r != ERANGE || size >= (1u << 20))
+			break;
+		size *= 4;
+		free(big);
+		big = buf = malloc(size);
+		if (!buf)
+			break;
+	}
+	free(big);
+	return ok;
+}
+
+/*
  * The name of a session's namespace on the remote tier, which every node computes alike
  * (docs/remote.md): the pool's name and, for namespace = shared, "shared"; for a uid or gid
  * namespace, the user's or group's name when remote_tier_map_names says so.  Numbers mean
@@ -79,42 +124,34 @@ static bool acl_allows(struct session *s, const struct kvpd_pool_config *pc)
 static bool remote_name(const struct session *s, const struct kvpd_pool_config *pc,
 			const char *narrow, char *out, size_t len)
 {
-	char buf[4096], who[300];
+	char name[256];
 	int n;
 
 	switch (pc->namespace_mode) {
 	case KVPD_NS_SHARED:
-		snprintf(who, sizeof(who), "shared");
+		n = snprintf(out, len, "pool:%s/shared%s%s", pc->name, *narrow ? "/" : "", narrow);
 		break;
-	case KVPD_NS_UID: {
-		struct passwd pw, *found = NULL;
-
+	case KVPD_NS_UID:
+	case KVPD_NS_GID:
 		if (!pc->remote_tier_map_names ||
-		    getpwuid_r(s->cred.uid, &pw, buf, sizeof(buf), &found) != 0 || !found)
+		    !id_name(pc->namespace_mode == KVPD_NS_UID ? s->cred.uid : s->cred.gid,
+			     pc->namespace_mode == KVPD_NS_GID, name, sizeof(name)))
 			return false;
-		snprintf(who, sizeof(who), "user:%s", found->pw_name);
+		n = snprintf(out, len, "pool:%s/%s:%s%s%s", pc->name,
+			     pc->namespace_mode == KVPD_NS_UID ? "user" : "group", name,
+			     *narrow ? "/" : "", narrow);
 		break;
-	}
-	case KVPD_NS_GID: {
-		struct group gr, *found = NULL;
-
-		if (!pc->remote_tier_map_names ||
-		    getgrgid_r(s->cred.gid, &gr, buf, sizeof(buf), &found) != 0 || !found)
-			return false;
-		snprintf(who, sizeof(who), "group:%s", found->gr_name);
-		break;
-	}
 	default:
 		return false;
 	}
-	n = snprintf(out, len, "pool:%s/%s%s%s", pc->name, who, *narrow ? "/" : "", narrow);
+	/* Never a name cut short: two long ones would be one. */
 	return n > 0 && (size_t)n < len;
 }
 
 static void assign_namespace(struct session *s, const struct kvpd_pool_config *pc,
 			     const char *narrow)
 {
-	char key[256];
+	char key[512];
 	int len;
 
 	switch (pc->namespace_mode) {

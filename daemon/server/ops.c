@@ -202,11 +202,13 @@ static bool may_defer(const struct dpool *p)
  * be read without the loop, or when the remote tier may be asked (only ever deferred: a
  * network round trip never holds the loop); the remote tier for a named namespace.
  */
-static uint32_t load_flags(const struct session *s)
+static uint32_t load_flags(struct session *s)
 {
-	const struct dpool *p = s->pool;
+	struct dpool *p = s->pool;
 	bool remote = p->remote && p->remote_armed && s->remote_ns;
 
+	if (remote)
+		dpool_remote_recheck(p);
 	return (may_defer(p) || remote ? CORE_OPEN_DEFER_LOADS : 0) |
 	       (remote ? CORE_OPEN_PROBED : 0);
 }

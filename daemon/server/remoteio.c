@@ -212,6 +212,7 @@ int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *lo
 	}
 	f->which = (uint32_t *)(f->blocks + m);
 	f->wait = w;
+	dpool_flush(p); /* gathered demotions set the tickets read below */
 	le64(f->ns, loads[first].key.salt);
 	m = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -230,7 +231,8 @@ int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *lo
 	}
 	/*
 	 * A block the allocation evicted may still be on its way out (a demotion, queued with
-	 * copy_thread): the thread writes into it only after.  Instant for plain host memory.
+	 * copy_thread): the thread writes into it only after.  Instant for plain host memory; with
+	 * copy_thread the loop waits for those moves (counted in cpu_waits).
 	 */
 	dpool_wait(p, &fence);
 	f->job = (struct remote_job){ .kind = REMOTE_FETCH, .ns = f->ns, .ns_len = sizeof(f->ns),
@@ -258,8 +260,12 @@ static void bandwidth_sample(struct dpool *p, const struct remote_job *job)
 {
 	uint64_t bytes = 0;
 
-	for (size_t i = 0; i < job->nblocks; i++)
+	for (size_t i = 0; i < job->nblocks; i++) {
+		/* A late block's wait is the deadline's, not the network's: no figure. */
+		if (job->blocks[i].status == REMOTE_LATE)
+			return;
 		bytes += job->blocks[i].status == REMOTE_OK ? p->block_bytes : 0;
+	}
 	if (!bytes || p->cfg->remote_tier_bandwidth != KVPD_MEASURE)
 		return;
 	p->remote_sample_bytes += bytes;
@@ -272,6 +278,23 @@ static void bandwidth_sample(struct dpool *p, const struct remote_job *job)
 	p->remote_bandwidth = p->remote_bandwidth > 0 ? 0.75 * p->remote_bandwidth + 0.25 * bw : bw;
 	p->remote_sample_bytes = p->remote_sample_ns = 0;
 	(void)core_tier_set_bandwidth(p->core, p->remote_level, p->remote_bandwidth);
+	/*
+	 * A rate at which fetching loses stops the fetches, and with them the samples that could
+	 * say the network got better: it is forgotten after a while, and measured afresh.
+	 */
+	if (!core_tier_promotes(p->core, p->remote_level))
+		p->remote_retry_ns = server_now_ns() + REMOTE_RETRY_NS;
+}
+
+void dpool_remote_recheck(struct dpool *p)
+{
+	if (!p->remote_retry_ns || server_now_ns() < p->remote_retry_ns)
+		return;
+	p->remote_retry_ns = 0;
+	p->remote_bandwidth = 0;
+	(void)core_tier_set_bandwidth(p->core, p->remote_level, 0);
+	log_info("pool %s: remote tier: measuring its bandwidth again (fetching lost to "
+		 "recomputing)", p->cfg->name);
 }
 
 static void job_back(struct remote_job *job, void *arg)
@@ -281,8 +304,10 @@ static void job_back(struct remote_job *job, void *arg)
 	if (job->kind == REMOTE_STORE) {
 		struct rstore *st = job->user;
 
-		if (p->core && st->pool_block != CORE_NONE)
-			(void)core_tier_stored(p->core, p->remote_level, st->pool_block);
+		/* A block kept for the store may be reused now: waiters for memory may go on. */
+		if (p->core && st->pool_block != CORE_NONE &&
+		    core_tier_stored(p->core, p->remote_level, st->pool_block) == 0)
+			p->epoch++;
 		free(st);
 		return;
 	}

@@ -207,6 +207,7 @@ struct dpool {
 	uint64_t remote_sample_bytes, remote_sample_ns; /* auto: fetched since the last update */
 	uint32_t remote_fetching; /* fetch jobs submitted, not reaped */
 	uint64_t remote_unlocal;  /* sessions whose namespace stays on this node (not named) */
+	uint64_t remote_retry_ns; /* auto: when a rate that stopped the fetches is forgotten */
 	struct op remote_op;
 	bool remote_armed;
 };
@@ -524,6 +525,9 @@ int dpool_remote_open(struct dpool *p);
 void dpool_arm_remote_poll(struct server *srv, struct dpool *p);
 void dpool_remote_poll(struct dpool *p);
 void dpool_remote_close(struct dpool *p);
+/* remote_tier_bandwidth = auto: forgets a rate that stopped the fetches, once it is old. */
+void dpool_remote_recheck(struct dpool *p);
+#define REMOTE_RETRY_NS (10ull * 1000000000u)
 /* The root salt of a named namespace of the pool's remote tier (docs/remote.md). */
 int dpool_remote_salt(const struct dpool *p, const char *name, uint64_t *ret);
 /* Arms the poll on the backend's done_fd (once, at start; again when it ends). */

@@ -437,7 +437,7 @@ END_TEST
 /*
  * Tenants.  uid namespaces are numbers: they stay on their node (nothing stored).  A shared
  * pool of another name, or another narrowing string, is another namespace; the same name and
- * string on two nodes is one.
+ * string on two nodes is one; so is a uid namespace named by its user (remote_tier_map_names).
  */
 START_TEST(tenants)
 {
@@ -463,6 +463,22 @@ START_TEST(tenants)
 	node_down(&b);
 	node_up(&b, "main", "shared", key_a, "team-a");
 	ck_assert_uint_eq(open_cached(b.c, t, 2 * BT + 1, 0x51), 2 * BT);
+	node_down(&b);
+	node_down(&a);
+
+	/*
+	 * A uid namespace mapped to its user's name (remote_tier_map_names) is one namespace on
+	 * every node: the test's user on A and on B.  Not the shared pool's, though.
+	 */
+	cluster_flush();
+	node_up_with(&a, "main", "uid", key_a, NULL, "remote_tier_map_names = yes\n");
+	commit_prompt(a.c, t, 2 * BT + 1, 0x52);
+	wait_keys(2);
+	node_up_with(&b, "main", "uid", key_a, NULL, "remote_tier_map_names = yes\n");
+	ck_assert_uint_eq(open_cached(b.c, t, 2 * BT + 1, 0x52), 2 * BT);
+	node_down(&b);
+	node_up(&b, "main", "shared", key_a, NULL);
+	ck_assert_uint_eq(open_cached(b.c, t, 2 * BT + 1, 0x52), 0);
 	node_down(&b);
 	node_down(&a);
 }
@@ -515,6 +531,49 @@ START_TEST(evict_mode)
 	ck_assert_msg(strstr(log, "remote_tier_write = evict with a file tier"), "%s", log);
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", swap);
 	ck_assert_int_eq(system(cmd), 0);
+}
+END_TEST
+
+/* Blocks the remote level was asked for on node n so far (kvpagedctl stats). */
+static long long probes(const struct node *n)
+{
+	static char out[65536];
+
+	ck_assert_int_eq(ctl(&n->d, "stats", out, sizeof(out)), 0);
+	return json_int(out, "probes");
+}
+
+/*
+ * remote_tier_bandwidth = auto: a measured rate at which fetching loses to recomputing (an
+ * engine configured very fast) stops the fetches; the rate is forgotten after a while
+ * (REMOTE_RETRY_NS, 10 s) and the tier is asked again.
+ */
+START_TEST(auto_bandwidth)
+{
+	struct node a, b;
+	uint32_t t[20 * BT + 1];
+	long long before;
+
+	cluster_flush();
+	node_up(&a, "main", "shared", key_a, NULL);
+	node_up_with(&b, "main", "shared", key_a, NULL,
+		     "remote_tier_bandwidth = auto\nmodel_params = 1\nengine_flops = 1e18\n");
+	prompt(t, 20 * BT + 1, 50000);
+	commit_prompt(a.c, t, 20 * BT + 1, 0x33);
+	wait_keys(20);
+	/* Unknown at first: fetched (20 blocks, enough for a figure), and measured to lose. */
+	ck_assert_uint_eq(open_cached(b.c, t, 20 * BT + 1, 0x33), 20 * BT);
+	drop_cache(&b);
+	before = probes(&b);
+	ck_assert_uint_eq(open_cached(b.c, t, 20 * BT + 1, 0x33), 0);
+	ck_assert_int_eq(probes(&b), before);
+	drop_cache(&b);
+	msleep(10500);
+	ck_assert_uint_eq(open_cached(b.c, t, 20 * BT + 1, 0x33), 20 * BT);
+	ck_assert_int_gt(probes(&b), before);
+	ck_assert(daemon_log_has(&b.d, "measuring its bandwidth again"));
+	node_down(&a);
+	node_down(&b);
 }
 END_TEST
 
@@ -645,6 +704,7 @@ int main(void)
 	tcase_add_test(cl, wrong_key);
 	tcase_add_test(cl, tenants);
 	tcase_add_test(cl, evict_mode);
+	tcase_add_test(cl, auto_bandwidth);
 	tcase_add_test(cl, master_killed);
 	suite_add_tcase(s, cl);
 	tcase_set_timeout(solo, 60);
