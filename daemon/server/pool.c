@@ -250,6 +250,7 @@ static uint32_t tier_add(struct dpool *p, struct core_config *cc, const char *na
 static int tiers_open(struct dpool *p, const struct backend_module *module, struct core_config *cc)
 {
 	const struct kvpd_pool_config *c = p->cfg;
+	uint32_t probe = 0;
 	int r;
 
 	if (c->host_tier_blocks) {
@@ -300,13 +301,11 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 	 * Last, the remote tier: a level nobody here can see into (CORE_TIER_PROBED).  One lookup
 	 * asks it for half of what may be in flight, so a fetch never shuts out every store.
 	 */
-	r = dpool_remote_open(p);
+	r = dpool_remote_open(p, &probe);
 	if (r < 0)
 		return r;
 	if (p->remote) {
-		uint32_t probe = c->remote_tier_max_inflight / 2;
-
-		p->remote_level = tier_add(p, cc, "remote", probe ? probe : 1, p->remote_bandwidth,
+		p->remote_level = tier_add(p, cc, "remote", probe, p->remote_bandwidth,
 					   &dpool_remote_tier_ops);
 		cc->tiers[cc->ntiers - 1].flags =
 			CORE_TIER_PROBED |
@@ -561,6 +560,7 @@ void dpool_done(struct dpool *p)
 			*stages[i] = NULL;
 		}
 	}
+	dpool_remote_stage_free(p);
 	free(p->stores);
 	free(p->store_tokens);
 	if (p->mem.ops)

@@ -16,8 +16,11 @@
  *   rest.  A late or failed block is a miss.
  * - Namespaces.  A value's namespace is the sequence's salt, which for a named namespace is
  *   derived from the name and the key (dpool_remote_salt): the same on every node.
- * - Bytes.  Nothing is copied on the loop: jobs point at the pool's memory, which only a pool
- *   in host memory has (a device pool would need a staging: not in this version).
+ * - Bytes.  For a pool in host memory nothing is copied on the loop: jobs point at the pool's
+ *   memory.  A pool on a device goes through a pinned staging of its own (remote_stage): a
+ *   store is a queued move out into a slot, sealed once the move is done; a fetch is opened
+ *   into slots and moved in at its reap (replies that hand out the blocks wait for the move,
+ *   as for any move).  A full staging drops the store, or fails the fetch (recomputed).
  */
 #include <errno.h>
 #include <poll.h>
@@ -41,6 +44,10 @@ struct rstore {
 	uint32_t pool_block;
 	uint8_t ns[8];
 	uint32_t *tokens; /* a copy's */
+	/* A device pool's: its staging slot (else UINT32_MAX), the move out, the queue's link. */
+	uint32_t stage;
+	uint64_t ticket;
+	struct rstore *next;
 };
 
 /* One sequence's fetch: the loads it answers (their index in the sequence's loads). */
@@ -49,8 +56,30 @@ struct rfetch {
 	struct load_wait *wait;
 	uint8_t ns[8];
 	uint32_t *which;
+	/* A device pool's: each block's staging slot, the moves in, the link on remote_in. */
+	uint32_t *stage;
+	uint64_t ticket;
+	struct rfetch *next;
 	struct remote_block blocks[];
 };
+
+#define NO_SLOT UINT32_MAX
+
+static void *stage_at(const struct dpool *p, uint32_t slot)
+{
+	return (char *)p->remote_stage + (uint64_t)slot * p->block_bytes;
+}
+
+static uint32_t stage_take(struct dpool *p)
+{
+	return p->remote_stage_nfree ? p->remote_stage_free[--p->remote_stage_nfree] : NO_SLOT;
+}
+
+static void stage_put(struct dpool *p, uint32_t slot)
+{
+	if (slot != NO_SLOT)
+		p->remote_stage_free[p->remote_stage_nfree++] = slot;
+}
 
 /* Hashes and salts travel little-endian: the same bytes on every node. */
 static void le64(uint8_t *d, uint64_t v)
@@ -99,6 +128,96 @@ static int load_result(const struct remote_block *b)
  * One memcpy on the loop per block, bounded by remote_tier_max_inflight; 0 always (dropped
  * when the queue is full, or the slot no longer holds it).
  */
+/*
+ * A device pool's block to the tier: moved out into a staging slot (queued), sealed from there
+ * once the move is done (dpool_remote_settle).  0 always: nothing of the pool is kept.
+ */
+static int store_staged(struct dpool *p, uint32_t from, const struct core_key *key)
+{
+	const uint32_t B = p->cfg->block_tokens;
+	uint32_t slot = stage_take(p);
+	struct backend_move m;
+	struct rstore *st;
+
+	if (slot == NO_SLOT) {
+		p->remote_stage_full++;
+		return 0;
+	}
+	st = malloc(sizeof(*st) + (size_t)B * sizeof(uint32_t));
+	m = (struct backend_move){ .block = from, .host = stage_at(p, slot) };
+	if (!st || dpool_move(p, BACKEND_TO_HOST, &m, 1, &st->ticket) < 0) {
+		stage_put(p, slot);
+		free(st);
+		return 0;
+	}
+	st->tokens = (uint32_t *)(st + 1);
+	memcpy(st->tokens, key->tokens, (size_t)B * sizeof(uint32_t));
+	le64(st->ns, key->salt);
+	st->pool_block = CORE_NONE;
+	st->stage = slot;
+	st->next = NULL;
+	st->block = (struct remote_block){ .tokens = st->tokens, .data = m.host };
+	hash_bytes(st->block.hash, key->hash);
+	hash_bytes(st->block.parent, key->parent);
+	st->job = (struct remote_job){ .kind = REMOTE_STORE, .ns = st->ns, .ns_len = sizeof(st->ns),
+				       .blocks = &st->block, .nblocks = 1, .user = st };
+	if (p->remote_out_tail)
+		p->remote_out_tail->next = st;
+	else
+		p->remote_out = st;
+	p->remote_out_tail = st;
+	dpool_remote_settle(p); /* a backend that moved it already */
+	return 0;
+}
+
+void dpool_remote_settle(struct dpool *p)
+{
+	while (p->remote_out && dpool_passed(p, p->remote_out->ticket)) {
+		struct rstore *st = p->remote_out;
+
+		p->remote_out = st->next;
+		if (!p->remote_out)
+			p->remote_out_tail = NULL;
+		if (p->failed || remote_store(p->remote, &st->job) < 0) {
+			stage_put(p, st->stage);
+			free(st);
+		}
+	}
+	for (struct rfetch **fp = &p->remote_in, *f; (f = *fp);) {
+		if (!dpool_passed(p, f->ticket)) {
+			fp = &f->next;
+			continue;
+		}
+		*fp = f->next;
+		for (size_t i = 0; i < f->job.nblocks; i++)
+			stage_put(p, f->stage[i]);
+		free(f);
+	}
+}
+
+void dpool_remote_stage_free(struct dpool *p)
+{
+	while (p->remote_out) {
+		struct rstore *st = p->remote_out;
+
+		p->remote_out = st->next;
+		free(st);
+	}
+	p->remote_out_tail = NULL;
+	while (p->remote_in) {
+		struct rfetch *f = p->remote_in;
+
+		p->remote_in = f->next;
+		free(f);
+	}
+	if (p->remote_stage)
+		p->mem.ops->host_free(&p->mem, p->remote_stage,
+				      (uint64_t)p->remote_stage_slots * p->block_bytes);
+	p->remote_stage = NULL;
+	free(p->remote_stage_free);
+	p->remote_stage_free = NULL;
+}
+
 static int store_evicted(struct dpool *p, uint32_t from_tier, uint32_t from,
 			 const struct core_key *key)
 {
@@ -109,7 +228,9 @@ static int store_evicted(struct dpool *p, uint32_t from_tier, uint32_t from,
 	const void *data;
 	struct rstore *st;
 
-	if (from_tier == CORE_TIER_POOL) {
+	if (from_tier == CORE_TIER_POOL && !p->mem.base) {
+		return store_staged(p, from, key);
+	} else if (from_tier == CORE_TIER_POOL) {
 		data = block_at(p, from);
 	} else if (from_tier == p->host_level) {
 		struct tier_key stored;
@@ -133,6 +254,7 @@ static int store_evicted(struct dpool *p, uint32_t from_tier, uint32_t from,
 	memcpy(st->tokens + B, data, p->block_bytes);
 	le64(st->ns, key->salt);
 	st->pool_block = CORE_NONE;
+	st->stage = NO_SLOT;
 	st->block = (struct remote_block){ .tokens = st->tokens, .data = st->tokens + B };
 	hash_bytes(st->block.hash, key->hash);
 	hash_bytes(st->block.parent, key->parent);
@@ -158,6 +280,8 @@ static int remote_store_op(void *ctx, uint32_t from_tier, uint32_t from, uint32_
 		return store_evicted(p, from_tier, from, key);
 	if (from_tier != CORE_TIER_POOL)
 		return 0;
+	if (!p->mem.base)
+		return store_staged(p, from, key);
 	/* A queued copy into it (copy_thread) would race the seal: not published. */
 	if (!dpool_passed(p, p->block_ticket[from]))
 		return 0;
@@ -166,6 +290,7 @@ static int remote_store_op(void *ctx, uint32_t from_tier, uint32_t from, uint32_
 		return -ENOMEM;
 	le64(st->ns, key->salt);
 	st->pool_block = from;
+	st->stage = NO_SLOT;
 	st->block = (struct remote_block){ .tokens = key->tokens, .data = block_at(p, from) };
 	hash_bytes(st->block.hash, key->hash);
 	hash_bytes(st->block.parent, key->parent);
@@ -205,13 +330,27 @@ int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *lo
 		}
 	if (!m)
 		return 0;
-	f = calloc(1, sizeof(*f) + m * (sizeof(struct remote_block) + sizeof(uint32_t)));
+	f = calloc(1, sizeof(*f) + m * (sizeof(struct remote_block) + 2 * sizeof(uint32_t)));
 	if (!f) {
 		r = -ENOMEM;
 		goto fail;
 	}
 	f->which = (uint32_t *)(f->blocks + m);
+	f->stage = f->which + m;
 	f->wait = w;
+	/* A device pool's fetch lands in staging slots, one per block, or is not made. */
+	for (uint32_t k = 0; k < m; k++)
+		f->stage[k] = NO_SLOT;
+	if (!p->mem.base) {
+		if (p->remote_stage_nfree < m) {
+			p->remote_stage_full++;
+			free(f);
+			r = -EBUSY;
+			goto fail;
+		}
+		for (uint32_t k = 0; k < m; k++)
+			f->stage[k] = stage_take(p);
+	}
 	dpool_flush(p); /* gathered demotions set the tickets read below */
 	le64(f->ns, loads[first].key.salt);
 	m = 0;
@@ -222,7 +361,8 @@ int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *lo
 			continue;
 		/* The key's tokens are the block's own in the core: they stay until loaded. */
 		*b = (struct remote_block){ .tokens = loads[i].key.tokens,
-					    .data = block_at(p, loads[i].block) };
+					    .data = p->mem.base ? block_at(p, loads[i].block)
+								: stage_at(p, f->stage[m]) };
 		hash_bytes(b->hash, loads[i].key.hash);
 		hash_bytes(b->parent, loads[i].key.parent);
 		if (p->block_ticket[loads[i].block] > fence)
@@ -232,13 +372,17 @@ int dpool_remote_load(struct dpool *p, struct load_wait *w, struct core_load *lo
 	/*
 	 * A block the allocation evicted may still be on its way out (a demotion, queued with
 	 * copy_thread): the thread writes into it only after.  Instant for plain host memory; with
-	 * copy_thread the loop waits for those moves (counted in cpu_waits).
+	 * copy_thread the loop waits for those moves (counted in cpu_waits).  A device pool's
+	 * fetch writes its staging only: its moves in queue behind whatever touches the blocks.
 	 */
-	dpool_wait(p, &fence);
+	if (p->mem.base)
+		dpool_wait(p, &fence);
 	f->job = (struct remote_job){ .kind = REMOTE_FETCH, .ns = f->ns, .ns_len = sizeof(f->ns),
 				      .blocks = f->blocks, .nblocks = m, .user = f };
 	r = p->failed ? p->failed : remote_fetch(p->remote, &f->job);
 	if (r < 0) {
+		for (uint32_t k = 0; k < m; k++)
+			stage_put(p, f->stage[k]);
 		free(f);
 		goto fail;
 	}
@@ -297,6 +441,36 @@ void dpool_remote_recheck(struct dpool *p)
 		 "recomputing)", p->cfg->name);
 }
 
+/*
+ * Queues the moves of a device pool's fetched blocks from their staging into the pool: false
+ * when some went (the staging waits for them, f->ticket), true when none did.  A move that
+ * fails is a failed load.
+ */
+static bool moves_in(struct dpool *p, struct rfetch *f, struct core_load *loads, uint32_t n)
+{
+	struct backend_move *mv = malloc(f->job.nblocks * sizeof(*mv));
+	uint32_t nm = 0;
+	int r;
+
+	for (size_t i = 0; i < f->job.nblocks; i++) {
+		if (f->which[i] >= n || loads[f->which[i]].result != 0)
+			continue;
+		if (!mv) {
+			loads[f->which[i]].result = -ENOMEM;
+			continue;
+		}
+		mv[nm++] = (struct backend_move){ .block = loads[f->which[i]].block,
+						  .host = stage_at(p, f->stage[i]) };
+	}
+	r = nm ? dpool_move(p, BACKEND_FROM_HOST, mv, nm, &f->ticket) : 0;
+	if (r < 0)
+		for (size_t i = 0; i < f->job.nblocks; i++)
+			if (f->which[i] < n && loads[f->which[i]].result == 0)
+				loads[f->which[i]].result = r;
+	free(mv);
+	return !nm || r < 0;
+}
+
 static void job_back(struct remote_job *job, void *arg)
 {
 	struct dpool *p = arg;
@@ -304,6 +478,7 @@ static void job_back(struct remote_job *job, void *arg)
 	if (job->kind == REMOTE_STORE) {
 		struct rstore *st = job->user;
 
+		stage_put(p, st->stage);
 		/* A block kept for the store may be reused now: waiters for memory may go on. */
 		if (p->core && st->pool_block != CORE_NONE &&
 		    core_tier_stored(p->core, p->remote_level, st->pool_block) == 0)
@@ -320,6 +495,8 @@ static void job_back(struct remote_job *job, void *arg)
 		/* The pool is going (remote_free's done): the sessions are gone already. */
 		if (--f->wait->parts == 0)
 			free(f->wait);
+		for (size_t i = 0; i < job->nblocks; i++)
+			stage_put(p, f->stage[i]);
 		free(f);
 		return;
 	}
@@ -328,7 +505,16 @@ static void job_back(struct remote_job *job, void *arg)
 		if (f->which[i] < n)
 			loads[f->which[i]].result = load_result(&job->blocks[i]);
 	bandwidth_sample(p, job);
+	/* A device pool's hits move in from the staging (before the load ends: replies wait). */
+	if (!p->mem.base && !moves_in(p, f, loads, n)) {
+		dpool_load_part_done(p, f->wait);
+		f->next = p->remote_in; /* its slots wait for the moves */
+		p->remote_in = f;
+		return;
+	}
 	dpool_load_part_done(p, f->wait);
+	for (size_t i = 0; i < job->nblocks; i++)
+		stage_put(p, f->stage[i]);
 	free(f);
 }
 
@@ -351,7 +537,7 @@ void dpool_arm_remote_poll(struct server *srv, struct dpool *p)
 	p->remote_armed = true;
 }
 
-int dpool_remote_open(struct dpool *p)
+int dpool_remote_open(struct dpool *p, uint32_t *ret_probe)
 {
 	const struct kvpd_pool_config *c = p->cfg;
 	const struct remote_config rc = {
@@ -377,10 +563,28 @@ int dpool_remote_open(struct dpool *p)
 				       "tier is not served in this version (the blocks would be read "
 				       "back from the swap files): use commit, or no file tier",
 				       c->name);
-	if (!p->mem.base)
-		return log_error_errno(EOPNOTSUPP, "pool %s: remote_tier needs a pool in host memory "
-				       "in this version (backend = host): values are sealed from and "
-				       "opened into the pool's own memory", c->name);
+	*ret_probe = c->remote_tier_max_inflight / 2 ? c->remote_tier_max_inflight / 2 : 1;
+	if (!p->mem.base) {
+		/*
+		 * A pool on a device: values are sealed from and opened into a pinned staging, as
+		 * many blocks as may be in flight, at most 256 MiB; a lookup asks for half of it.
+		 */
+		uint64_t n = (UINT64_C(256) << 20) / p->block_bytes;
+
+		n = n < 2 ? 2 : n > c->remote_tier_max_inflight ? c->remote_tier_max_inflight : n;
+		r = p->mem.ops->host_alloc(&p->mem, n * p->block_bytes, &p->remote_stage);
+		p->remote_stage_free = r == 0 ? malloc(n * sizeof(uint32_t)) : NULL;
+		if (r < 0 || !p->remote_stage_free)
+			return log_error_errno(r < 0 ? r : -ENOMEM, "pool %s: cannot allocate %llu "
+					       "bytes of pinned staging for the remote tier: %m",
+					       c->name, (unsigned long long)(n * p->block_bytes));
+		p->remote_stage_slots = (uint32_t)n;
+		for (uint32_t i = 0; i < n; i++)
+			p->remote_stage_free[p->remote_stage_nfree++] = (uint32_t)(n - 1 - i);
+		*ret_probe = (uint32_t)(n / 2 ? n / 2 : 1);
+		log_info("pool %s: the remote tier goes through a pinned staging of %llu blocks",
+			 c->name, (unsigned long long)n);
+	}
 	r = remote_new(&rc, err, sizeof(err), &p->remote);
 	if (r < 0)
 		return log_error_errno(r, "pool %s: remote_tier: %s", c->name, err);

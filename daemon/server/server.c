@@ -1085,7 +1085,8 @@ uint64_t server_next_deadline(const struct server *srv)
 		 * A pool whose eventfd poll failed is looked at after every pass of the loop
 		 * instead; while replies or reads wait on it, a pass comes every millisecond.
 		 */
-		if (((!p->backend_armed && (p->nheld || p->jobs || p->nstores)) ||
+		if (((!p->backend_armed &&
+		      (p->nheld || p->jobs || p->nstores || p->remote_out || p->remote_in)) ||
 		     (p->file && !p->tier_armed && p->jobs) ||
 		     (p->remote && !p->remote_armed && p->remote_fetching)) &&
 		    (!first || first > server_now_ns() + 1000000u))

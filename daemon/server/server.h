@@ -48,6 +48,8 @@ struct op {
 };
 
 struct load_job;
+struct rstore;
+struct rfetch;
 
 /* A device pool's block on its way to a file slot: in the store staging once ticket is done. */
 struct pending_store {
@@ -210,6 +212,18 @@ struct dpool {
 	uint64_t remote_retry_ns; /* auto: when a rate that stopped the fetches is forgotten */
 	struct op remote_op;
 	bool remote_armed;
+	/*
+	 * A pool on a device: the remote tier's pinned staging, remote_stage_slots blocks.  A
+	 * store is moved out into a slot, then sealed from it (remote_out: moves still queued,
+	 * oldest first); a fetch is opened into slots, then moved in (remote_in: fetches whose
+	 * moves in are still queued keep their slots).
+	 */
+	void *remote_stage;
+	uint32_t *remote_stage_free;
+	uint32_t remote_stage_nfree, remote_stage_slots;
+	struct rstore *remote_out, *remote_out_tail;
+	struct rfetch *remote_in;
+	uint64_t remote_stage_full; /* stores and fetches refused for want of staging */
 };
 
 struct outbuf {
@@ -521,7 +535,10 @@ void dpool_arm_tier_poll(struct server *srv, struct dpool *p);
  * (pool.c appends its level); dpool_arm_remote_poll polls its eventfd; dpool_remote_poll reaps
  * what it completed (OP_REMOTE); dpool_remote_close stops it (before the pool's memory goes).
  */
-int dpool_remote_open(struct dpool *p);
+int dpool_remote_open(struct dpool *p, uint32_t *ret_probe);
+/* A device pool's staged stores whose moves out are done go to the tier; moves in free slots. */
+void dpool_remote_settle(struct dpool *p);
+void dpool_remote_stage_free(struct dpool *p);
 void dpool_arm_remote_poll(struct server *srv, struct dpool *p);
 void dpool_remote_poll(struct dpool *p);
 void dpool_remote_close(struct dpool *p);

@@ -722,4 +722,5 @@ void dpool_backend_poll(struct dpool *p)
 	dpool_stores_settle(p, 0);
 	if (p->jobs && !p->jobs->started)
 		job_start(p, p->jobs); /* after the stores: its slots may have been among them */
+	dpool_remote_settle(p);
 }

@@ -712,16 +712,6 @@ START_TEST(test_remote_tier_shown)
 		 "block_tokens = 16\ncapacity_blocks = 64\nnamespace = shared\n"
 		 "remote_tier = redis://127.0.0.1:1\nremote_tier_key_file = %s\n"
 		 "remote_tier_timeout_ms = 2000\n", kpath);
-	/* A pool that poses as a GPU's (threaded.test) has no memory the tier could seal from. */
-	if (getenv("KVPAGED_TEST_DEVICE_POOL") && !strcmp(getenv("KVPAGED_TEST_DEVICE_POOL"), "1")) {
-		char log[4096];
-
-		ck_assert_int_ne(daemon_refuses(conf, log, sizeof(log)), 0);
-		ck_assert_msg(strstr(log, "remote_tier needs a pool in host memory"), "%s", log);
-		unlink(kpath);
-		rmdir(kdir);
-		return;
-	}
 	daemon_start_with(&d, NULL, conf);
 	/* A prompt the remote tier is asked for, two blocks: its node refuses, so two misses. */
 	ck_assert_int_eq(kvp_connect(&o, &c), 0);
