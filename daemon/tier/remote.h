@@ -15,12 +15,12 @@
  * - Ownership of bytes.  A job and everything it points to (its blocks, their tokens, the
  *   namespace, a store's payload, a fetch's destination) stay the caller's and must stay valid
  *   and unchanged from a successful submit until the job comes back through remote_reap
- *   (or remote_free's done).  No copy is made: a store seals straight from the pool block, a
- *   fetch opens straight into it.  So the daemon pins a stored block (a reference that keeps
- *   it from being reused or overwritten) until its store completes, and gives a fetch blocks it
- *   has allocated and nobody can read yet; with remote_tier_write = evict, the block's memory
- *   is freed only at the store's completion.  A submit that fails (-EBUSY) took nothing: the
- *   caller may reuse everything at once.
+ *   (or remote_free's done).  No copy is made here: a store seals straight from what it is
+ *   given, a fetch opens straight into it.  The daemon (daemon/server/remoteio.c) gives a
+ *   host pool's committed block, pinned until its store completes, or a copy of an evicted
+ *   one, or a GPU pool's staging slot; and to a fetch, blocks (or slots) it has allocated and
+ *   nobody can read yet.  A submit that fails (-EBUSY) took nothing: the caller may reuse
+ *   everything at once.
  * - Bounds.  At most max_inflight blocks are submitted and not yet reaped (a completed job's
  *   blocks count until remote_reap hands it back: the caller holds them until then, so this
  *   bounds the pool memory pinned for the remote tier, not only the thread's work).  A store
@@ -37,13 +37,12 @@
  *   and notices remote_free, so a hung node costs a fetch at most one chunk's wait (at most
  *   store_timeout_ms) and remote_free at most that too.
  *
- * Namespaces: values and their Redis keys carry a namespace *name* (bytes, at most
- * SEAL_MAX_NAMESPACE).  Names mean the same on every node, uids do not: the daemon passes, for
- * a pool with namespace = shared, the pool's name; for a uid or gid namespace that the
- * configuration maps to a user or group name, a name that says both (for example "u:alice" or
- * "g:ml"), and for one not mapped nothing at all (it stays node-local: no remote tier).  The
- * root salt of such a namespace comes from remote_namespace_salt, so two daemons with the same
- * key and name compute the same chain hashes.
+ * Namespaces: values and their Redis keys carry namespace bytes (at most SEAL_MAX_NAMESPACE).
+ * They must mean the same on every node, uids do not: the daemon names a namespace
+ * ("pool:POOL/shared", or with remote_tier_map_names "pool:POOL/user:NAME" or
+ * "pool:POOL/group:NAME"), takes its root salt from remote_namespace_salt (two daemons with
+ * the same key and name compute the same chain hashes), and passes that 8-byte salt as the
+ * namespace bytes.  A namespace without a name stays node-local: it never reaches the tier.
  */
 #pragma once
 
