@@ -381,87 +381,146 @@ out:
 	return r;
 }
 
-static int fail(enum seal_reason why, enum seal_reason *ret_reason)
+void seal_stream_begin(struct seal_stream *s, const struct seal_keyring *k,
+		       const struct seal_geometry *g, const struct seal_identity *id,
+		       const char *redis_key, size_t len, void *dst)
 {
-	*ret_reason = why;
-	return -EBADMSG;
+	*s = (struct seal_stream){ .k = k, .g = *g, .id = *id, .redis_key = redis_key,
+				   .len = len, .dst = dst };
+	if (len < SEAL_HEADER_BYTES + SEAL_TAG_BYTES)
+		s->reason = SEAL_TRUNCATED;
+}
+
+/* The header is all here: is it a value this open can take?  Then the cipher starts. */
+static void stream_header(struct seal_stream *s)
+{
+	const struct seal_geometry *g = &s->g;
+	const uint8_t *v = s->header, *key = NULL;
+	size_t ns_len;
+
+	if (memcmp(v, SEAL_MAGIC, 4)) {
+		s->reason = SEAL_BAD_MAGIC;
+		return;
+	}
+	if ((v[4] | v[5] << 8) != SEAL_VERSION) {
+		s->reason = SEAL_BAD_VERSION;
+		return;
+	}
+	for (unsigned i = 0; i < s->k->nkeys; i++)
+		if (s->k->keys[i].id == get32(v + 8))
+			key = s->k->keys[i].aead;
+	if (!key) {
+		s->reason = SEAL_UNKNOWN_KEY;
+		return;
+	}
+	if (get32(v + 24) != g->layers || get32(v + 28) != g->kv_heads ||
+	    get32(v + 32) != g->head_dim || get32(v + 36) != g->elem_bytes ||
+	    get32(v + 40) != g->block_tokens || get64(v + 48) != g->payload_bytes) {
+		s->reason = SEAL_GEOMETRY;
+		return;
+	}
+	ns_len = get32(v + 44);
+	if (ns_len > SEAL_MAX_NAMESPACE || s->len != seal_size(g, ns_len)) {
+		s->reason = SEAL_TRUNCATED;
+		return;
+	}
+	s->ns_len = ns_len;
+	s->idn = identity_bytes(g->block_tokens, ns_len);
+	s->ident = malloc(s->idn);
+	s->ctx = EVP_CIPHER_CTX_new();
+	if (!s->ident || !s->ctx)
+		s->err = -ENOMEM;
+	else if (cipher_begin(s->ctx, 0, key, v + 12, s->redis_key, v) < 0)
+		s->err = -EIO;
+}
+
+void seal_stream_feed(struct seal_stream *s, const void *data, size_t n)
+{
+	const uint8_t *p = data;
+	const size_t body_end = s->len - SEAL_TAG_BYTES;
+
+	if (s->off + n > s->len && !s->reason)
+		s->reason = SEAL_TRUNCATED; /* longer than the caller said: nothing to trust */
+	while (n && !s->reason && !s->err) {
+		size_t take;
+
+		if (s->off < SEAL_HEADER_BYTES) {
+			take = n < SEAL_HEADER_BYTES - s->off ? n : SEAL_HEADER_BYTES - s->off;
+			memcpy(s->header + s->off, p, take);
+			if (s->off + take == SEAL_HEADER_BYTES)
+				stream_header(s);
+		} else if (s->off < body_end) {
+			/* The identity, then the payload: decrypted as they come, into their places. */
+			size_t body = s->off - SEAL_HEADER_BYTES;
+			uint8_t *out;
+
+			take = n < body_end - s->off ? n : body_end - s->off;
+			if (body < s->idn) {
+				if (take > s->idn - body)
+					take = s->idn - body;
+				out = s->ident + body;
+			} else {
+				out = s->dst + (body - s->idn);
+				s->wrote = true;
+			}
+			if (cipher_update(s->ctx, out, p, take) < 0)
+				s->err = -EIO;
+		} else {
+			take = n < s->len - s->off ? n : s->len - s->off;
+			memcpy(s->tag + (s->off - body_end), p, take);
+		}
+		s->off += take;
+		p += take;
+		n -= take;
+	}
+}
+
+int seal_stream_end(struct seal_stream *s, enum seal_reason *ret_reason)
+{
+	const uint8_t *q = s->ident;
+	uint8_t fin[SEAL_TAG_BYTES];
+	int outl;
+
+	if (!s->reason && !s->err && s->off != s->len)
+		s->reason = SEAL_TRUNCATED;
+	if (!s->reason && !s->err) {
+		if (EVP_CIPHER_CTX_ctrl(s->ctx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_BYTES, s->tag) <= 0)
+			s->err = -EIO;
+		else if (EVP_CipherFinal_ex(s->ctx, fin, &outl) <= 0)
+			s->reason = SEAL_TAG;
+	}
+	/* Authentic: now is it the block the prompt asks for? */
+	if (!s->reason && !s->err) {
+		if (memcmp(q, s->id.hash, 16) || memcmp(q + 16, s->id.parent, 16) ||
+		    s->ns_len != s->id.ns_len || (s->ns_len && memcmp(q + 32, s->id.ns, s->ns_len)))
+			s->reason = SEAL_IDENTITY;
+		q += 32 + s->ns_len;
+		for (uint32_t i = 0; !s->reason && i < s->g.block_tokens; i++)
+			if (get32(q + 4 * i) != s->id.tokens[i])
+				s->reason = SEAL_TOKENS;
+	}
+	/*
+	 * What was decrypted into dst is unauthenticated (a bad tag, a value cut short) or another
+	 * block's (an authentic value for other tokens): nothing of it may reach a pool block.
+	 */
+	if ((s->reason || s->err) && s->wrote)
+		memset(s->dst, 0, s->g.payload_bytes);
+	free(s->ident);
+	EVP_CIPHER_CTX_free(s->ctx);
+	s->ident = NULL;
+	s->ctx = NULL;
+	*ret_reason = s->reason;
+	return s->err ? s->err : s->reason ? -EBADMSG : 0;
 }
 
 int seal_open(const struct seal_keyring *k, const struct seal_geometry *g,
 	      const struct seal_identity *id, const void *value, size_t len,
 	      const char *redis_key, void *dst, enum seal_reason *ret_reason)
 {
-	const uint8_t *v = value, *key = NULL, *p;
-	_cleanup_free_ uint8_t *ident = NULL;
-	uint8_t header[SEAL_HEADER_BYTES], tag[SEAL_TAG_BYTES], fin[SEAL_TAG_BYTES], *q;
-	size_t ns_len, idn;
-	EVP_CIPHER_CTX *ctx;
-	bool wrote = false;
-	int r = -EIO, outl;
+	struct seal_stream s;
 
-	if (len < SEAL_HEADER_BYTES + SEAL_TAG_BYTES)
-		return fail(SEAL_TRUNCATED, ret_reason);
-	if (memcmp(v, SEAL_MAGIC, 4))
-		return fail(SEAL_BAD_MAGIC, ret_reason);
-	if ((v[4] | v[5] << 8) != SEAL_VERSION)
-		return fail(SEAL_BAD_VERSION, ret_reason);
-	for (unsigned i = 0; i < k->nkeys; i++)
-		if (k->keys[i].id == get32(v + 8))
-			key = k->keys[i].aead;
-	if (!key)
-		return fail(SEAL_UNKNOWN_KEY, ret_reason);
-	if (get32(v + 24) != g->layers || get32(v + 28) != g->kv_heads ||
-	    get32(v + 32) != g->head_dim || get32(v + 36) != g->elem_bytes ||
-	    get32(v + 40) != g->block_tokens || get64(v + 48) != g->payload_bytes)
-		return fail(SEAL_GEOMETRY, ret_reason);
-	ns_len = get32(v + 44);
-	if (ns_len > SEAL_MAX_NAMESPACE || len != seal_size(g, ns_len))
-		return fail(SEAL_TRUNCATED, ret_reason);
-
-	/* dst may be the payload's own place in value: keep what is read after decrypting. */
-	memcpy(header, v, SEAL_HEADER_BYTES);
-	memcpy(tag, v + len - SEAL_TAG_BYTES, SEAL_TAG_BYTES);
-	idn = identity_bytes(g->block_tokens, ns_len);
-	ident = malloc(idn);
-	if (!ident)
-		return -ENOMEM;
-	ctx = EVP_CIPHER_CTX_new();
-	if (!ctx)
-		return -ENOMEM;
-	if (cipher_begin(ctx, 0, key, header + 12, redis_key, header) < 0)
-		goto out;
-	p = v + SEAL_HEADER_BYTES;
-	wrote = true;
-	if (cipher_update(ctx, ident, p, idn) < 0 ||
-	    cipher_update(ctx, dst, p + idn, g->payload_bytes) < 0 ||
-	    EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, SEAL_TAG_BYTES, tag) <= 0)
-		goto out;
-	if (EVP_CipherFinal_ex(ctx, fin, &outl) <= 0) {
-		r = fail(SEAL_TAG, ret_reason);
-		goto out;
-	}
-	/* Authentic: now is it the block the prompt asks for? */
-	q = ident;
-	if (memcmp(q, id->hash, 16) || memcmp(q + 16, id->parent, 16) || ns_len != id->ns_len ||
-	    (ns_len && memcmp(q + 32, id->ns, ns_len))) {
-		r = fail(SEAL_IDENTITY, ret_reason);
-		goto out;
-	}
-	q += 32 + ns_len;
-	for (uint32_t i = 0; i < g->block_tokens; i++)
-		if (get32(q + 4 * i) != id->tokens[i]) {
-			r = fail(SEAL_TOKENS, ret_reason);
-			goto out;
-		}
-	*ret_reason = SEAL_OK;
-	r = 0;
-out:
-	/*
-	 * What was decrypted into dst is unauthenticated (a bad tag) or another block's (an
-	 * authentic value for other tokens): nothing of it may reach a pool block.
-	 */
-	if (r < 0 && wrote)
-		memset(dst, 0, g->payload_bytes);
-	EVP_CIPHER_CTX_free(ctx);
-	return r;
+	/* In place works: the header is copied, and the payload's bytes are read before written. */
+	seal_stream_begin(&s, k, g, id, redis_key, len, dst);
+	seal_stream_feed(&s, value, len);
+	return seal_stream_end(&s, ret_reason);
 }

@@ -32,6 +32,7 @@
  */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -134,3 +135,34 @@ int seal_seal(const struct seal_keyring *k, const struct seal_geometry *g,
 int seal_open(const struct seal_keyring *k, const struct seal_geometry *g,
 	      const struct seal_identity *id, const void *value, size_t len,
 	      const char *redis_key, void *dst, enum seal_reason *ret_reason);
+
+/*
+ * seal_open in pieces, as a value arrives from the network, so that it never lies whole in
+ * memory and its decryption overlaps its receipt: begin with the value's length (from the
+ * reply's header), feed every byte in order in pieces of any size, end.  The checks are
+ * seal_open's, in the same order (the header's as soon as it is in, before anything is
+ * decrypted; the tag, identity and tokens at the end); a value cut short fails SEAL_TRUNCATED.
+ * id, its namespace and tokens, redis_key and dst must live until the end.  end must be
+ * called once for every begin (it frees what the stream holds); it returns what seal_open
+ * would, and on any failure dst is untouched or zeroed.
+ */
+struct seal_stream {
+	/* Private. */
+	const struct seal_keyring *k;
+	struct seal_geometry g;
+	struct seal_identity id;
+	const char *redis_key;
+	size_t len, off, ns_len, idn;
+	uint8_t *dst, *ident;
+	void *ctx;
+	uint8_t header[SEAL_HEADER_BYTES], tag[SEAL_TAG_BYTES];
+	enum seal_reason reason;
+	int err;
+	bool wrote;
+};
+
+void seal_stream_begin(struct seal_stream *s, const struct seal_keyring *k,
+		       const struct seal_geometry *g, const struct seal_identity *id,
+		       const char *redis_key, size_t len, void *dst);
+void seal_stream_feed(struct seal_stream *s, const void *data, size_t n);
+int seal_stream_end(struct seal_stream *s, enum seal_reason *ret_reason);

@@ -3,7 +3,8 @@
  * The remote tier's sealed values: round trips (in place too), every region of a value altered
  * gives its reason and never success, a value under another Redis key or from another keyring
  * fails, old keys open and unknown ones are refused, names and salts are deterministic and
- * survive rotation, and key files that are not safely a key are refused with the file's name.
+ * survive rotation, a value opened in pieces of any size (seal_stream) is opened exactly as
+ * whole, cut short it opens to nothing, and key files that are not safely a key are refused with the file's name.
  */
 #include <check.h>
 #include <errno.h>
@@ -162,6 +163,87 @@ START_TEST(tamper)
 	why = open_reason(value, vlen, rkey);
 	ck_assert_msg(why == tampers[_i].why, "%s: %s, expected %s", tampers[_i].what,
 		      seal_reason_name(why), seal_reason_name(tampers[_i].why));
+}
+END_TEST
+
+/*
+ * Opens value as the block ident in pieces (seal_stream): pieces of 1 to maxpiece bytes from
+ * seed, so that their ends fall inside the header, the identity, the payload and the tag;
+ * the first cut bytes only when cut is not 0 (a value cut short).  The reason, with
+ * open_reason's check of dst.
+ */
+static enum seal_reason stream_reason(const uint8_t *v, size_t len, unsigned seed,
+				      size_t maxpiece, size_t cut)
+{
+	enum seal_reason why = SEAL_NREASONS;
+	struct seal_stream st;
+	size_t off = 0, end = cut ? cut : len;
+	int r;
+
+	memset(out, 0xa5, PAYLOAD);
+	seal_stream_begin(&st, ring, &geo, &ident, rkey, len, out);
+	while (off < end) {
+		size_t n = 1 + (size_t)rand_r(&seed) % maxpiece;
+
+		if (n > end - off)
+			n = end - off;
+		seal_stream_feed(&st, v + off, n);
+		off += n;
+	}
+	r = seal_stream_end(&st, &why);
+	ck_assert(r == 0 || r == -EBADMSG);
+	ck_assert_int_eq(r == 0, why == SEAL_OK);
+	if (r < 0)
+		for (size_t i = 0; i < PAYLOAD; i++)
+			ck_assert_msg(out[i] == 0xa5 || out[i] == 0, "%s: byte %zu of dst is %#x",
+				      seal_reason_name(why), i, out[i]);
+	return why;
+}
+
+START_TEST(streamed)
+{
+	static const size_t pieces[] = { 1, 7, 61, 4096, 70000 };
+
+	for (size_t k = 0; k < sizeof(pieces) / sizeof(pieces[0]); k++)
+		for (unsigned seed = 1; seed <= 3; seed++) {
+			ck_assert_int_eq(stream_reason(value, vlen, seed, pieces[k], 0), SEAL_OK);
+			ck_assert_mem_eq(out, payload, PAYLOAD);
+		}
+}
+END_TEST
+
+/* Every altered region gives seal_open's reason, in pieces too. */
+START_TEST(streamed_tamper)
+{
+	size_t off = tampers[_i].off >= 0 ? (size_t)tampers[_i].off
+					   : vlen - (size_t)-tampers[_i].off;
+	enum seal_reason why;
+
+	value[off] ^= 0x40;
+	why = stream_reason(value, vlen, 7, 997, 0);
+	ck_assert_msg(why == tampers[_i].why, "%s: %s, expected %s", tampers[_i].what,
+		      seal_reason_name(why), seal_reason_name(tampers[_i].why));
+}
+END_TEST
+
+/* A value cut short anywhere (the connection lost, a deadline mid-value) opens to nothing. */
+START_TEST(streamed_cut)
+{
+	const size_t cuts[] = { 1, SEAL_HEADER_BYTES - 1, SEAL_HEADER_BYTES, SEAL_HEADER_BYTES + 50,
+				vlen / 2, vlen - SEAL_TAG_BYTES, vlen - 1 };
+
+	for (size_t k = 0; k < sizeof(cuts) / sizeof(cuts[0]); k++)
+		ck_assert_int_eq(stream_reason(value, vlen, 3, 5000, cuts[k]), SEAL_TRUNCATED);
+	/* More bytes than the length it was begun with: refused too. */
+	{
+		enum seal_reason why;
+		struct seal_stream st;
+
+		seal_stream_begin(&st, ring, &geo, &ident, rkey, vlen - 1, out);
+		seal_stream_feed(&st, value, vlen);
+		ck_assert_int_eq(seal_stream_end(&st, &why), -EBADMSG);
+		ck_assert_int_eq(why, SEAL_TRUNCATED);
+	}
 }
 END_TEST
 
@@ -345,6 +427,9 @@ static Suite *seal_suite(void)
 	tcase_add_test(tc, nonce_per_value);
 	tcase_add_loop_test(tc, tamper, 0, sizeof(tampers) / sizeof(tampers[0]));
 	tcase_add_test(tc, truncated);
+	tcase_add_test(tc, streamed);
+	tcase_add_loop_test(tc, streamed_tamper, 0, sizeof(tampers) / sizeof(tampers[0]));
+	tcase_add_test(tc, streamed_cut);
 	tcase_add_test(tc, other_redis_key);
 	tcase_add_test(tc, expectations);
 	tcase_add_test(tc, rotation);
