@@ -19,9 +19,21 @@
 
 /* Commands are appended to a node's output buffer while it holds less than this. */
 #define OBUF_LOW (1u << 20)
-/* Bytes read from a socket at once, and reads per node per wake-up (fairness). */
+/*
+ * GETs whose replies a node owes at most: the rest wait their turn.  A server answers a
+ * pipeline of 64 GETs of 2 MiB by queueing 128 MiB for the client, and both ends run slower
+ * for it (measured: half the GB/s of a window of 8); a window keeps the link as full.
+ */
+#define GET_WINDOW 8
+/* A node's read buffer, and reads per node per wake-up (fairness). */
 #define READ_CHUNK (1u << 20)
 #define READS_PER_WAKE 8
+/* Reads inside a value: pieces that stay in the cache between the read and the sink. */
+#define VALUE_READ (256u << 10)
+/* The longest "$<length>\r\n" a value's header may take; longer is left to hiredis. */
+#define VALUE_HEADER_MAX 24
+/* A value longer than Redis's own proto-max-bulk-len default is left to hiredis (it errs). */
+#define VALUE_MAX (512ull << 20)
 /* Replies still owed for commands that timed out: past this the connection is closed instead. */
 #define MAX_ORPHANS 4096
 #define MAX_NODES 1024
@@ -33,6 +45,7 @@ enum pending_kind { P_CMD, P_ASKING, P_ORPHAN };
 struct pending {
 	struct redis_cmd *cmd;
 	enum pending_kind kind;
+	bool get; /* a GET's reply (an orphan's too): counted in gets_owed */
 };
 
 struct node {
@@ -50,8 +63,19 @@ struct node {
 	/* Commands of this run not yet appended to the output buffer (a ring). */
 	struct redis_cmd **wait;
 	size_t whead, wlen, wcap;
+	size_t gets_owed; /* entries of q that are GETs' replies (GET_WINDOW) */
 	uint32_t slots;
 	uint64_t commands, errors, bytes_in, bytes_out, connects, failures;
+	/*
+	 * What was read and not yet parsed: in[in_pos, in_len) of READ_CHUNK bytes.  A GET's value
+	 * is framed here and handed on piece by piece as it arrives (in_value: value_off of its
+	 * value_len bytes had, then value_crlf of its closing "\r\n"); any other reply is fed to
+	 * hiredis's reader (in_hiredis while it holds part of one).
+	 */
+	char *in;
+	size_t in_pos, in_len, value_len, value_off;
+	uint8_t value_crlf;
+	bool in_value, in_hiredis;
 };
 
 struct redis_cluster {
@@ -65,7 +89,6 @@ struct redis_cluster {
 	size_t active; /* commands of the current run without a status */
 	redis_done_fn *done; /* the current run's callback, or NULL */
 	void *done_arg;
-	char *rbuf;
 };
 
 static uint64_t now_ns(void)
@@ -265,9 +288,6 @@ int redis_cluster_new(const struct redis_addr *seeds, size_t nseeds,
 		c->o.connect_timeout_ms = 1000;
 	for (size_t i = 0; i < REDIS_SLOTS; i++)
 		c->owner[i] = -1;
-	c->rbuf = malloc(READ_CHUNK);
-	if (!c->rbuf)
-		goto fail;
 	for (size_t i = 0; i < nseeds; i++)
 		if (node_find(c, seeds[i].host, strlen(seeds[i].host), seeds[i].port) < 0)
 			goto fail;
@@ -285,6 +305,11 @@ static void node_close(struct node *n)
 	if (n->ctx)
 		redisFree(n->ctx);
 	n->ctx = NULL;
+	/* What was read belongs to the connection: none of it means anything on the next. */
+	free(n->in);
+	n->in = NULL;
+	n->in_pos = n->in_len = 0;
+	n->in_value = n->in_hiredis = false;
 }
 
 struct redis_cluster *redis_cluster_free(struct redis_cluster *c)
@@ -301,7 +326,6 @@ struct redis_cluster *redis_cluster_free(struct redis_cluster *c)
 		free(n);
 	}
 	free(c->nodes);
-	free(c->rbuf);
 	free(c);
 	return NULL;
 }
@@ -312,7 +336,9 @@ void redis_cmd_release(struct redis_cmd *cmd)
 {
 	if (cmd->reply)
 		freeReplyObject(cmd->reply);
+	free(cmd->owned);
 	cmd->reply = NULL;
+	cmd->owned = NULL;
 	cmd->data = NULL;
 	cmd->data_len = 0;
 }
@@ -323,6 +349,11 @@ static void finish(struct redis_cluster *c, struct redis_cmd *cmd, enum redis_st
 		return;
 	cmd->finished = 1;
 	cmd->status = s;
+	/* A value cut short (the deadline, the node lost) is nobody's. */
+	if (s != REDIS_CMD_OK && cmd->owned) {
+		free(cmd->owned);
+		cmd->owned = NULL;
+	}
 	c->active--;
 	if (c->done && cmd->op != OP_RAW)
 		c->done(cmd, c->done_arg);
@@ -353,8 +384,21 @@ static int q_push(struct node *n, struct redis_cmd *cmd, enum pending_kind kind)
 			return r;
 		n->qhead = 0;
 	}
-	n->q[(n->qhead + n->qlen++) % n->qcap] = (struct pending){ cmd, kind };
+	n->q[(n->qhead + n->qlen++) % n->qcap] =
+		(struct pending){ cmd, kind, kind == P_CMD && cmd->op == REDIS_GET };
+	n->gets_owed += kind == P_CMD && cmd->op == REDIS_GET;
 	return 0;
+}
+
+/* The reply awaited first, taken off the ring. */
+static struct pending q_pop(struct node *n)
+{
+	struct pending e = n->q[n->qhead];
+
+	n->qhead = (n->qhead + 1) % n->qcap;
+	n->qlen--;
+	n->gets_owed -= e.get;
+	return e;
 }
 
 static int wait_push(struct node *n, struct redis_cmd *cmd)
@@ -380,13 +424,11 @@ static void node_fail(struct redis_cluster *c, struct node *n, enum redis_status
 
 	node_close(n);
 	while (n->qlen) {
-		struct pending *e = &n->q[n->qhead];
+		struct pending e = q_pop(n);
 
-		n->qhead = (n->qhead + 1) % n->qcap;
-		n->qlen--;
-		if (e->kind != P_ORPHAN) {
-			n->errors += !e->cmd->finished;
-			finish(c, e->cmd, s);
+		if (e.kind != P_ORPHAN) {
+			n->errors += !e.cmd->finished;
+			finish(c, e.cmd, s);
 		}
 	}
 	n->orphans = 0;
@@ -508,6 +550,8 @@ static void fill(struct redis_cluster *c, struct node *n)
 	while (n->wlen && sdslen(n->ctx->obuf) < OBUF_LOW) {
 		struct redis_cmd *cmd = n->wait[n->whead];
 
+		if (cmd->op == REDIS_GET && !cmd->finished && n->gets_owed >= GET_WINDOW)
+			break;
 		n->whead = (n->whead + 1) % n->wcap;
 		n->wlen--;
 		if (cmd->finished)
@@ -556,9 +600,7 @@ static void on_reply(struct redis_cluster *c, struct node *n, redisReply *reply)
 		node_fail(c, n, REDIS_CMD_PROTOCOL);
 		return;
 	}
-	e = n->q[n->qhead];
-	n->qhead = (n->qhead + 1) % n->qcap;
-	n->qlen--;
+	e = q_pop(n);
 	n->commands++;
 	n->backoff_ms = c->o.backoff_min_ms; /* it answers: the next failure starts afresh */
 	if (e.kind == P_ORPHAN) {
@@ -637,12 +679,212 @@ static void on_reply(struct redis_cluster *c, struct node *n, redisReply *reply)
 	}
 }
 
+/* The reply at the head of the node's queue is owed to a GET, or to nobody (an orphan). */
+static bool value_owed(const struct node *n)
+{
+	const struct pending *e;
+
+	if (!n->qlen)
+		return false;
+	e = &n->q[n->qhead];
+	return e->kind == P_ORPHAN || (e->kind == P_CMD && e->cmd->op == REDIS_GET);
+}
+
+/*
+ * At a reply's first byte: 1 if it is a value for a GET (or an orphan) that this file receives
+ * itself, its length in *len and its header's bytes in *hdr; 0 if the header is not all here
+ * yet; -1 for anything else, which hiredis parses (a nil, an error, a status, an array, a
+ * malformed header).
+ */
+static int value_header(const struct node *n, const char *p, size_t avail, uint64_t *len,
+			size_t *hdr)
+{
+	const char *cr;
+	uint64_t v = 0;
+
+	if (p[0] != '$' || !value_owed(n))
+		return -1;
+	cr = memchr(p, '\r', avail < VALUE_HEADER_MAX ? avail : VALUE_HEADER_MAX);
+	if (!cr)
+		return avail < VALUE_HEADER_MAX ? 0 : -1;
+	if ((size_t)(cr - p) + 1 >= avail)
+		return 0;
+	if (cr[1] != '\n' || cr == p + 1)
+		return -1;
+	for (const char *d = p + 1; d < cr; d++) {
+		if (*d < '0' || *d > '9')
+			return -1; /* "$-1": a nil */
+		v = v * 10 + (uint64_t)(*d - '0');
+	}
+	if (v > VALUE_MAX)
+		return -1;
+	*len = v;
+	*hdr = (size_t)(cr - p) + 2;
+	return 1;
+}
+
+/* A value's header was read: its bytes go to the GET's sink, or into a buffer of its own. */
+static int value_start(struct node *n, uint64_t len)
+{
+	const struct pending *e = &n->q[n->qhead];
+
+	n->in_value = true;
+	n->value_len = (size_t)len;
+	n->value_off = 0;
+	n->value_crlf = 0;
+	if (e->kind == P_CMD && !e->cmd->sink) {
+		e->cmd->owned = malloc(len ? (size_t)len : 1);
+		if (!e->cmd->owned)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+/*
+ * A piece of the value being received.  Its GET is looked up at each piece: a deadline that
+ * passed mid-value made the reply an orphan, its command finished and maybe reused since.
+ */
+static void value_piece(struct node *n, const char *p, size_t len)
+{
+	const struct pending *e = &n->q[n->qhead];
+	struct redis_cmd *cmd = e->cmd;
+
+	if (e->kind != P_CMD)
+		return;
+	if (cmd->sink)
+		cmd->sink(cmd, n->value_off, p, len, n->value_len, cmd->sink_arg);
+	else
+		memcpy((char *)cmd->owned + n->value_off, p, len);
+}
+
+/* The value is all in: its GET has it (in data, or all through its sink). */
+static void value_done(struct redis_cluster *c, struct node *n)
+{
+	struct pending e = q_pop(n);
+	struct redis_cmd *cmd = e.cmd;
+
+	n->in_value = false;
+	n->commands++;
+	n->backoff_ms = c->o.backoff_min_ms;
+	if (e.kind == P_ORPHAN) {
+		n->orphans--;
+		return;
+	}
+	cmd->data = cmd->owned;
+	cmd->data_len = n->value_len;
+	finish(c, cmd, REDIS_CMD_OK);
+}
+
+/*
+ * Parses what was read.  A value owed to a GET is framed here and handed on as it arrives, so
+ * that the caller opens it while the rest is still on the way and it is copied once at most
+ * (through hiredis it would be copied twice, into the reader and into a reply object, each a
+ * pass over 2 MiB); every other reply goes through hiredis's reader, and what hiredis was given
+ * past the end of that one reply is taken back and parsed here again.
+ */
+static void frame(struct redis_cluster *c, struct node *n)
+{
+	while (n->ctx && n->in_pos < n->in_len) {
+		char *p = n->in + n->in_pos;
+		size_t avail = n->in_len - n->in_pos, hdr = 0, left;
+		redisReader *rd = n->ctx->reader;
+		uint64_t len = 0;
+		void *reply = NULL;
+
+		if (n->in_value) {
+			size_t rest = n->value_len - n->value_off;
+
+			if (rest) {
+				size_t k = avail < rest ? avail : rest;
+
+				value_piece(n, p, k);
+				n->value_off += k;
+				n->in_pos += k;
+				continue;
+			}
+			if (*p != "\r\n"[n->value_crlf]) {
+				node_fail(c, n, REDIS_CMD_PROTOCOL);
+				return;
+			}
+			n->in_pos++;
+			if (++n->value_crlf == 2)
+				value_done(c, n);
+			continue;
+		}
+		if (!n->in_hiredis) {
+			int k = value_header(n, p, avail, &len, &hdr);
+
+			if (k == 0)
+				break;
+			if (k > 0) {
+				if (value_start(n, len) < 0) {
+					node_fail(c, n, REDIS_CMD_DOWN);
+					return;
+				}
+				n->in_pos += hdr;
+				continue;
+			}
+			n->in_hiredis = true;
+		}
+		if (redisReaderFeed(rd, p, avail) != REDIS_OK) {
+			node_fail(c, n, REDIS_CMD_PROTOCOL);
+			return;
+		}
+		n->in_pos = n->in_len;
+		if (redisGetReplyFromReader(n->ctx, &reply) != REDIS_OK) {
+			node_fail(c, n, REDIS_CMD_PROTOCOL);
+			return;
+		}
+		if (!reply)
+			break;
+		/*
+		 * One whole reply: hiredis holds nothing of another.  What it was given past it lies
+		 * at the end of this buffer still (the reply ended in the last feed): parsed here.
+		 */
+		left = rd->len - rd->pos;
+		rd->pos = rd->len;
+		if (left > n->in_len) {
+			freeReplyObject(reply);
+			node_fail(c, n, REDIS_CMD_PROTOCOL);
+			return;
+		}
+		n->in_pos = n->in_len - left;
+		n->in_hiredis = false;
+		on_reply(c, n, reply);
+	}
+	if (!n->ctx)
+		return;
+	if (n->in_pos == n->in_len) {
+		n->in_pos = n->in_len = 0;
+	} else if (n->in_pos) {
+		/* A header cut by the read's end (a few bytes): to the front, for the next read. */
+		memmove(n->in, n->in + n->in_pos, n->in_len - n->in_pos);
+		n->in_len -= n->in_pos;
+		n->in_pos = 0;
+	}
+}
+
 static void node_read(struct redis_cluster *c, struct node *n)
 {
 	for (int i = 0; i < READS_PER_WAKE && n->ctx; i++) {
-		ssize_t got = read(n->ctx->fd, c->rbuf, READ_CHUNK);
-		void *reply;
+		size_t want;
+		ssize_t got;
 
+		if (!n->in) {
+			n->in = malloc(READ_CHUNK);
+			if (!n->in) {
+				node_fail(c, n, REDIS_CMD_DOWN);
+				return;
+			}
+		}
+		want = READ_CHUNK - n->in_len;
+		/* Inside a value: not past its end (the next reply starts a read of its own). */
+		if (n->in_value) {
+			size_t rest = n->value_len - n->value_off + 2u - n->value_crlf;
+
+			want = rest < VALUE_READ ? rest : VALUE_READ;
+		}
+		got = read(n->ctx->fd, n->in + n->in_len, want);
 		if (got < 0 && (errno == EAGAIN || errno == EINTR))
 			return;
 		if (got <= 0) {
@@ -650,23 +892,9 @@ static void node_read(struct redis_cluster *c, struct node *n)
 			return;
 		}
 		n->bytes_in += (uint64_t)got;
-		if (redisReaderFeed(n->ctx->reader, c->rbuf, (size_t)got) != REDIS_OK) {
-			node_fail(c, n, REDIS_CMD_PROTOCOL);
-			return;
-		}
-		for (;;) {
-			reply = NULL;
-			if (redisGetReplyFromReader(n->ctx, &reply) != REDIS_OK) {
-				node_fail(c, n, REDIS_CMD_PROTOCOL);
-				return;
-			}
-			if (!reply)
-				break;
-			on_reply(c, n, reply);
-			if (!n->ctx)
-				return;
-		}
-		if ((size_t)got < READ_CHUNK)
+		n->in_len += (size_t)got;
+		frame(c, n);
+		if ((size_t)got < want)
 			return;
 	}
 }
@@ -712,7 +940,8 @@ static int drive(struct redis_cluster *c, struct redis_cmd *cmds, size_t ncmds, 
 				continue;
 			if (n->state == REDIS_NODE_UP)
 				fill(c, n);
-			if (n->state == REDIS_NODE_CONNECTING || sdslen(n->ctx->obuf) || n->wlen)
+			/* Commands still waiting after fill wait for replies (GET_WINDOW), not this. */
+			if (n->state == REDIS_NODE_CONNECTING || sdslen(n->ctx->obuf))
 				ev |= POLLOUT;
 			pfd[np] = (struct pollfd){ .fd = n->ctx->fd, .events = ev };
 			which[np++] = i;
@@ -793,7 +1022,7 @@ static int drive(struct redis_cluster *c, struct redis_cmd *cmds, size_t ncmds, 
 		n->wlen = 0;
 		if (n->orphans > MAX_ORPHANS) {
 			node_close(n);
-			n->qlen = n->orphans = 0;
+			n->qlen = n->orphans = n->gets_owed = 0;
 			n->state = REDIS_NODE_IDLE;
 		}
 	}

@@ -9,12 +9,15 @@
  *   locks.
  * - I/O: one hiredis redisContext per node, connected non-blocking (redisConnectNonBlock),
  *   commands formatted by hiredis and appended to the node's output buffer, the socket written
- *   and read here and the bytes handed to hiredis's reply reader, all nodes driven by one
- *   poll() bounded by the batch's deadline.  That gives one pipeline per node, every node in
+ *   and read here, all nodes driven by one poll() bounded by the batch's deadline.  A GET's
+ *   value ("$<length>\r\n" and its bytes) is framed here and handed on in pieces as they
+ *   arrive (to the command's sink, or into one buffer of its own); every other reply goes
+ *   through hiredis's reply reader.  That gives one pipeline per node, every node in
  *   flight at once, and a deadline no node can stretch; hiredis's async API would need an
  *   event library adapter and still has no per-batch deadline.  Commands are appended lazily
  *   (while the output buffer holds under a megabyte), so 64 pipelined 2 MiB SETs do not make
- *   hiredis shift a 128 MiB buffer after each partial write.
+ *   hiredis shift a 128 MiB buffer after each partial write; and at most 8 GETs' replies are
+ *   owed by a node at once, so that it never queues 128 MiB of values for one client.
  * - Slots: CRC16 (XMODEM) of the key or of its first non-empty {hashtag}, mod 16384; the map
  *   comes from CLUSTER SHARDS (Redis 7), else CLUSTER SLOTS; a server with cluster support
  *   disabled is a one-node cluster owning every slot.  MOVED points the slot at the node named,
@@ -99,6 +102,19 @@ const char *redis_status_name(enum redis_status s);
 #define REDIS_F_MOVED 1u /* followed a MOVED */
 #define REDIS_F_ASK 2u   /* followed an ASK */
 
+struct redis_cmd;
+
+/*
+ * A GET's sink: each piece of the value as it arrives, in order, without gaps (off: where the
+ * piece starts in the value; total: the value's length, from the reply's header), so that the
+ * caller can open it while the rest is on the way, from a buffer still in the cache, and no
+ * buffer holds it whole.  The command then ends REDIS_CMD_OK with data NULL and data_len the
+ * value's length; a value cut short (the deadline, the node lost) ends with that status
+ * instead, after some pieces or none.  A sink must not call the client.
+ */
+typedef void redis_sink_fn(struct redis_cmd *cmd, size_t off, const void *piece, size_t n,
+			   size_t total, void *arg);
+
 struct redis_cmd {
 	/* In: what to do.  key and value stay the caller's and must live through the batch. */
 	enum redis_op op;
@@ -107,6 +123,8 @@ struct redis_cmd {
 	const void *value; /* SET */
 	size_t value_len;
 	uint64_t ttl_ms; /* SET: PX ttl_ms when not 0 */
+	redis_sink_fn *sink; /* GET: the value in pieces (above), or NULL: whole, in data */
+	void *sink_arg;
 
 	/* Out (set by redis_cluster_run). */
 	enum redis_status status;
@@ -116,6 +134,7 @@ struct redis_cmd {
 
 	/* The client's. */
 	void *reply;
+	void *owned; /* a GET's value without a sink (data points here) */
 	int node, ask_node;
 	uint16_t slot;
 	uint8_t moved, asked, finished;

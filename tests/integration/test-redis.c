@@ -5,7 +5,9 @@
  * CLUSTER KEYSLOT, MOVED after a slot is migrated, ASK during a migration, 2 MiB values
  * pipelined, a hung master (timeouts, then the pipeline still in step), a killed master (its
  * keys down at once, the others fine; back after the failover), Redis absent at start, and a
- * connect that never completes (down after connect_timeout_ms, not a deadline per batch).
+ * connect that never completes (down after connect_timeout_ms, not a deadline per batch),
+ * values framed by the client among replies hiredis parses, through a sink or whole, and a
+ * deadline in the middle of a value.
  * The URL parser and the slot function run without Redis; the rest is skipped (77) only when
  * redis-server is not installed.
  */
@@ -701,6 +703,181 @@ START_TEST(standalone)
 }
 END_TEST
 
+/* What a sink saw of one value: its pieces must come in order, without gaps. */
+struct sunk {
+	uint8_t *buf;
+	size_t cap, got, total;
+	unsigned pieces;
+	bool bad;
+	unsigned stall_ms; /* slept at the first piece (a slow sink) */
+};
+
+static void sink_to(struct redis_cmd *cmd, size_t off, const void *piece, size_t n,
+		    size_t total, void *arg)
+{
+	struct sunk *k = arg;
+
+	(void)cmd;
+	if (off != k->got || off + n > total || off + n > k->cap || (k->pieces && total != k->total))
+		k->bad = true;
+	else
+		memcpy(k->buf + off, piece, n);
+	k->got = off + n;
+	k->total = total;
+	if (!k->pieces++ && k->stall_ms)
+		fixture_msleep(k->stall_ms);
+}
+
+static unsigned done_calls;
+
+static void count_done(struct redis_cmd *cmd, void *arg)
+{
+	(void)cmd;
+	(void)arg;
+	done_calls++;
+}
+
+/*
+ * The client frames values itself and hands every other reply to hiredis, taking back what
+ * hiredis was given past it: one pipeline mixing big values (whole, and through a sink), a
+ * missing key, an empty value, a small one and SETs' statuses, so that value and non-value
+ * replies share reads in every order.  Twice: without a callback, and with one.
+ */
+START_TEST(value_framing)
+{
+	enum { N = 12 };
+	const size_t big = 3u << 20;
+	struct redis_fixture sf;
+	struct redis_cluster *c;
+	struct redis_cmd cmds[N];
+	struct sunk k = { 0 };
+	uint8_t *v = malloc(big);
+
+	for (size_t i = 0; i < big; i++)
+		v[i] = (uint8_t)(i * 2654435761u >> 11);
+	k = (struct sunk){ .buf = malloc(big), .cap = big };
+	redis_fixture_standalone(&sf);
+	c = client_of(&sf, 1, NULL);
+	cmd_set(&cmds[0], "f:big", v, big);
+	cmd_set(&cmds[1], "f:empty", "", 0);
+	cmd_set(&cmds[2], "f:small", "hello", 5);
+	ck_assert_int_eq(redis_cluster_run(c, cmds, 3, 10000), 0);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(cmds[i].status, REDIS_CMD_OK);
+	for (int pass = 0; pass < 2; pass++) {
+		k = (struct sunk){ .buf = k.buf, .cap = big };
+		cmd_get(&cmds[0], "f:big");
+		cmd_get(&cmds[1], "f:none");
+		cmd_get(&cmds[2], "f:empty");
+		cmd_set(&cmds[3], "f:other", "x", 1);
+		cmd_get(&cmds[4], "f:small");
+		cmd_get(&cmds[5], "f:big");
+		cmds[5].sink = sink_to;
+		cmds[5].sink_arg = &k;
+		cmd_get(&cmds[6], "f:none");
+		cmd_get(&cmds[7], "f:big");
+		cmd_get(&cmds[8], "f:small");
+		cmd_set(&cmds[9], "f:other", "y", 1);
+		cmd_get(&cmds[10], "f:empty");
+		cmd_get(&cmds[11], "f:big");
+		done_calls = 0;
+		ck_assert_int_eq(pass ? redis_cluster_run_cb(c, cmds, N, 10000, count_done, NULL)
+				      : redis_cluster_run(c, cmds, N, 10000),
+				 0);
+		ck_assert_uint_eq(done_calls, pass ? N : 0);
+		for (int i = 0; i < N; i++) {
+			const bool none = i == 1 || i == 6, empty = i == 2 || i == 10;
+			const bool small = i == 4 || i == 8, set = i == 3 || i == 9;
+
+			ck_assert_msg(cmds[i].status == (none ? REDIS_CMD_NIL : REDIS_CMD_OK),
+				      "pass %d cmd %d: %s", pass, i,
+				      redis_status_name(cmds[i].status));
+			if (none || set)
+				continue;
+			if (i == 5) {
+				/* Through the sink: nothing in data, every byte there in order. */
+				ck_assert_ptr_null(cmds[i].data);
+				ck_assert_uint_eq(cmds[i].data_len, big);
+				ck_assert(!k.bad);
+				ck_assert_uint_eq(k.got, big);
+				ck_assert_uint_gt(k.pieces, 1);
+				ck_assert(!memcmp(k.buf, v, big));
+			} else if (empty) {
+				ck_assert_uint_eq(cmds[i].data_len, 0);
+			} else if (small) {
+				ck_assert_uint_eq(cmds[i].data_len, 5);
+				ck_assert(!memcmp(cmds[i].data, "hello", 5));
+			} else {
+				ck_assert_uint_eq(cmds[i].data_len, big);
+				ck_assert(!memcmp(cmds[i].data, v, big));
+			}
+			redis_cmd_release(&cmds[i]);
+		}
+	}
+	free(k.buf);
+	free(v);
+	redis_cluster_free(c);
+	redis_fixture_stop(&sf);
+}
+END_TEST
+
+/*
+ * A deadline that passes in the middle of a value (a sink slower than the deadline): the GET
+ * is late, its sink saw part of it, and the rest of that value (read and dropped later) never
+ * reaches it or the next command: the pipeline stays in step.
+ */
+START_TEST(deadline_mid_value)
+{
+	const size_t big = 64u << 20;
+	struct redis_fixture sf;
+	struct redis_cluster *c;
+	struct redis_cmd cmds[2];
+	struct sunk k = { 0 };
+	uint8_t *v = malloc(big);
+	bool mid = false;
+
+	for (size_t i = 0; i < big; i++)
+		v[i] = (uint8_t)(i * 2654435761u >> 9);
+	k = (struct sunk){ .buf = malloc(big), .cap = big };
+	redis_fixture_standalone(&sf);
+	c = client_of(&sf, 1, NULL);
+	cmd_set(&cmds[0], "d:big", v, big);
+	cmd_set(&cmds[1], "d:small", "after", 5);
+	ck_assert_int_eq(redis_cluster_run(c, cmds, 2, 30000), 0);
+	ck_assert_int_eq(cmds[0].status, REDIS_CMD_OK);
+	ck_assert_int_eq(cmds[1].status, REDIS_CMD_OK);
+	for (int round = 0; round < 3; round++) {
+		k = (struct sunk){ .buf = k.buf, .cap = big };
+		cmd_get(&cmds[0], "d:big");
+		cmds[0].sink = sink_to;
+		cmds[0].sink_arg = &k;
+		/* The sink sleeps past the deadline at its first piece: it passes mid-value. */
+		k.stall_ms = 400;
+		ck_assert_int_eq(redis_cluster_run(c, cmds, 1, 300), 0);
+		ck_assert_int_eq(cmds[0].status, REDIS_CMD_TIMEOUT);
+		ck_assert(!k.bad);
+		ck_assert_uint_lt(k.got, big);
+		ck_assert(!memcmp(k.buf, v, k.got));
+		mid |= k.got > 0;
+		redis_cmd_release(&cmds[0]);
+		/* Its sink is not called again, whatever arrives of it now. */
+		cmds[0].sink = NULL;
+		cmd_get(&cmds[1], "d:small");
+		ck_assert_int_eq(redis_cluster_run(c, &cmds[1], 1, 30000), 0);
+		ck_assert_int_eq(cmds[1].status, REDIS_CMD_OK);
+		ck_assert_uint_eq(cmds[1].data_len, 5);
+		ck_assert(!memcmp(cmds[1].data, "after", 5));
+		redis_cmd_release(&cmds[1]);
+		ck_assert(!k.bad);
+	}
+	ck_assert(mid);
+	free(k.buf);
+	free(v);
+	redis_cluster_free(c);
+	redis_fixture_stop(&sf);
+}
+END_TEST
+
 START_TEST(absent_at_start)
 {
 	const struct redis_options o = { .backoff_min_ms = 20, .backoff_max_ms = 100,
@@ -772,5 +949,7 @@ int main(void)
 	solo = redis_fixture_case(s, "standalone", 60);
 	tcase_add_test(solo, standalone);
 	tcase_add_test(solo, absent_at_start);
+	tcase_add_test(solo, value_framing);
+	tcase_add_test(solo, deadline_mid_value);
 	return run_suite(s);
 }
