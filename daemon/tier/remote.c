@@ -37,6 +37,8 @@ struct fetch_ref {
 	struct remote_job *job;
 	struct remote_block *block;
 	char key[SEAL_REDIS_KEY_LEN + 1];
+	bool opening; /* stream begun: the value is being opened as it arrives */
+	struct seal_stream stream;
 };
 
 struct remote {
@@ -195,17 +197,53 @@ static void count_block(struct remote *r, const struct remote_block *b, size_t b
 
 static void finish_job(struct remote *r, struct remote_job *job);
 
-/* As each GET finishes: open the value into the block's destination, free it at once. */
+/* The value's opening begins: straight into the block's destination, as it arrives. */
+static void fetch_begin(struct remote *r, struct fetch_ref *ref, size_t len)
+{
+	struct remote_block *b = ref->block;
+	struct seal_identity id = { .ns = ref->job->ns, .ns_len = ref->job->ns_len,
+				    .tokens = b->tokens };
+
+	memcpy(id.hash, b->hash, 16);
+	memcpy(id.parent, b->parent, 16);
+	seal_stream_begin(&ref->stream, r->keys, &r->geometry, &id, ref->key, len, b->data);
+	ref->opening = true;
+}
+
+/*
+ * Each piece of a value, as the client reads it: decrypted while the rest is on its way (the
+ * kernel keeps receiving meanwhile), from a read buffer still in the cache.
+ */
+static void fetch_piece(struct redis_cmd *cmd, size_t off, const void *piece, size_t n,
+			size_t total, void *arg)
+{
+	struct remote *r = arg;
+	struct fetch_ref *ref = &r->refs[cmd - r->cmds];
+
+	if (!off)
+		fetch_begin(r, ref, total);
+	seal_stream_feed(&ref->stream, piece, n);
+}
+
+/* As each GET finishes: its opening ends (verified, or the block wiped), the value counted. */
 static void fetch_done(struct redis_cmd *cmd, void *arg)
 {
 	struct remote *r = arg;
 	struct fetch_ref *ref = &r->refs[cmd - r->cmds];
 	struct remote_block *b = ref->block;
-	const struct seal_identity id = { .ns = ref->job->ns, .ns_len = ref->job->ns_len,
-					  .tokens = b->tokens };
 	const enum redis_status st = cmd->status;
+	enum seal_reason reason = SEAL_OK;
 	size_t bytes = 0;
+	int e = 0;
 
+	/* An empty value has no pieces: opened (and refused) here. */
+	if (st == REDIS_CMD_OK && !ref->opening)
+		fetch_begin(r, ref, 0);
+	/* A value cut short (the deadline, the node lost) is ended too: the block is wiped. */
+	if (ref->opening) {
+		e = seal_stream_end(&ref->stream, &reason);
+		ref->opening = false;
+	}
 	if (cmd->status == REDIS_CMD_TIMEOUT && now_ns() < deadline_of(r, ref->job)) {
 		/* The batch's deadline was another job's: asked again in the next batch. */
 		redis_cmd_release(cmd);
@@ -213,15 +251,7 @@ static void fetch_done(struct redis_cmd *cmd, void *arg)
 	}
 	b->status = from_redis(cmd->status);
 	if (b->status == REMOTE_OK) {
-		enum seal_reason reason = SEAL_OK;
-		struct seal_identity want = id;
-		int e;
-
-		memcpy(want.hash, b->hash, 16);
-		memcpy(want.parent, b->parent, 16);
 		bytes = cmd->data_len;
-		e = seal_open(r->keys, &r->geometry, &want, cmd->data, cmd->data_len, ref->key,
-			      b->data, &reason);
 		if (e == -EBADMSG) {
 			b->status = REMOTE_VERIFY;
 			b->reason = reason;
@@ -350,6 +380,7 @@ static void run_fetches(struct remote *r, struct remote_job *jobs)
 					continue; /* done in an earlier batch */
 				ref->job = j;
 				ref->block = &j->blocks[i];
+				ref->opening = false;
 				if (seal_redis_key(r->keys, j->ns, j->ns_len, j->blocks[i].hash,
 						   ref->key) < 0) {
 					j->blocks[i].status = REMOTE_ERROR;
@@ -360,6 +391,8 @@ static void run_fetches(struct remote *r, struct remote_job *jobs)
 				c->op = REDIS_GET;
 				c->key = ref->key;
 				c->key_len = SEAL_REDIS_KEY_LEN;
+				c->sink = fetch_piece;
+				c->sink_arg = r;
 				n++;
 			}
 		}
