@@ -178,11 +178,12 @@ int cmd_seal(int argc, char **argv)
 #define BENCH_KEYS 64
 #define MAX_MASTERS 64
 #define MAX_DEPTHS 16
+#define MAX_ROUNDS 99
 
 /* What kvpaged-bench redis and remote are told; only remote takes (and needs) --key-file. */
 struct depth_args {
 	const char *url, *key_file;
-	uint32_t block_bytes, ops, depths[MAX_DEPTHS];
+	uint32_t block_bytes, ops, rounds, depths[MAX_DEPTHS];
 	int ndepths;
 	bool json;
 };
@@ -201,6 +202,7 @@ static bool depth_args_parse(int argc, char **argv, bool with_key_file, void (*u
 		{ "block-bytes", required_argument, NULL, 'b' },
 		{ "depths", required_argument, NULL, 'd' },
 		{ "ops", required_argument, NULL, 'o' },
+		{ "rounds", required_argument, NULL, 'r' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
@@ -208,7 +210,7 @@ static bool depth_args_parse(int argc, char **argv, bool with_key_file, void (*u
 	uint32_t *target;
 	int opt;
 
-	*a = (struct depth_args){ .block_bytes = 2u << 20, .ops = 256,
+	*a = (struct depth_args){ .block_bytes = 2u << 20, .ops = 256, .rounds = 5,
 				  .depths = { 1, 2, 4, 8, 16, 32, 64 }, .ndepths = 7 };
 	optind = 1;
 	while ((opt = getopt_long(argc, argv, "", with_key_file ? opts : opts + 1, NULL)) != -1) {
@@ -218,6 +220,7 @@ static bool depth_args_parse(int argc, char **argv, bool with_key_file, void (*u
 		case 'k': a->key_file = optarg; break;
 		case 'b': target = &a->block_bytes; break;
 		case 'o': target = &a->ops; break;
+		case 'r': target = &a->rounds; break;
 		case 'd':
 			a->ndepths = parse_u32_list(optarg, a->depths, MAX_DEPTHS);
 			if (a->ndepths < 0) {
@@ -243,7 +246,7 @@ static bool depth_args_parse(int argc, char **argv, bool with_key_file, void (*u
 		}
 	}
 	if (optind != argc || !a->url || (with_key_file && !a->key_file) ||
-	    a->block_bytes > (64u << 20)) {
+	    a->block_bytes > (64u << 20) || a->rounds > MAX_ROUNDS) {
 		usage(stderr);
 		*ret_status = 2;
 		return false;
@@ -390,31 +393,65 @@ struct depth_bench {
  * Runs and prints every depth (a row, or a JSON object, each): ours with ctx, hiredis on bc.
  * 0, or 1 once it said why.
  */
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return (x > y) - (x < y);
+}
+
+static double median_double(double *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/*
+ * Each depth: --rounds rounds of the four phases in turn (ours SET, hiredis SET, ours GET,
+ * hiredis GET), so that ours and the baseline share the machine's moods; the medians of each
+ * phase, their ratio, and the range of the rounds' own ratios.
+ */
 static int depth_bench_run(const struct depth_bench *b, void *ctx, struct bench_cluster *bc,
 			   const struct depth_args *a)
 {
 	for (int d = 0; d < a->ndepths; d++) {
 		uint32_t depth = a->depths[d], batches = (a->ops + depth - 1) / depth;
-		double gb[4];
+		double gb[4][MAX_ROUNDS], med[4], ratio[2][MAX_ROUNDS], lo[2], hi[2];
 
-		for (int phase = 0; phase < 4; phase++) {
-			bool set = phase < 2, raw = phase & 1;
-			uint64_t t0 = now_ns();
-			int r = 0;
+		for (uint32_t round = 0; round < a->rounds; round++)
+			for (int phase = 0; phase < 4; phase++) {
+				bool set = phase < 2, raw = phase & 1;
+				uint64_t t0 = now_ns();
+				int r = 0;
 
-			for (uint32_t i = 0; i < batches && r >= 0; i++)
-				r = raw ? raw_batch(&bc->rn, bc->keys, i * depth, depth, set,
-						    bc->value, bc->value_len)
-					: b->batch(ctx, set, i * depth, depth);
-			if (r < 0) {
-				fprintf(stderr, "kvpaged-bench: %s: depth %u %s %s failed: %s\n",
-					b->name, depth, raw ? "hiredis" : b->ours,
-					set ? "SET" : "GET", strerror(-r));
-				return 1;
+				for (uint32_t i = 0; i < batches && r >= 0; i++)
+					r = raw ? raw_batch(&bc->rn, bc->keys, i * depth, depth, set,
+							    bc->value, bc->value_len)
+						: b->batch(ctx, set, i * depth, depth);
+				if (r < 0) {
+					fprintf(stderr, "kvpaged-bench: %s: depth %u %s %s failed: %s\n",
+						b->name, depth, raw ? "hiredis" : b->ours,
+						set ? "SET" : "GET", strerror(-r));
+					return 1;
+				}
+				gb[phase][round] = gbps((uint64_t)batches * depth * a->block_bytes,
+							(double)(now_ns() - t0));
 			}
-			gb[phase] = gbps((uint64_t)batches * depth * a->block_bytes,
-					 (double)(now_ns() - t0));
+		for (int k = 0; k < 2; k++) {
+			lo[k] = 1e300;
+			hi[k] = 0;
+			for (uint32_t round = 0; round < a->rounds; round++) {
+				double x = gb[2 * k + 1][round] > 0
+						   ? gb[2 * k][round] / gb[2 * k + 1][round]
+						   : 0;
+
+				ratio[k][round] = x;
+				lo[k] = x < lo[k] ? x : lo[k];
+				hi[k] = x > hi[k] ? x : hi[k];
+			}
 		}
+		for (int phase = 0; phase < 4; phase++)
+			med[phase] = median_double(gb[phase], a->rounds);
 		if (a->json) {
 			json_object *j = json_object_new_object();
 
@@ -422,17 +459,25 @@ static int depth_bench_run(const struct depth_bench *b, void *ctx, struct bench_
 			json_object_object_add(j, "depth", json_object_new_int64(depth));
 			json_object_object_add(j, "block_bytes",
 					       json_object_new_int64(a->block_bytes));
+			json_object_object_add(j, "rounds", json_object_new_int64(a->rounds));
 			for (int phase = 0; phase < 4; phase++)
 				json_object_object_add(j, b->json_keys[phase],
-						       json_object_new_double(gb[phase]));
+						       json_object_new_double(med[phase]));
+			json_object_object_add(j, "set_ratio_median",
+					       json_object_new_double(median_double(ratio[0],
+										    a->rounds)));
+			json_object_object_add(j, "get_ratio_median",
+					       json_object_new_double(median_double(ratio[1],
+										    a->rounds)));
 			json_print(j);
 		} else {
 			int w = b->width;
 
-			printf("  %5u  %*.2f GB/s%*s%*.2f GB/s  %*.0f%%  %*.2f GB/s%*s%*.2f GB/s  %*.0f%%\n",
-			       depth, w, gb[0], w - 4, "", w, gb[1], w - 2,
-			       gb[1] > 0 ? 100 * gb[0] / gb[1] : 0, w, gb[2], w - 4, "", w, gb[3], w - 2,
-			       gb[3] > 0 ? 100 * gb[2] / gb[3] : 0);
+			printf("  %5u  %*.2f GB/s%*s%*.2f GB/s  %*.0f%% (%3.0f-%3.0f)  %*.2f GB/s%*s%*.2f GB/s  %*.0f%% (%3.0f-%3.0f)\n",
+			       depth, w, med[0], w - 4, "", w, med[1], w - 2,
+			       med[1] > 0 ? 100 * med[0] / med[1] : 0, 100 * lo[0], 100 * hi[0], w,
+			       med[2], w - 4, "", w, med[3], w - 2,
+			       med[3] > 0 ? 100 * med[2] / med[3] : 0, 100 * lo[1], 100 * hi[1]);
 		}
 	}
 	return 0;
@@ -441,12 +486,13 @@ static int depth_bench_run(const struct depth_bench *b, void *ctx, struct bench_
 static void redis_usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench redis --seeds redis://HOST:PORT[,...] [--block-bytes N]\n"
-	      "                           [--depths 1,2,4,...] [--ops N] [--json]\n"
+	      "                           [--depths 1,2,4,...] [--ops N] [--rounds N] [--json]\n"
 	      "\n"
 	      "GET and SET GB/s of --block-bytes values (default 2 MiB) through the remote tier's\n"
 	      "cluster client, beside plain pipelined hiredis (one blocking context per master) on\n"
 	      "the same cluster, at each queue depth (default 1,2,4,8,16,32,64), --ops commands\n"
-	      "each (default 256).  Writes keys bench:N into the cluster.\n",
+	      "each (default 256), --rounds rounds of each in turn (default 5): medians.  Writes\n"
+	      "keys bench:N into the cluster.\n",
 	      f);
 }
 
@@ -525,9 +571,10 @@ int cmd_redis(int argc, char **argv)
 	bc.value = value;
 	bc.value_len = a.block_bytes;
 	if (!a.json)
-		printf("redis: %u-byte values, %u commands per depth, %u masters\n"
-		       "  depth    SET client    SET hiredis   ratio    GET client    GET hiredis   ratio\n",
-		       a.block_bytes, a.ops, bc.rn.n);
+		printf("redis: %u-byte values, %u commands per depth, %u masters, medians of %u rounds\n"
+		       "  (ratio: of the medians; in brackets, the lowest and highest of the rounds')\n"
+		       "  depth    SET client    SET hiredis   ratio              GET client    GET hiredis   ratio\n",
+		       a.block_bytes, a.ops, bc.rn.n, a.rounds);
 	r = depth_bench_run(&redis_depth_bench, &x, &bc, &a);
 	if (r)
 		return r;
@@ -545,13 +592,15 @@ int cmd_redis(int argc, char **argv)
 static void remote_usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench remote --seeds redis://HOST:PORT[,...] --key-file PATH\n"
-	      "                            [--block-bytes N] [--depths 1,2,4,...] [--ops N] [--json]\n"
+	      "                            [--block-bytes N] [--depths 1,2,4,...] [--ops N]\n"
+	      "                            [--rounds N] [--json]\n"
 	      "\n"
 	      "Store and fetch GB/s of --block-bytes blocks (default 2 MiB of K/V) through the\n"
 	      "remote tier's thread (sealed with AES-256-GCM, opened and verified), beside plain\n"
 	      "pipelined hiredis SET and GET of values of the sealed size on the same cluster, at\n"
-	      "each queue depth (default 1,2,4,8,16,32,64), --ops blocks each (default 256).\n"
-	      "Writes keys bench:N and the tier's kvp: keys into the cluster.\n",
+	      "each queue depth (default 1,2,4,8,16,32,64), --ops blocks each (default 256),\n"
+	      "--rounds rounds of each in turn (default 5): medians.  Writes keys bench:N and the\n"
+	      "tier's kvp: keys into the cluster.\n",
 	      f);
 }
 
@@ -685,9 +734,10 @@ int cmd_remote(int argc, char **argv)
 	bc.value = value; /* as long as the tier's sealed values */
 	bc.value_len = sealed;
 	if (!a.json)
-		printf("remote: %u-byte blocks (%zu sealed), %u blocks per depth, %u masters\n"
-		       "  depth  store tier   SET hiredis  ratio   fetch tier   GET hiredis  ratio\n",
-		       a.block_bytes, sealed, a.ops, bc.rn.n);
+		printf("remote: %u-byte blocks (%zu sealed), %u blocks per depth, %u masters, medians of %u rounds\n"
+		       "  (ratio: of the medians; in brackets, the lowest and highest of the rounds')\n"
+		       "  depth  store tier   SET hiredis  ratio             fetch tier   GET hiredis  ratio\n",
+		       a.block_bytes, sealed, a.ops, bc.rn.n, a.rounds);
 	r = depth_bench_run(&remote_depth_bench, &x, &bc, &a);
 	if (r)
 		return r;
