@@ -86,6 +86,7 @@ struct core {
 	struct tier tiers[CORE_MAX_TIERS + 1]; /* by level, 1 .. cfg.ntiers; [0] unused: the pool */
 	uint32_t first_tier;  /* where the pool demotes to; 0: no tier */
 	uint32_t probe_tier;  /* the CORE_TIER_PROBED level (the last); 0: none */
+	uint32_t publish_tier; /* evicted blocks are offered as they leave it (CORE_TIER_COLD) */
 	uint32_t nstoring;    /* blocks kept for its stores (CORE_BLOCK_STORING) */
 	bool dropping;        /* core_drop_cache: evictions move nothing */
 	/* One lookup's hits below the pool (walk-sized). */

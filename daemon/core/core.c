@@ -41,9 +41,14 @@ static int config_check(const struct core_config *cfg)
 		if (t->slots == 0 || !t->ops || !t->ops->store || !t->ops->load)
 			return -EINVAL;
 		/* A level nobody can see into ends the list: nothing is demoted past it. */
-		if ((t->flags & ~(CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED)) ||
+		if ((t->flags & ~(CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED | CORE_TIER_COLD)) ||
 		    ((t->flags & CORE_TIER_PROBED) && i + 1 != cfg->ntiers) ||
-		    ((t->flags & CORE_TIER_STORE_EVICTED) && !(t->flags & CORE_TIER_PROBED)))
+		    ((t->flags & CORE_TIER_STORE_EVICTED) && !(t->flags & CORE_TIER_PROBED)) ||
+		    ((t->flags & CORE_TIER_COLD) && (t->flags & CORE_TIER_PROBED)))
+			return -EINVAL;
+		/* Cold levels last: a warm one below a cold one would be published from nowhere. */
+		if (i > 0 && (cfg->tiers[i - 1].flags & CORE_TIER_COLD) &&
+		    !(t->flags & (CORE_TIER_COLD | CORE_TIER_PROBED)))
 			return -EINVAL;
 	}
 	return 0;

@@ -154,6 +154,14 @@ struct core_tier_ops {
  * sequences are offered, and not while core_drop_cache or a persist pass moves them.
  */
 #define CORE_TIER_STORE_EVICTED (1u << 1)
+/*
+ * A local level whose slots its owner cannot read back to publish them (swap files: the read
+ * would block, and the slot is rewritten at once).  With a CORE_TIER_STORE_EVICTED level,
+ * blocks are offered when they leave the last level above the cold ones (the pool when every
+ * local level is cold), whether they go on into a cold level or not; nothing is offered as it
+ * leaves a cold one.  Cold levels come after every other local level.
+ */
+#define CORE_TIER_COLD (1u << 2)
 
 /* One level below the pool. */
 struct core_tier_config {

@@ -37,10 +37,13 @@ static void on_tier_evict(void *ctx, uint32_t slot)
 	index_remove(&t->index, e->hash, slot);
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	t->stats.evictions++;
-	if (!c->dropping && local_tier_exists(c, t->id + 1))
+	if (c->dropping)
+		return;
+	/* The last level whose slots can be read back (the last local one, or above the cold). */
+	if (t->id == c->publish_tier && (e->flags & CORE_BLOCK_REMOTE))
+		tier_publish_evicted(c, t->id, slot, &key);
+	if (local_tier_exists(c, t->id + 1))
 		(void)store_into(c, t->id + 1, t->id, slot, &key);
-	else if (!c->dropping && (e->flags & CORE_BLOCK_REMOTE))
-		tier_publish_evicted(c, t->id, slot, &key); /* the last local level */
 }
 
 /*
@@ -96,6 +99,7 @@ void tier_demote_block(struct core *c, uint32_t b)
 {
 	const struct core_block *blk = &c->pool.blocks[b];
 	struct core_key key;
+	bool leaves;
 
 	if (c->dropping)
 		return;
@@ -107,15 +111,15 @@ void tier_demote_block(struct core *c, uint32_t b)
 		.tokens = core_slot_tokens(c, b),
 	};
 	/*
-	 * It leaves every local level: the pool is the last, or the cost model chose to
-	 * recompute it here rather than move it down (another node may still want it).
+	 * It leaves every local level (the pool is the last, or the cost model chose to recompute
+	 * it here rather than move it down: another node may still want it), or it leaves the
+	 * last level that can be read back (every local level is cold).
 	 */
-	if (!c->first_tier || (blk->flags & CORE_BLOCK_NODEMOTE)) {
-		if (blk->flags & CORE_BLOCK_REMOTE)
-			tier_publish_evicted(c, CORE_TIER_POOL, b, &key);
-		return;
-	}
-	(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
+	leaves = !c->first_tier || (blk->flags & CORE_BLOCK_NODEMOTE);
+	if ((leaves || c->publish_tier == CORE_TIER_POOL) && (blk->flags & CORE_BLOCK_REMOTE))
+		tier_publish_evicted(c, CORE_TIER_POOL, b, &key);
+	if (!leaves)
+		(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
 }
 
 void tier_publish_evicted(struct core *c, uint32_t from_tier, uint32_t from,
@@ -309,6 +313,10 @@ int tiers_init(struct core *c)
 		tr->stats.capacity = tc->slots;
 	}
 	c->first_tier = local_tier_exists(c, 1) ? 1 : 0;
+	c->publish_tier = CORE_TIER_POOL;
+	for (uint32_t t = 1; local_tier_exists(c, t) && !(c->tiers[t].cfg->flags & CORE_TIER_COLD);
+	     t++)
+		c->publish_tier = t;
 	return 0;
 }
 

@@ -294,9 +294,12 @@ static int tiers_open(struct dpool *p, const struct backend_module *module, stru
 	if (c->host_tier_blocks)
 		p->host_level = tier_add(p, cc, "host", c->host_tier_blocks, p->host_bandwidth,
 					 &dpool_host_tier_ops);
-	if (c->file_tier_blocks)
+	if (c->file_tier_blocks) {
 		p->file_level = tier_add(p, cc, "file", c->file_tier_blocks, p->file_bandwidth,
 					 &dpool_file_tier_ops);
+		/* Its slots are not read back to publish them (remote_tier_write = evict). */
+		cc->tiers[p->file_level - 1].flags |= CORE_TIER_COLD;
+	}
 	/*
 	 * Last, the remote tier: a level nobody here can see into (CORE_TIER_PROBED).  One lookup
 	 * asks it for half of what may be in flight, so a fetch never shuts out every store.

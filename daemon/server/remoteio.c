@@ -123,8 +123,10 @@ static int load_result(const struct remote_block *b)
  * bytes still on their way in).
  */
 /*
- * remote_tier_write = evict: a block leaving the last local level (the pool, or the host tier)
- * is copied and published from the copy, since its memory is reused as soon as this returns.
+ * remote_tier_write = evict: a block leaving the last level in memory (the pool, or the host
+ * tier: the file tier is CORE_TIER_COLD, its slots are never read back) is copied and
+ * published from the copy, whether it goes on into the swap files or not, since its memory is
+ * reused as soon as this returns.
  * One memcpy on the loop per block, bounded by remote_tier_max_inflight; 0 always (dropped
  * when the queue is full, or the slot no longer holds it).
  */
@@ -244,7 +246,7 @@ static int store_evicted(struct dpool *p, uint32_t from_tier, uint32_t from,
 		if (!data)
 			return 0;
 	} else {
-		return 0; /* dpool_remote_open refuses evict with a file tier */
+		return 0; /* a cold level (the swap files): published as it left memory */
 	}
 	st = malloc(sizeof(*st) + (size_t)B * sizeof(uint32_t) + p->block_bytes);
 	if (!st)
@@ -557,12 +559,6 @@ int dpool_remote_open(struct dpool *p, uint32_t *ret_probe)
 
 	if (!c->remote_tier)
 		return 0;
-	/* Reading a block back from the swap files as it leaves them would hold the loop. */
-	if (c->remote_tier_write == KVPD_REMOTE_EVICT && c->file_tier_blocks)
-		return log_error_errno(EOPNOTSUPP, "pool %s: remote_tier_write = evict with a file "
-				       "tier is not served in this version (the blocks would be read "
-				       "back from the swap files): use commit, or no file tier",
-				       c->name);
 	*ret_probe = c->remote_tier_max_inflight / 2 ? c->remote_tier_max_inflight / 2 : 1;
 	if (!p->mem.base) {
 		/*

@@ -156,6 +156,7 @@ static const struct core_tier_ops evict_ops = { .store = evict_store, .load = pr
 /* What mk gives its probed level: the ops and flags (tests of STORE_EVICTED change them). */
 static const struct core_tier_ops *mk_probe_ops = &probe_ops;
 static uint32_t mk_probe_flags = CORE_TIER_PROBED;
+static uint32_t mk_host_flags; /* the local level's (CORE_TIER_COLD: like swap files) */
 
 static int host_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		      const struct core_key *key)
@@ -219,8 +220,8 @@ static struct core *mk(struct side *sd, uint32_t capacity, uint32_t host_slots,
 	sd->store_ret = 1;
 	sd->host_slots = host_slots;
 	if (host_slots)
-		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){ .slots = host_slots,
-								     .ops = &host_ops, .ctx = sd };
+		cfg.tiers[cfg.ntiers++] = (struct core_tier_config){
+			.slots = host_slots, .ops = &host_ops, .ctx = sd, .flags = mk_host_flags };
 	cfg.tiers[cfg.ntiers++] = (struct core_tier_config){
 		.slots = probe_slots, .ops = mk_probe_ops, .ctx = sd, .flags = mk_probe_flags };
 	sd->probe = cfg.ntiers;
@@ -1142,6 +1143,78 @@ START_TEST(test_store_evicted_from_the_last_local_level)
 }
 END_TEST
 
+/*
+ * Above a cold level (swap files, which cannot be read back to publish): a block is offered as
+ * it leaves the pool, from the pool, and goes on into the cold level too; leaving the cold
+ * level it is not offered again.  The cold level still serves it locally.
+ */
+START_TEST(test_store_evicted_above_a_cold_level)
+{
+	static struct side sd;
+	struct core *c;
+	uint32_t t[8], u[8], v[8], w[8];
+	uint64_t s;
+
+	mk_probe_ops = &evict_ops;
+	mk_probe_flags = CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED;
+	mk_host_flags = CORE_TIER_COLD;
+	c = mk(&sd, 2, 4, 4);
+	mk_probe_ops = &probe_ops;
+	mk_probe_flags = CORE_TIER_PROBED;
+	mk_host_flags = 0;
+
+	fill_tokens(t, 8, 100);
+	fill_tokens(u, 8, 300);
+	fill_tokens(v, 8, 700);
+	fill_tokens(w, 8, 900);
+	commit_closed(c, &sd, t, 8, CORE_OPEN_PROBED);
+	ck_assert_uint_eq(sd.probe_stores, 0);
+	commit_closed(c, &sd, u, 8, 0); /* t's two blocks out of the pool: offered, and down */
+	ck_assert_uint_eq(sd.evicted_pool, 2);
+	ck_assert_uint_eq(sd.host_stores, 2);
+	ck_assert_uint_eq(remote.n, 2);
+	/* A local hit from the cold level (promoted), the same bytes; then out again: again. */
+	s = open_seq(c, t, 8, CORE_OPEN_PROBED);
+	ck_assert_uint_eq(info(c, s).ncommitted, 8);
+	ck_assert_uint_eq(tstats(c, 1).promotions, 2);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	commit_closed(c, &sd, u, 8, 0);
+	ck_assert_uint_eq(sd.evicted_pool, 4);
+	/* Out of the cold level (v and w push t's past its four slots): not offered. */
+	commit_closed(c, &sd, v, 8, 0);
+	commit_closed(c, &sd, w, 8, 0);
+	commit_closed(c, &sd, u, 8, 0);
+	ck_assert_uint_eq(sd.evicted_host, 0);
+	ck_assert_uint_eq(sd.evicted_pool, 4);
+	ck_assert_uint_eq(remote.n, 2);
+	done(c, &sd);
+}
+END_TEST
+
+/* Cold levels: local ones, after every warm one. */
+START_TEST(test_cold_levels_come_last)
+{
+	static struct side sd;
+	struct core_config cfg = {
+		.capacity_blocks = 4, .block_tokens = B, .max_sequences = 2, .max_seq_tokens = 16,
+		.copy_block = fake_copy, .copy_ctx = &sd.mem,
+	};
+	struct core *c = NULL;
+
+	cfg.tiers[0] = (struct core_tier_config){ .slots = 2, .ops = &host_ops, .ctx = &sd,
+						  .flags = CORE_TIER_COLD };
+	cfg.tiers[1] = (struct core_tier_config){ .slots = 2, .ops = &host_ops, .ctx = &sd };
+	cfg.ntiers = 2;
+	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
+	cfg.tiers[1] = (struct core_tier_config){ .slots = 2, .ops = &probe_ops, .ctx = &sd,
+						  .flags = CORE_TIER_PROBED | CORE_TIER_COLD };
+	ck_assert_int_eq(core_new(&cfg, &c), -EINVAL);
+	cfg.tiers[1].flags = CORE_TIER_PROBED | CORE_TIER_STORE_EVICTED;
+	ck_assert_int_eq(core_new(&cfg, &c), 0);
+	core_free(c);
+}
+END_TEST
+
 /* STORE_EVICTED needs PROBED. */
 START_TEST(test_store_evicted_needs_a_probed_level)
 {
@@ -1188,6 +1261,8 @@ int main(void)
 	tcase_add_test(tc, test_store_evicted_from_the_pool);
 	tcase_add_test(tc, test_store_evicted_from_the_last_local_level);
 	tcase_add_test(tc, test_store_evicted_needs_a_probed_level);
+	tcase_add_test(tc, test_store_evicted_above_a_cold_level);
+	tcase_add_test(tc, test_cold_levels_come_last);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
