@@ -210,6 +210,14 @@ int tiers_init(struct core *c);
 void tiers_done(struct core *c);
 /* A pool block is being evicted: move it below the pool unless it is marked not to. */
 void tier_demote_block(struct core *c, uint32_t b);
+/*
+ * The observer's two events (core_config.observe): a block of the pool (level CORE_TIER_POOL)
+ * or of a tier just indexed there, or just taken out of that index.
+ */
+void core_observe_stored(struct core *c, uint32_t level, uint32_t slot, const uint32_t *tokens,
+			 uint32_t from_level, uint32_t from_slot);
+void core_observe_removed(struct core *c, uint32_t level, uint32_t slot);
+
 /* Offers a block a probed sequence just made findable to the probed level (c->probe_tier). */
 void tier_publish(struct core *c, uint32_t b);
 /*

@@ -17,6 +17,8 @@ static void on_evict(void *ctx, uint32_t b)
 
 	tier_demote_block(c, b);
 	/* Only indexed blocks are ever cached. */
+	if (blk->flags & CORE_BLOCK_INDEXED)
+		core_observe_removed(c, CORE_TIER_POOL, b);
 	index_remove(&c->index, blk->hash, b);
 	blk->flags &= ~CORE_BLOCK_INDEXED;
 }
@@ -524,6 +526,7 @@ static int commit_block(struct core *c, struct core_seq *s, uint32_t i)
 	if (found == CORE_NONE) {
 		index_insert(&c->index, blk->hash, b);
 		blk->flags |= CORE_BLOCK_INDEXED;
+		core_observe_stored(c, CORE_TIER_POOL, b, core_slot_tokens(c, b), 0, 0);
 		if (s->probed && c->probe_tier) {
 			blk->flags |= CORE_BLOCK_REMOTE;
 			if (!(c->tiers[c->probe_tier].cfg->flags & CORE_TIER_STORE_EVICTED))

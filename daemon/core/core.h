@@ -178,6 +178,36 @@ struct core_tier_config {
 	uint32_t flags; /* CORE_TIER_* */
 };
 
+/*
+ * What an observer (core_config.observe) is told: a block became findable at a level, or
+ * stopped being findable there.  A move between levels is a REMOVED at one and a STORED at the
+ * other, in that order or the other (a demotion stores below, then the slot above is reused);
+ * a block kept at two levels (promoted, its copy below kept) is STORED at both.
+ */
+enum core_event_kind { CORE_EVENT_STORED, CORE_EVENT_REMOVED };
+
+struct core_event {
+	enum core_event_kind kind;
+	uint32_t level; /* CORE_TIER_POOL, or a local level's id */
+	uint32_t slot;  /* the pool block, or the level's slot */
+	struct core_hash hash, parent; /* parent: zero for a chain's first block */
+	uint64_t salt, extra;
+	/*
+	 * STORED: the block's token ids, or NULL when they lie in another level's storage, a slot
+	 * still intact during the call: from_level, from_slot (a demotion from a tier, whose
+	 * storage keeps tokens).  REMOVED: NULL.
+	 */
+	const uint32_t *tokens;
+	uint32_t from_level, from_slot;
+};
+
+/*
+ * Called from within the core's calls, on the caller's thread; it must not call the core.
+ * Every STORED at a level is followed, before another STORED of the same hash there, by its
+ * REMOVED; core_drop_cache reports each block it drops.
+ */
+typedef void core_observe_fn(void *ctx, const struct core_event *ev);
+
 /* What the cost model needs besides each tier's bandwidth; a zero means unknown. */
 struct core_cost_config {
 	double block_bytes; /* bytes of one block */
@@ -202,6 +232,9 @@ struct core_config {
 	 */
 	void (*on_drop)(void *ctx, uint64_t seq, uint32_t nblocks);
 	void *drop_ctx;
+	/* Told of blocks becoming findable and ceasing to be, at every local level (NULL: no). */
+	core_observe_fn *observe;
+	void *observe_ctx;
 	/*
 	 * The levels below the pool, fastest first: tiers[i] is level i + 1.  ntiers <=
 	 * CORE_MAX_TIERS; 0: nothing below the pool.

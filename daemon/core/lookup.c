@@ -256,6 +256,7 @@ uint32_t lookup_promote_finish(struct core *c, uint32_t *table, uint32_t nhit,
 		if (findable && found == CORE_NONE) {
 			index_insert(&c->index, blk->hash, b);
 			blk->flags |= CORE_BLOCK_INDEXED;
+			core_observe_stored(c, CORE_TIER_POOL, b, core_slot_tokens(c, b), 0, 0);
 		} else if (findable && same_block(c, found, b)) {
 			/*
 			 * Another open of the same prompt brought it up first (their loads were

@@ -34,6 +34,7 @@ static void on_tier_evict(void *ctx, uint32_t slot)
 	struct core_key key = slot_key(t, slot);
 
 	/* Out of the index first, so a demotion below cannot find two copies. */
+	core_observe_removed(c, t->id, slot);
 	index_remove(&t->index, e->hash, slot);
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	t->stats.evictions++;
@@ -90,6 +91,7 @@ static int store_into(struct core *c, uint32_t to, uint32_t from_tier, uint32_t 
 						  : c->tiers[from_tier].pool.blocks[from].flags) &
 		     CORE_BLOCK_REMOTE);
 	index_insert(&t->index, key->hash, slot);
+	core_observe_stored(c, to, slot, key->tokens, from_tier, from);
 	pool_unref(&t->pool, slot); /* cached: newest on the LRU */
 	t->stats.demotions++;
 	return 0;
@@ -120,6 +122,32 @@ void tier_demote_block(struct core *c, uint32_t b)
 		tier_publish_evicted(c, CORE_TIER_POOL, b, &key);
 	if (!leaves)
 		(void)store_into(c, c->first_tier, CORE_TIER_POOL, b, &key);
+}
+
+static void observe(struct core *c, enum core_event_kind kind, uint32_t level, uint32_t slot,
+		    const uint32_t *tokens, uint32_t from_level, uint32_t from_slot)
+{
+	const struct core_block *e = level == CORE_TIER_POOL ? &c->pool.blocks[slot]
+							     : &c->tiers[level].pool.blocks[slot];
+	struct core_event ev = { .kind = kind, .level = level, .slot = slot, .hash = e->hash,
+				 .parent = e->parent, .salt = e->salt, .extra = e->extra,
+				 .tokens = tokens, .from_level = from_level,
+				 .from_slot = from_slot };
+
+	c->cfg.observe(c->cfg.observe_ctx, &ev);
+}
+
+void core_observe_stored(struct core *c, uint32_t level, uint32_t slot, const uint32_t *tokens,
+			 uint32_t from_level, uint32_t from_slot)
+{
+	if (c->cfg.observe)
+		observe(c, CORE_EVENT_STORED, level, slot, tokens, from_level, from_slot);
+}
+
+void core_observe_removed(struct core *c, uint32_t level, uint32_t slot)
+{
+	if (c->cfg.observe)
+		observe(c, CORE_EVENT_REMOVED, level, slot, NULL, 0, 0);
 }
 
 void tier_publish_evicted(struct core *c, uint32_t from_tier, uint32_t from,
@@ -181,6 +209,8 @@ void tier_release(struct core *c, uint32_t t, uint32_t slot)
 	if (tr->probed)
 		return;
 	e = &tr->pool.blocks[slot];
+	if (e->flags & CORE_BLOCK_INDEXED)
+		core_observe_removed(c, t, slot);
 	index_remove(&tr->index, e->hash, slot);
 	e->flags &= ~CORE_BLOCK_INDEXED;
 	pool_unref(&tr->pool, slot); /* unindexed: to the free list */
@@ -454,6 +484,7 @@ int core_tier_restore(struct core *c, uint32_t t, uint32_t slot, const struct co
 	e->state = CORE_BLOCK_READY;
 	e->flags |= CORE_BLOCK_INDEXED;
 	index_insert(&tr->index, key->hash, slot);
+	core_observe_stored(c, t, slot, key->tokens, 0, 0);
 	pool_unref(&tr->pool, slot);
 	return 0;
 }

@@ -158,6 +158,48 @@ static const struct core_tier_ops *mk_probe_ops = &probe_ops;
 static uint32_t mk_probe_flags = CORE_TIER_PROBED;
 static uint32_t mk_host_flags; /* the local level's (CORE_TIER_COLD: like swap files) */
 
+/* What an observer (core_config.observe) was told, and what it makes of each level. */
+#define MAX_SEEN 64
+struct seen {
+	uint32_t stored[MAX_HOST], removed[MAX_HOST]; /* by level */
+	struct core_hash at[MAX_HOST][MAX_SEEN];     /* findable per level, as told */
+	uint32_t nat[MAX_HOST];
+	uint32_t tokens_checked;
+	struct side *sd;
+	struct core *c;
+};
+static struct seen *mk_seen;
+
+static void observe(void *ctx, const struct core_event *ev)
+{
+	struct seen *w = ctx;
+	uint32_t l = ev->level, i;
+
+	ck_assert_uint_lt(l, 3);
+	for (i = 0; i < w->nat[l] && !core_hash_eq(w->at[l][i], ev->hash); i++)
+		;
+	if (ev->kind == CORE_EVENT_REMOVED) {
+		/* Only what was announced there leaves it, once. */
+		ck_assert_msg(i < w->nat[l], "REMOVED at level %u of a block never STORED there", l);
+		w->at[l][i] = w->at[l][--w->nat[l]];
+		w->removed[l]++;
+		return;
+	}
+	ck_assert_msg(i == w->nat[l], "STORED twice at level %u", l);
+	ck_assert_uint_lt(w->nat[l], MAX_SEEN);
+	w->at[l][w->nat[l]++] = ev->hash;
+	w->stored[l]++;
+	/* The tokens: given, or in the level it came from (the host-like level's storage). */
+	if (ev->tokens) {
+		ck_assert(core_hash_eq(ev->hash, core_chain_hash(w->c, ev->parent, ev->salt,
+								 ev->extra, ev->tokens)));
+		w->tokens_checked++;
+	} else {
+		ck_assert_uint_eq(ev->from_level, 1);
+		ck_assert(core_hash_eq(w->sd->hhash[ev->from_slot], ev->hash));
+	}
+}
+
 static int host_store(void *ctx, uint32_t from_tier, uint32_t from, uint32_t to_tier, uint32_t to,
 		      const struct core_key *key)
 {
@@ -213,6 +255,11 @@ static struct core *mk(struct side *sd, uint32_t capacity, uint32_t host_slots,
 	};
 	struct core *c = NULL;
 
+	if (mk_seen) {
+		cfg.observe = observe;
+		cfg.observe_ctx = mk_seen;
+		mk_seen->sd = sd;
+	}
 	ck_assert_uint_le(host_slots, MAX_HOST);
 	memset(sd, 0, sizeof(*sd));
 	fake_mem_init(&sd->mem, capacity, B);
@@ -1215,6 +1262,56 @@ START_TEST(test_cold_levels_come_last)
 }
 END_TEST
 
+/*
+ * The observer hears of every block that becomes findable and stops being, at each level:
+ * commits, demotions (the level below first, with the tokens from the pool), a level's
+ * evictions, promotions, drop_cache; what it builds from the events alone is what the core
+ * holds, and the tokens it is given hash to the block's hash.
+ */
+START_TEST(test_the_observer_hears_every_level)
+{
+	static struct side sd;
+	static struct seen w;
+	struct core *c;
+	uint32_t t[8], u[8], v[8];
+	struct core_usage use;
+	uint64_t s;
+
+	memset(&w, 0, sizeof(w));
+	mk_seen = &w;
+	c = mk(&sd, 2, 2, 4);
+	mk_seen = NULL;
+	w.c = c;
+	fill_tokens(t, 8, 100);
+	fill_tokens(u, 8, 300);
+	fill_tokens(v, 8, 700);
+	commit_closed(c, &sd, t, 8, 0);
+	ck_assert_uint_eq(w.stored[0], 2);
+	ck_assert_uint_eq(w.nat[0], 2);
+	commit_closed(c, &sd, u, 8, 0); /* t down to the local level */
+	ck_assert_uint_eq(w.stored[1], 2);
+	ck_assert_uint_eq(w.removed[0], 2);
+	ck_assert_uint_eq(w.nat[0], 2);
+	ck_assert_uint_eq(w.nat[1], 2);
+	commit_closed(c, &sd, v, 8, 0); /* u down, t out of the local level */
+	ck_assert_uint_eq(w.removed[1], 2);
+	ck_assert_uint_eq(w.nat[1], 2);
+	/* u back up (promoted): in the pool again; v down. */
+	s = open_seq(c, u, 8, 0);
+	ck_assert_uint_eq(info(c, s).ncommitted, 8);
+	ck_assert_int_eq(core_seq_close(c, s), 0);
+	core_get_usage(c, &use);
+	ck_assert_uint_eq(w.nat[0], use.indexed);
+	ck_assert_uint_eq(w.nat[1], tstats(c, 1).used);
+	ck_assert_uint_eq(w.tokens_checked, w.stored[0] + w.stored[1]);
+	/* Everything dropped: every level told, nothing left. */
+	core_drop_cache(c);
+	ck_assert_uint_eq(w.nat[0], 0);
+	ck_assert_uint_eq(w.nat[1], 0);
+	done(c, &sd);
+}
+END_TEST
+
 /* STORE_EVICTED needs PROBED. */
 START_TEST(test_store_evicted_needs_a_probed_level)
 {
@@ -1263,6 +1360,7 @@ int main(void)
 	tcase_add_test(tc, test_store_evicted_needs_a_probed_level);
 	tcase_add_test(tc, test_store_evicted_above_a_cold_level);
 	tcase_add_test(tc, test_cold_levels_come_last);
+	tcase_add_test(tc, test_the_observer_hears_every_level);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
