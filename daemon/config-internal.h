@@ -32,6 +32,8 @@ enum config_type {
 	TYPE_LISTEN,    /* a TCP address, IPV4:PORT or [IPV6]:PORT; empty: off (NULL) */
 	TYPE_REDIS_URL, /* redis://HOST:PORT[,HOST:PORT...] (redis_parse_url); unset: NULL */
 	TYPE_REMOTE_WRITE, /* enum kvpd_remote_write */
+	TYPE_STRING,    /* text checked by the key's check (may be NULL); def_path the default,
+			   none: unset is NULL */
 };
 
 /* flags: KEY_* in config.c */
@@ -44,6 +46,8 @@ struct config_key {
 	const char *def_path;
 	size_t offset; /* into struct kvpd_pool_config for pool keys, else struct kvpd_config */
 	size_t aux_offset;
+	/* TYPE_STRING: 0, or -EINVAL with why (len bytes) saying what is wrong with value. */
+	int (*check)(const char *value, char *why, size_t len);
 };
 
 /* The schema table in config.c: every key of every section. */

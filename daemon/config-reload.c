@@ -85,7 +85,8 @@ static bool key_equal(const struct config_key *key, const void *a, const void *b
 		return *(const enum kvpd_remote_write *)fa == *(const enum kvpd_remote_write *)fb;
 	case TYPE_PATH:
 	case TYPE_LISTEN:
-	case TYPE_REDIS_URL: {
+	case TYPE_REDIS_URL:
+	case TYPE_STRING: {
 		const char *pa = *(char *const *)fa, *pb = *(char *const *)fb;
 
 		return (!pa && !pb) || (pa && pb && !strcmp(pa, pb));
@@ -159,7 +160,8 @@ static void take_value(const struct config_key *key, void *live, void *next)
 		break;
 	case TYPE_PATH:
 	case TYPE_LISTEN:
-	case TYPE_REDIS_URL: {
+	case TYPE_REDIS_URL:
+	case TYPE_STRING: {
 		char *t = *(char **)fl;
 
 		*(char **)fl = *(char **)fn;

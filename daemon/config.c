@@ -71,6 +71,74 @@
 #define POOL_NUMBER(t, member, d, lo, hi, fl)                                                      \
 	NUMBER(SECTION_POOL, struct kvpd_pool_config, #member, t, member, d, lo, hi, fl)
 
+/* ipc://ABSOLUTE-PATH (a Unix socket's); tcp:// needs CURVE keys, which are not served yet. */
+static int events_endpoint_check(const char *v, char *why, size_t len)
+{
+	if (!strncmp(v, "tcp://", 6)) {
+		snprintf(why, len, "'%s': a tcp:// endpoint would show prompts' token ids to anyone "
+			 "who can connect; it needs ZMQ CURVE keys, which this version does not "
+			 "serve: use ipc://PATH", v);
+		return -EINVAL;
+	}
+	if (strncmp(v, "ipc://", 6) || v[6] != '/') {
+		snprintf(why, len, "'%s' is not ipc:///ABSOLUTE/PATH", v);
+		return -EINVAL;
+	}
+	if (strlen(v + 6) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
+		snprintf(why, len, "'%s': the path is longer than a Unix socket's", v);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int events_topic_check(const char *v, char *why, size_t len)
+{
+	if (strlen(v) > 255) {
+		snprintf(why, len, "longer than 255 bytes");
+		return -EINVAL;
+	}
+	for (const char *c = v; *c; c++)
+		if ((unsigned char)*c < 0x20 || *c == 0x7f) {
+			snprintf(why, len, "a control character in the topic");
+			return -EINVAL;
+		}
+	return 0;
+}
+
+static int events_format_check(const char *v, char *why, size_t len)
+{
+	if (strcmp(v, "map") && strcmp(v, "array")) {
+		snprintf(why, len, "'%s' is not one of map, array", v);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Namespace names as the daemon names them: shared, uid:N, gid:N, each with /NARROW. */
+static int events_namespaces_check(const char *v, char *why, size_t len)
+{
+	for (const char *s = v; *s;) {
+		size_t n = strcspn(s, ","), lead = strspn(s, " \t"), end = n;
+
+		while (end > lead && (s[end - 1] == ' ' || s[end - 1] == '\t'))
+			end--;
+		if (end == lead) {
+			snprintf(why, len, "an empty name in the list");
+			return -EINVAL;
+		}
+		if (strncmp(s + lead, "shared", 6) && strncmp(s + lead, "uid:", 4) &&
+		    strncmp(s + lead, "gid:", 4)) {
+			snprintf(why, len, "'%.*s' is not a namespace (shared, uid:N or gid:N, "
+				 "each maybe with /NAME)", (int)(end - lead), s + lead);
+			return -EINVAL;
+		}
+		s += n;
+		if (*s == ',')
+			s++;
+	}
+	return 0;
+}
+
 static const struct config_key schema[] = {
 	{ .name = "socket", .section = SECTION_DAEMON, .type = TYPE_PATH,
 	  .def_path = "/run/kvpaged/kvpaged.sock",
@@ -178,6 +246,22 @@ static const struct config_key schema[] = {
 	POOL_NUMBER(TYPE_SIZE, remote_tier_bandwidth, 0, 0, UINT64_C(1) << 50, KEY_AUTO),
 	{ .name = "remote_tier_map_names", .section = SECTION_POOL, .type = TYPE_BOOL,
 	  .offset = offsetof(struct kvpd_pool_config, remote_tier_map_names) },
+	{ .name = "events_endpoint", .section = SECTION_POOL, .type = TYPE_STRING,
+	  .check = events_endpoint_check, .offset = offsetof(struct kvpd_pool_config, events_endpoint) },
+	{ .name = "events_replay_endpoint", .section = SECTION_POOL, .type = TYPE_STRING,
+	  .check = events_endpoint_check,
+	  .offset = offsetof(struct kvpd_pool_config, events_replay_endpoint) },
+	{ .name = "events_topic", .section = SECTION_POOL, .type = TYPE_STRING, .def_path = "",
+	  .check = events_topic_check, .offset = offsetof(struct kvpd_pool_config, events_topic) },
+	{ .name = "events_format", .section = SECTION_POOL, .type = TYPE_STRING, .def_path = "map",
+	  .check = events_format_check, .offset = offsetof(struct kvpd_pool_config, events_format) },
+	{ .name = "events_namespaces", .section = SECTION_POOL, .type = TYPE_STRING,
+	  .check = events_namespaces_check,
+	  .offset = offsetof(struct kvpd_pool_config, events_namespaces) },
+	POOL_NUMBER(TYPE_U32, events_batch_ms, 10, 1, 10000, 0),
+	POOL_NUMBER(TYPE_U32, events_buffer_batches, 10000, 0, 1000000, 0),
+	POOL_NUMBER(TYPE_U32, events_queue, 65536, 16, 16777216, 0),
+	POOL_NUMBER(TYPE_U32, events_hwm, 100000, 1, 100000000, 0),
 	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
 	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
 	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_uids) },
@@ -501,6 +585,7 @@ static int apply_defaults(enum config_section section, void *base)
 			*(enum kvpd_remote_write *)field = (enum kvpd_remote_write)key->def;
 			break;
 		case TYPE_PATH:
+		case TYPE_STRING:
 			if (!key->def_path)
 				break; /* unset: NULL */
 			*(char **)field = strdup(key->def_path);
@@ -953,6 +1038,22 @@ static int set_listen(struct parse *p, const struct config_key *key, char **fiel
 }
 
 /* The seeds are parsed at load so that a start fails only when no node can be reached. */
+static int set_string(struct parse *p, const struct config_key *key, char **field,
+		      const char *value)
+{
+	char why[256] = "";
+	char *copy;
+
+	if (key->check && key->check(value, why, sizeof(why)) < 0)
+		return fail_key(p, key->name, "%s", why[0] ? why : "not a valid value");
+	copy = strdup(value);
+	if (!copy)
+		return oom(p);
+	free(*field);
+	*field = copy;
+	return 0;
+}
+
 static int set_redis_url(struct parse *p, const struct config_key *key, char **field,
 			 const char *value)
 {
@@ -1037,6 +1138,8 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 		return set_listen(p, key, field, value);
 	case TYPE_REDIS_URL:
 		return set_redis_url(p, key, field, value);
+	case TYPE_STRING:
+		return set_string(p, key, field, value);
 	case TYPE_REMOTE_WRITE:
 		for (size_t i = 0; i < sizeof(remote_write_names) / sizeof(remote_write_names[0]); i++)
 			if (!strcmp(value, remote_write_names[i])) {
@@ -1139,6 +1242,59 @@ fail:
  * so that a wrong one is an error naming the line, not a daemon that starts and then cannot
  * open anything; the daemon reads them again at start.
  */
+/* An events_* key written without events_endpoint is a mistake: say which, at its line. */
+static int check_events(struct parse *p, size_t i)
+{
+	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
+	const struct section_state *st = &p->pool_state[i];
+	const int ep = find_key(SECTION_POOL, "events_endpoint");
+	const int replay = find_key(SECTION_POOL, "events_replay_endpoint");
+
+	if (!pc->events_endpoint) {
+		/* Defaults pass (a printed configuration loads again), as for the remote tier. */
+		for (size_t k = 0; k < NKEYS; k++) {
+			const struct config_key *key = &schema[k];
+			const void *field = cfield_at(pc, key->offset);
+			bool set;
+
+			if (key->section != SECTION_POOL || (int)k == ep ||
+			    strncmp(key->name, "events_", 7) || !st->key_line[k])
+				continue;
+			if (key->type == TYPE_U32) {
+				set = *(const uint32_t *)field != key->def;
+			} else {
+				const char *v = *(char *const *)field;
+
+				set = v && (!key->def_path || strcmp(v, key->def_path));
+			}
+			if (set)
+				return fail_at(p, -EINVAL, st->key_line[k],
+					       "[pool %s] %s: there is no event stream (set "
+					       "events_endpoint = ipc:///PATH)",
+					       pc->name, key->name);
+		}
+		return 0;
+	}
+	if (pc->events_replay_endpoint && !strcmp(pc->events_replay_endpoint, pc->events_endpoint))
+		return fail_at(p, -EINVAL, st->key_line[replay],
+			       "[pool %s] events_replay_endpoint: the same as events_endpoint",
+			       pc->name);
+	for (size_t j = 0; j < i; j++) {
+		const struct kvpd_pool_config *o = &p->cfg.pools[j];
+		const char *mine[2] = { pc->events_endpoint, pc->events_replay_endpoint };
+		const char *theirs[2] = { o->events_endpoint, o->events_replay_endpoint };
+
+		for (int a = 0; a < 2; a++)
+			for (int b = 0; b < 2; b++)
+				if (mine[a] && theirs[b] && !strcmp(mine[a], theirs[b]))
+					return fail_at(p, -EINVAL, st->key_line[a ? replay : ep],
+						       "[pool %s] %s: pool %s publishes there",
+						       pc->name, schema[a ? replay : ep].name,
+						       o->name);
+	}
+	return 0;
+}
+
 static int check_remote(struct parse *p, size_t i)
 {
 	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
@@ -1260,6 +1416,9 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 			       "[pool %s] file_tier_blocking_reads: there is no file tier",
 			       pc->name);
 	r = check_remote(p, i);
+	if (r < 0)
+		return r;
+	r = check_events(p, i);
 	if (r < 0)
 		return r;
 	if ((uint64_t)pc->host_tier_blocks * block_bytes > POOL_MAX_BYTES)
@@ -1545,6 +1704,11 @@ void config_free(struct kvpd_config *c)
 		for (size_t k = 0; k < c->pools[i].n_remote_tier_old_key_files; k++)
 			free(c->pools[i].remote_tier_old_key_files[k]);
 		free(c->pools[i].remote_tier_old_key_files);
+		free(c->pools[i].events_endpoint);
+		free(c->pools[i].events_replay_endpoint);
+		free(c->pools[i].events_topic);
+		free(c->pools[i].events_format);
+		free(c->pools[i].events_namespaces);
 	}
 	free(c->pools);
 	*c = (struct kvpd_config){ 0 };
@@ -1650,6 +1814,12 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			else
 				fprintf(f, "# %s is not set: no remote tier\n", key->name);
 			break;
+		case TYPE_STRING:
+			if (*(char *const *)field)
+				fprintf(f, "%s = %s\n", key->name, *(char *const *)field);
+			else
+				fprintf(f, "# %s is not set\n", key->name);
+			break;
 		case TYPE_REMOTE_WRITE:
 			fprintf(f, "%s = %s\n", key->name,
 				remote_write_names[*(const enum kvpd_remote_write *)field]);
@@ -1735,6 +1905,7 @@ const char *config_format_value(const struct config_key *key, const void *base, 
 		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "(not set)");
 		break;
 	case TYPE_REDIS_URL:
+	case TYPE_STRING:
 		snprintf(buf, len, "%s", *(char *const *)field ? *(char *const *)field : "(not set)");
 		break;
 	case TYPE_REMOTE_WRITE:

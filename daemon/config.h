@@ -85,6 +85,19 @@ struct kvpd_pool_config {
 	uint64_t remote_tier_ttl_ms;	   /* PX of every value stored; 0: none */
 	uint64_t remote_tier_bandwidth;    /* bytes per second; 0 unknown, KVPD_MEASURE */
 	bool remote_tier_map_names;	   /* uid/gid namespaces named by user/group name */
+	/*
+	 * The KV event stream (docs/events.md): events_endpoint NULL means none, and then every
+	 * other events_* key is refused.
+	 */
+	char *events_endpoint;	      /* ipc://PATH: the PUB socket */
+	char *events_replay_endpoint; /* ipc://PATH: the ROUTER that replays; NULL: none */
+	char *events_topic;	      /* the first frame of every message */
+	char *events_format;	      /* "map" or "array" */
+	char *events_namespaces;      /* the namespaces whose blocks are announced, comma separated */
+	uint32_t events_batch_ms;     /* a batch at most this often */
+	uint32_t events_buffer_batches; /* batches kept for replay */
+	uint32_t events_queue;	      /* events waiting for the publisher; past it dropped */
+	uint32_t events_hwm;	      /* the PUB socket's high-water mark, in messages */
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;
 	size_t n_allow_uids;

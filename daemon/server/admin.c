@@ -1007,8 +1007,10 @@ static void on_drop_cache(struct session *s, const struct kvp_frame_header *h, c
 	Kvpaged__V1__DropCacheReply rep = KVPAGED__V1__DROP_CACHE_REPLY__INIT;
 
 	for (size_t i = 0; i < srv->npools; i++)
-		if (pool_selected(&srv->pools[i], pool))
+		if (pool_selected(&srv->pools[i], pool)) {
 			rep.freed_blocks += core_drop_cache(srv->pools[i].core);
+			dpool_events_dropped(&srv->pools[i]);
+		}
 	log_info("drop-cache: %u cached blocks freed", rep.freed_blocks);
 	REPLY(ADMIN_DROP_CACHE_REPLY, rep);
 }

@@ -179,6 +179,8 @@ static void assign_namespace(struct session *s, const struct kvpd_pool_config *p
 		s->remote_ns = true;
 	else if (s->pool->remote)
 		s->pool->remote_unlocal++;
+	/* By its local name, whatever salt it ended with (the remote tier's, for a named one). */
+	dpool_events_route(s->pool, s->ns_name, s->salt);
 }
 
 /*

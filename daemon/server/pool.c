@@ -441,6 +441,9 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 				return log_error_errno(ENOMEM, "pool %s: out of memory", cfg->name);
 		}
 	}
+	r = dpool_events_open(p, &cc);
+	if (r < 0)
+		return r;
 	r = core_new(&cc, &p->core);
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot create the block manager: %m", cfg->name);
@@ -533,6 +536,8 @@ void dpool_done(struct dpool *p)
 	p->file = file_tier_close(p->file);
 	/* The remote tier's thread stops before the memory it reads and writes goes. */
 	dpool_remote_close(p);
+	/* What is queued is sent; nothing more is announced. */
+	dpool_events_close(p);
 	/* Loads still queued at exit (a forced stop): their sessions are gone already. */
 	while (p->jobs) {
 		struct load_job *job = p->jobs;

@@ -205,6 +205,13 @@ struct dpool {
 	 */
 	struct remote *remote;
 	uint32_t remote_level;
+	/*
+	 * The KV event stream (eventsio.c, docs/events.md): its publisher, and the salts of the
+	 * namespaces whose blocks it announces (events_namespaces, learnt as sessions attach).
+	 */
+	struct events *events;
+	uint64_t *events_salts;
+	size_t n_events_salts;
 	double remote_bandwidth;
 	uint64_t remote_sample_bytes, remote_sample_ns; /* auto: fetched since the last update */
 	uint32_t remote_fetching; /* fetch jobs submitted, not reaped */
@@ -547,6 +554,15 @@ void dpool_remote_recheck(struct dpool *p);
 #define REMOTE_RETRY_NS (10ull * 1000000000u)
 /* The root salt of a named namespace of the pool's remote tier (docs/remote.md). */
 int dpool_remote_salt(const struct dpool *p, const char *name, uint64_t *ret);
+
+/* eventsio.c: the pool's event stream. */
+struct core_config;
+int dpool_events_open(struct dpool *p, struct core_config *cc);
+void dpool_events_close(struct dpool *p);
+/* A session in namespace name (salt) attached: its blocks are announced if name is listed. */
+void dpool_events_route(struct dpool *p, const char *name, uint64_t salt);
+/* After core_drop_cache: AllBlocksCleared when nothing is left at any level. */
+void dpool_events_dropped(struct dpool *p);
 /* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
 void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
 /*

@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A pool's event stream (docs/events.md): the core's observer turned into vLLM's events.  Each
+ * block that becomes findable at a level is a BlockStored of that level's medium (the pool: GPU
+ * on a device, CPU in host memory; the host tier: CPU; the swap files: STORAGE), each that
+ * stops being one a BlockRemoved, and a drop of everything an AllBlocksCleared.  Only blocks of
+ * the namespaces events_namespaces lists are announced: token ids show prompts.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/log.h"
+#include "daemon/server/events.h"
+#include "daemon/server/pool-internal.h"
+#include "daemon/server/server.h"
+
+static bool routed(const struct dpool *p, uint64_t salt)
+{
+	for (size_t i = 0; i < p->n_events_salts; i++)
+		if (p->events_salts[i] == salt)
+			return true;
+	return false;
+}
+
+static enum events_medium medium_of(const struct dpool *p, uint32_t level)
+{
+	if (level == CORE_TIER_POOL)
+		return p->mem.base ? EVENTS_CPU : EVENTS_GPU;
+	return level == p->host_level ? EVENTS_CPU : EVENTS_STORAGE;
+}
+
+static void observe(void *ctx, const struct core_event *ev)
+{
+	struct dpool *p = ctx;
+	const uint32_t *tokens = ev->tokens;
+	struct tier_key stored;
+	const bool has_parent = ev->parent.lo || ev->parent.hi;
+
+	if (!p->events || !routed(p, ev->salt))
+		return;
+	if (ev->kind == CORE_EVENT_REMOVED) {
+		events_add(p->events, EVENTS_REMOVED, medium_of(p, ev->level), ev->hash.lo, 0,
+			   false, NULL);
+		return;
+	}
+	/* Demoted from the host tier: its slot, still intact, has the tokens. */
+	if (!tokens && ev->from_level == p->host_level && p->host) {
+		host_tier_key(p->host, ev->from_slot, &stored);
+		tokens = stored.tokens;
+	}
+	if (!tokens)
+		return; /* nowhere to read them: not announced (cannot happen with these levels) */
+	events_add(p->events, EVENTS_STORED, medium_of(p, ev->level), ev->hash.lo,
+		   ev->parent.lo, has_parent, tokens);
+}
+
+int dpool_events_open(struct dpool *p, struct core_config *cc)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+	const struct events_config ec = {
+		.endpoint = c->events_endpoint,
+		.replay_endpoint = c->events_replay_endpoint,
+		.topic = c->events_topic,
+		.array = c->events_format && !strcmp(c->events_format, "array"),
+		.block_tokens = c->block_tokens,
+		.batch_ms = c->events_batch_ms,
+		.buffer_batches = c->events_buffer_batches,
+		.queue = c->events_queue,
+		.hwm = c->events_hwm,
+	};
+	char err[512] = "";
+	int r;
+
+	if (!c->events_endpoint)
+		return 0;
+	r = events_new(&ec, err, sizeof(err), &p->events);
+	if (r < 0)
+		return log_error_errno(r, "pool %s: the event stream: %s", c->name, err);
+	cc->observe = observe;
+	cc->observe_ctx = p;
+	log_info("pool %s: KV events on %s%s%s (%s), namespaces: %s", c->name, c->events_endpoint,
+		 c->events_replay_endpoint ? ", replay on " : "",
+		 c->events_replay_endpoint ? c->events_replay_endpoint : "", ec.array ? "array" : "map",
+		 c->events_namespaces ? c->events_namespaces : "none");
+	return 0;
+}
+
+void dpool_events_close(struct dpool *p)
+{
+	p->events = events_free(p->events);
+	free(p->events_salts);
+	p->events_salts = NULL;
+	p->n_events_salts = 0;
+}
+
+/* Whether name is one of the comma-separated list's (spaces around each ignored). */
+static bool listed(const char *list, const char *name)
+{
+	size_t want = strlen(name);
+
+	for (const char *s = list; s && *s;) {
+		size_t n = strcspn(s, ","), lead = strspn(s, " \t"), end = n;
+
+		while (end > lead && (s[end - 1] == ' ' || s[end - 1] == '\t'))
+			end--;
+		if (end - lead == want && !memcmp(s + lead, name, want))
+			return true;
+		s += n;
+		if (*s == ',')
+			s++;
+	}
+	return false;
+}
+
+void dpool_events_route(struct dpool *p, const char *name, uint64_t salt)
+{
+	uint64_t *grown;
+
+	if (!p->events || routed(p, salt) || !listed(p->cfg->events_namespaces, name))
+		return;
+	grown = realloc(p->events_salts, (p->n_events_salts + 1) * sizeof(*grown));
+	if (!grown) {
+		log_warning("pool %s: out of memory: namespace %s's blocks are not announced",
+			    p->cfg->name, name);
+		return;
+	}
+	p->events_salts = grown;
+	p->events_salts[p->n_events_salts++] = salt;
+}
+
+void dpool_events_dropped(struct dpool *p)
+{
+	struct core_usage use;
+
+	if (!p->events)
+		return;
+	core_get_usage(p->core, &use);
+	if (use.indexed)
+		return;
+	for (uint32_t t = 1; t <= p->ntiers; t++) {
+		struct core_tier_stats ts;
+
+		if (t == p->remote_level)
+			continue;
+		core_get_tier_stats(p->core, t, &ts);
+		if (ts.used)
+			return;
+	}
+	events_add(p->events, EVENTS_CLEARED, EVENTS_CPU, 0, 0, false, NULL);
+}

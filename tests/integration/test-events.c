@@ -1,0 +1,415 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The KV event stream against the real daemon, read by a subscriber written as a router would
+ * write one (events-sub.py: python3-zmq and python3-msgpack, decoding by vLLM's schema), in
+ * both formats: every committed full block announced once with its tokens and block_size, its
+ * parent announced before it; a cache hit announces nothing; a block pushed out of the pool
+ * into the swap files is BlockStored on STORAGE and BlockRemoved on CPU; drop-cache removes
+ * everything and ends with AllBlocksCleared; seq is contiguous within one epoch (seq >> 32);
+ * the replay socket returns the first batch (AllBlocksCleared, sent before anyone listened)
+ * and every batch seen live, the same; a namespace not in events_namespaces never appears.
+ * Skipped (77) when /usr/bin/python3 cannot import zmq and msgpack.
+ */
+#include <json-c/json.h>
+#include <poll.h>
+
+#include "tests/integration/harness.h"
+
+#define BT 16
+
+static struct daemon d;
+static char ep[192], rep_ep[192], script[512];
+
+/* A subscriber process and what it printed, read line by line. */
+struct sub {
+	pid_t pid;
+	int fd;
+	char buf[1 << 20];
+	size_t len;
+};
+
+/* The next line the subscriber printed (without its newline), waiting up to timeout_ms. */
+static bool read_line(struct sub *s, char *line, size_t cap, int timeout_ms)
+{
+	for (;;) {
+		char *nl = memchr(s->buf, '\n', s->len);
+		struct pollfd pfd = { .fd = s->fd, .events = POLLIN };
+		ssize_t n;
+
+		if (nl) {
+			size_t k = (size_t)(nl - s->buf);
+
+			ck_assert_uint_lt(k, cap);
+			memcpy(line, s->buf, k);
+			line[k] = '\0';
+			memmove(s->buf, nl + 1, s->len - k - 1);
+			s->len -= k + 1;
+			return true;
+		}
+		ck_assert_uint_lt(s->len, sizeof(s->buf));
+		if (poll(&pfd, 1, timeout_ms) <= 0)
+			return false;
+		n = read(s->fd, s->buf + s->len, sizeof(s->buf) - s->len);
+		if (n <= 0)
+			return false;
+		s->len += (size_t)n;
+	}
+}
+
+static void sub_start(struct sub *s, const char *mode, const char *endpoint, const char *arg)
+{
+	int fds[2];
+	char line[64];
+
+	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
+	s->pid = fork();
+	ck_assert_int_ge(s->pid, 0);
+	if (s->pid == 0) {
+		dup2(fds[1], 1);
+		execl("/usr/bin/python3", "python3", script, mode, endpoint, arg, (char *)NULL);
+		_exit(127);
+	}
+	close(fds[1]);
+	s->fd = fds[0];
+	s->len = 0;
+	if (!strcmp(mode, "listen")) {
+		ck_assert_msg(read_line(s, line, sizeof(line), 10000), "the subscriber did not start");
+		ck_assert_str_eq(line, "ready");
+	}
+}
+
+static void sub_stop(struct sub *s)
+{
+	int status;
+
+	kill(s->pid, SIGTERM);
+	waitpid(s->pid, &status, 0);
+	close(s->fd);
+}
+
+/* The next batch the subscriber printed, or NULL after timeout_ms without one. */
+static json_object *next_batch(struct sub *s, int timeout_ms)
+{
+	static char line[1 << 20];
+	json_object *j;
+
+	if (!read_line(s, line, sizeof(line), timeout_ms) || !strcmp(line, "end"))
+		return NULL;
+	j = json_tokener_parse(line);
+	ck_assert_msg(j != NULL, "not JSON: %s", line);
+	return j;
+}
+
+static json_object *get(json_object *o, const char *k)
+{
+	json_object *v = NULL;
+
+	ck_assert_msg(json_object_object_get_ex(o, k, &v), "no %s in %s", k,
+		      json_object_to_json_string(o));
+	return v;
+}
+
+/* What the live subscriber has seen so far. */
+#define MAX_BATCHES 256
+#define MAX_BLOCKS 256
+struct seen {
+	json_object *batch[MAX_BATCHES];
+	uint32_t nbatch;
+	/* Blocks announced at each medium and not removed since: hash hex, its tokens. */
+	char at[3][MAX_BLOCKS][17];
+	uint32_t tokens[3][MAX_BLOCKS][BT];
+	uint32_t nat[3];
+	uint32_t stored[3], removed[3], cleared;
+	char fmt[8];
+};
+
+static int medium(const char *m)
+{
+	return !strcmp(m, "GPU") ? 0 : !strcmp(m, "CPU") ? 1 : 2;
+}
+
+static int find(const struct seen *w, int m, const char *h)
+{
+	for (uint32_t i = 0; i < w->nat[m]; i++)
+		if (!strcmp(w->at[m][i], h))
+			return (int)i;
+	return -1;
+}
+
+static bool anywhere(const struct seen *w, const char *h)
+{
+	return find(w, 0, h) >= 0 || find(w, 1, h) >= 0 || find(w, 2, h) >= 0;
+}
+
+/* Applies one batch to what is known, checking the stream's rules as a router relies on them. */
+static void apply(struct seen *w, json_object *b)
+{
+	json_object *evs = get(b, "events");
+
+	ck_assert_str_eq(json_object_get_string(get(b, "topic")), "kv@test@tiny");
+	if (w->nbatch) {
+		uint64_t prev = (uint64_t)json_object_get_int64(get(w->batch[w->nbatch - 1], "seq"));
+		uint64_t seq = (uint64_t)json_object_get_int64(get(b, "seq"));
+
+		ck_assert_msg(seq == prev + 1, "seq %llx after %llx", (unsigned long long)seq,
+			      (unsigned long long)prev);
+	}
+	ck_assert_uint_lt(w->nbatch, MAX_BATCHES);
+	w->batch[w->nbatch++] = b;
+	for (size_t i = 0; i < json_object_array_length(evs); i++) {
+		json_object *ev = json_object_array_get_idx(evs, i), *hs;
+		const char *type = json_object_get_string(get(ev, "type"));
+		int m;
+
+		ck_assert_str_eq(json_object_get_string(get(ev, "format")), w->fmt);
+		if (!strcmp(type, "AllBlocksCleared")) {
+			memset(w->nat, 0, sizeof(w->nat));
+			w->cleared++;
+			continue;
+		}
+		hs = get(ev, "block_hashes");
+		m = medium(json_object_get_string(get(ev, "medium")));
+		if (!strcmp(type, "BlockRemoved")) {
+			for (size_t k = 0; k < json_object_array_length(hs); k++) {
+				const char *h = json_object_get_string(json_object_array_get_idx(hs, k));
+				int at = find(w, m, h);
+
+				ck_assert_msg(at >= 0, "BlockRemoved of %s, never stored there", h);
+				w->nat[m]--;
+				memmove(w->at[m][at], w->at[m][w->nat[m]], 17);
+				memcpy(w->tokens[m][at], w->tokens[m][w->nat[m]], sizeof(w->tokens[m][0]));
+				w->removed[m]++;
+			}
+			continue;
+		}
+		ck_assert_str_eq(type, "BlockStored");
+		ck_assert_int_eq(json_object_get_int(get(ev, "block_size")), BT);
+		{
+			json_object *parent = get(ev, "parent_block_hash"), *toks = get(ev, "token_ids");
+
+			/* A parent is always a block announced before. */
+			if (parent)
+				ck_assert_msg(anywhere(w, json_object_get_string(parent)),
+					      "parent %s not announced", json_object_get_string(parent));
+			for (size_t k = 0; k < json_object_array_length(hs); k++) {
+				const char *h = json_object_get_string(json_object_array_get_idx(hs, k));
+
+				ck_assert_msg(find(w, m, h) < 0, "%s stored twice at one medium", h);
+				ck_assert_uint_lt(w->nat[m], MAX_BLOCKS);
+				snprintf(w->at[m][w->nat[m]], 17, "%s", h);
+				for (uint32_t t = 0; t < BT; t++)
+					w->tokens[m][w->nat[m]][t] = (uint32_t)json_object_get_int64(
+						json_object_array_get_idx(toks, k * BT + t));
+				w->nat[m]++;
+				w->stored[m]++;
+			}
+		}
+	}
+}
+
+/* Reads batches until cond holds (or 5 s pass: a failure). */
+#define UNTIL(s, w, cond)                                                                          \
+	do {                                                                                       \
+		uint64_t t0_ = (uint64_t)time(NULL);                                               \
+		while (!(cond)) {                                                                  \
+			json_object *b_ = next_batch(s, 200);                                      \
+			ck_assert_msg(b_ || (uint64_t)time(NULL) - t0_ < 5, "not seen: %s", #cond); \
+			if (b_)                                                                    \
+				apply(w, b_);                                                      \
+		}                                                                                  \
+	} while (0)
+
+/* Reads whatever comes in ms. */
+static void drain(struct sub *s, struct seen *w, int ms)
+{
+	json_object *b;
+
+	while ((b = next_batch(s, ms)))
+		apply(w, b);
+}
+
+/* Whether the tokens t (n full blocks) are announced at medium m, block by block. */
+static uint32_t blocks_at(const struct seen *w, int m, const uint32_t *t, uint32_t nblocks)
+{
+	uint32_t found = 0;
+
+	for (uint32_t b = 0; b < nblocks; b++)
+		for (uint32_t i = 0; i < w->nat[m]; i++)
+			if (!memcmp(w->tokens[m][i], t + b * BT, sizeof(uint32_t) * BT)) {
+				found++;
+				break;
+			}
+	return found;
+}
+
+static bool token_seen(const struct seen *w, uint32_t tok)
+{
+	for (int m = 0; m < 3; m++)
+		for (uint32_t i = 0; i < w->nat[m]; i++)
+			for (uint32_t t = 0; t < BT; t++)
+				if (w->tokens[m][i][t] == tok)
+					return true;
+	return false;
+}
+
+static void commit(struct kvp_client *c, const uint32_t *t, uint32_t n)
+{
+	struct kvp_table tab = { 0 };
+	uint32_t cached = 0;
+	uint64_t s;
+
+	ck_assert_int_eq(kvp_open(c, t, n, 0, 0, &s, &cached, &tab), 0);
+	ck_assert_int_eq(kvp_commit(c, s, n, &tab), 0);
+	ck_assert_int_eq(kvp_close(c, s), 0);
+	kvp_table_free(&tab);
+}
+
+START_TEST(stream)
+{
+	static const char *const formats[] = { "map", "array" };
+	const char *fmt = formats[_i];
+	static struct seen w;
+	static struct sub live, rep;
+	char dir[] = "/tmp/kvpaged-events-XXXXXX";
+	struct kvp_client *c, *other;
+	uint32_t a[3 * BT + 1], o[2 * BT], x[3 * BT];
+	char conf[2048], out[4096], swap[160];
+	json_object *b;
+	uint32_t nrep = 0;
+
+	memset(&w, 0, sizeof(w));
+	snprintf(w.fmt, sizeof(w.fmt), "%s", fmt);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ep, sizeof(ep), "ipc://%s/events", dir);
+	snprintf(rep_ep, sizeof(rep_ep), "ipc://%s/events-replay", dir);
+	snprintf(swap, sizeof(swap), "%s/swap", dir);
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = %u\ncapacity_blocks = 8\nfile_tier_blocks = 64\nswap_files = %s\n"
+		 "namespace = shared\nevents_endpoint = %s\nevents_replay_endpoint = %s\n"
+		 "events_topic = kv@test@tiny\nevents_format = %s\nevents_namespaces = shared\n"
+		 "events_batch_ms = 5\n",
+		 BT, swap, ep, rep_ep, fmt);
+	daemon_start(&d, conf);
+	daemon_copy_ctl(&d);
+	sub_start(&live, "listen", ep, NULL);
+	msleep(300); /* a SUB's subscription reaches the PUB after its connect */
+	c = connect_ns(NULL, 0);
+	other = connect_ns("other", 0);
+
+	/* A commit: its three full blocks, in order, with their tokens; the fourth is partial. */
+	prompt(a, 3 * BT + 1, 1000);
+	commit(c, a, 3 * BT + 1);
+	UNTIL(&live, &w, w.stored[1] == 3);
+	ck_assert_uint_eq(blocks_at(&w, 1, a, 3), 3);
+	/* Another namespace, not listed: never announced. */
+	prompt(o, 2 * BT, 5000);
+	commit(other, o, 2 * BT);
+	/* A hit announces nothing. */
+	commit(c, a, 3 * BT + 1);
+	drain(&live, &w, 300);
+	ck_assert_uint_eq(w.stored[1], 3);
+	ck_assert(!token_seen(&w, o[0]));
+
+	/* Out of the pool (eight blocks) into the swap files: STORAGE, and gone from CPU. */
+	for (uint32_t i = 0; i < 3; i++) {
+		prompt(x, 3 * BT, 20000 + 1000 * i);
+		commit(c, x, 3 * BT);
+	}
+	UNTIL(&live, &w, blocks_at(&w, 2, a, 3) == 3);
+	ck_assert_uint_eq(blocks_at(&w, 1, a, 3), 0);
+	ck_assert_uint_ge(w.removed[1], 3);
+
+	/* drop-cache: everything removed, then AllBlocksCleared. */
+	ck_assert_int_eq(ctl(&d, "drop-cache", out, sizeof(out)), 0);
+	UNTIL(&live, &w, w.cleared == 1);
+	ck_assert_uint_eq(w.nat[1] + w.nat[2], 0);
+	ck_assert(!token_seen(&w, o[0]));
+
+	/*
+	 * Replay from 0: the first batch, sent at start before anyone listened, is
+	 * AllBlocksCleared alone; every batch seen live comes back the same.
+	 */
+	sub_start(&rep, "replay", rep_ep, "0");
+	while ((b = next_batch(&rep, 5000))) {
+		uint64_t seq = (uint64_t)json_object_get_int64(get(b, "seq"));
+		json_object *evs = get(b, "events");
+
+		if (!nrep++) {
+			ck_assert_uint_eq(json_object_array_length(evs), 1);
+			ck_assert_str_eq(json_object_get_string(get(json_object_array_get_idx(evs, 0),
+								     "type")),
+					 "AllBlocksCleared");
+			/* The epoch: the start's time, in the upper half of seq. */
+			ck_assert_uint_le(seq >> 32, (uint64_t)time(NULL));
+			ck_assert_uint_gt(seq >> 32, (uint64_t)time(NULL) - 600);
+		}
+		for (uint32_t i = 0; i < w.nbatch; i++)
+			if ((uint64_t)json_object_get_int64(get(w.batch[i], "seq")) == seq)
+				ck_assert_str_eq(
+					json_object_to_json_string(evs),
+					json_object_to_json_string(get(w.batch[i], "events")));
+		json_object_put(b);
+	}
+	ck_assert_uint_ge(nrep, w.nbatch + 1);
+	sub_stop(&rep);
+
+	other = kvp_disconnect(other);
+	c = kvp_disconnect(c);
+	sub_stop(&live);
+	for (uint32_t i = 0; i < w.nbatch; i++)
+		json_object_put(w.batch[i]);
+	daemon_stop(&d);
+	unlink(swap);
+	unlink(ep + 6);
+	unlink(rep_ep + 6);
+	rmdir(dir);
+	daemon_remove_files(&d);
+}
+END_TEST
+
+/* Configuration: tcp:// refused (token ids would reach anyone), events_* without a stream. */
+START_TEST(bad_config)
+{
+	char log[4096];
+
+	ck_assert_int_ne(daemon_refuses("[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
+					"element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 8\n"
+					"events_endpoint = tcp://127.0.0.1:5557\n",
+					log, sizeof(log)),
+			 0);
+	ck_assert_msg(strstr(log, "kvpaged.conf:") && strstr(log, "CURVE"), "%s", log);
+	ck_assert_int_ne(daemon_refuses("[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
+					"element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 8\n"
+					"events_format = msgpack\n",
+					log, sizeof(log)),
+			 0);
+	ck_assert_msg(strstr(log, "events_format") && strstr(log, "map, array"), "%s", log);
+	ck_assert_int_ne(daemon_refuses("[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\n"
+					"element_bytes = 4\nblock_tokens = 16\ncapacity_blocks = 8\n"
+					"events_topic = kv@a@b\n",
+					log, sizeof(log)),
+			 0);
+	ck_assert_msg(strstr(log, "events_topic: there is no event stream"), "%s", log);
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("events");
+	TCase *tc = tcase_create("events");
+	const char *srcdir = getenv("srcdir");
+
+	snprintf(script, sizeof(script), "%s/tests/integration/events-sub.py",
+		 srcdir ? srcdir : ".");
+	if (system("/usr/bin/python3 -c 'import zmq, msgpack' 2>/dev/null") != 0) {
+		fprintf(stderr, "test-events: skipped: /usr/bin/python3 has no zmq or msgpack "
+				"(python3-zmq, python3-msgpack)\n");
+		return 77;
+	}
+	tcase_set_timeout(tc, 60);
+	tcase_add_loop_test(tc, stream, 0, 2);
+	tcase_add_test(tc, bad_config);
+	suite_add_tcase(s, tc);
+	return run_suite(s);
+}
