@@ -117,6 +117,22 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->remote_tier_max_inflight, b->remote_tier_max_inflight);
 	ck_assert_uint_eq(a->remote_tier_ttl_ms, b->remote_tier_ttl_ms);
 	ck_assert_uint_eq(a->remote_tier_bandwidth, b->remote_tier_bandwidth);
+	{
+		const char *const sa[] = { a->events_endpoint, a->events_replay_endpoint,
+					   a->events_topic, a->events_format, a->events_namespaces };
+		const char *const sb[] = { b->events_endpoint, b->events_replay_endpoint,
+					   b->events_topic, b->events_format, b->events_namespaces };
+
+		for (size_t i = 0; i < 5; i++) {
+			ck_assert_int_eq(!sa[i], !sb[i]);
+			if (sa[i])
+				ck_assert_str_eq(sa[i], sb[i]);
+		}
+	}
+	ck_assert_uint_eq(a->events_batch_ms, b->events_batch_ms);
+	ck_assert_uint_eq(a->events_buffer_batches, b->events_buffer_batches);
+	ck_assert_uint_eq(a->events_queue, b->events_queue);
+	ck_assert_uint_eq(a->events_hwm, b->events_hwm);
 }
 
 static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_config *b)
@@ -1390,6 +1406,73 @@ static void expect_remote_error(const char *extra, unsigned line, const char *wa
 	ck_assert_msg(strstr(err, want), "error '%s' does not contain '%s'", err, want);
 }
 
+/* The event stream's keys: defaults, a full set printed back, each error on its line. */
+START_TEST(test_events)
+{
+	struct kvpd_config a, b;
+	const struct kvpd_pool_config *p;
+	char *printed;
+
+	load_ok(POOL_MAIN, &a);
+	p = &a.pools[0];
+	ck_assert_ptr_null(p->events_endpoint);
+	ck_assert_ptr_null(p->events_replay_endpoint);
+	ck_assert_str_eq(p->events_topic, "");
+	ck_assert_str_eq(p->events_format, "map");
+	ck_assert_ptr_null(p->events_namespaces);
+	ck_assert_uint_eq(p->events_batch_ms, 10);
+	ck_assert_uint_eq(p->events_buffer_batches, 10000);
+	ck_assert_uint_eq(p->events_queue, 65536);
+	ck_assert_uint_eq(p->events_hwm, 100000);
+	/* Printed defaults load back: events_* at their defaults need no stream. */
+	printed = print_to_string(&a);
+	load_ok(printed, &b);
+	assert_config_equal(&a, &b);
+	free(printed);
+	config_free(&a);
+	config_free(&b);
+
+	load_ok(POOL_MAIN "events_endpoint = ipc:///run/kvpaged/ev\n"
+			  "events_replay_endpoint = ipc:///run/kvpaged/ev-replay\n"
+			  "events_topic = kv@node1@m\nevents_format = array\n"
+			  "events_namespaces = shared, uid:1000/x\nevents_batch_ms = 50\n"
+			  "events_buffer_batches = 0\nevents_queue = 16\nevents_hwm = 7\n",
+		&a);
+	p = &a.pools[0];
+	ck_assert_str_eq(p->events_endpoint, "ipc:///run/kvpaged/ev");
+	ck_assert_str_eq(p->events_replay_endpoint, "ipc:///run/kvpaged/ev-replay");
+	ck_assert_str_eq(p->events_topic, "kv@node1@m");
+	ck_assert_str_eq(p->events_format, "array");
+	ck_assert_str_eq(p->events_namespaces, "shared, uid:1000/x");
+	ck_assert_uint_eq(p->events_batch_ms, 50);
+	ck_assert_uint_eq(p->events_buffer_batches, 0);
+	ck_assert_uint_eq(p->events_queue, 16);
+	ck_assert_uint_eq(p->events_hwm, 7);
+	printed = print_to_string(&a);
+	load_ok(printed, &b);
+	assert_config_equal(&a, &b);
+	free(printed);
+	config_free(&a);
+	config_free(&b);
+
+	expect_pool_error("events_endpoint = tcp://0.0.0.0:5557",
+			  "kvpaged.conf:8: [pool main] events_endpoint: 'tcp://0.0.0.0:5557': a "
+			  "tcp:// endpoint");
+	expect_pool_error("events_endpoint = ipc://relative", "is not ipc:///ABSOLUTE/PATH");
+	expect_pool_error("events_endpoint = /run/x", "is not ipc:///ABSOLUTE/PATH");
+	expect_pool_error("events_format = json", "'json' is not one of map, array");
+	expect_pool_error("events_namespaces = shared,,uid:1", "an empty name in the list");
+	expect_pool_error("events_namespaces = tenant", "'tenant' is not a namespace");
+	expect_pool_error("events_topic = kv@node1@m",
+			  "kvpaged.conf:8: [pool main] events_topic: there is no event stream");
+	expect_pool_error("events_queue = 8", "events_queue");
+	expect_error(POOL_MAIN "events_endpoint = ipc:///run/e\n"
+			       "events_replay_endpoint = ipc:///run/e\n",
+		     "kvpaged.conf:9: [pool main] events_replay_endpoint: the same as "
+		     "events_endpoint");
+}
+END_TEST
+
 START_TEST(test_remote_tier)
 {
 	char dir[] = "/tmp/kvpd-config-remote-XXXXXX", good[64], old[64], shrt[64], lng[64],
@@ -1555,6 +1638,7 @@ int main(void)
 	tcase_add_test(tc, test_exact_messages);
 	tcase_add_test(tc, test_tiers);
 	tcase_add_test(tc, test_remote_tier);
+	tcase_add_test(tc, test_events);
 	tcase_add_test(tc, test_unknown_sections_and_keys);
 	tcase_add_test(tc, test_empty_sections_are_fine_unless_pools);
 	tcase_add_test(tc, test_duplicates);
