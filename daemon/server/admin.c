@@ -5,12 +5,14 @@
  */
 #include <errno.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "daemon/log.h"
+#include "daemon/server/events.h"
 #include "daemon/server/server.h"
 
 bool admin_peer_allowed(const struct server *srv, int fd, const struct ucred *cred)
@@ -326,6 +328,58 @@ static void remote_metrics_text(struct server *srv, struct text *t)
 	free(ar);
 }
 
+/* Each pool's event stream: what it sent, dropped and replayed, and its queue now. */
+static void events_metrics_text(struct server *srv, struct text *t)
+{
+	static const struct {
+		const char *name, *help, *type;
+		size_t off;
+	} per_pool[] = {
+		{ "batches_total", "KV event batches sent.", "counter",
+		  offsetof(struct events_stats, batches) },
+		{ "events_total", "KV events sent (a chain's blocks stored at once are one).",
+		  "counter", offsetof(struct events_stats, events) },
+		{ "dropped_total", "KV events dropped, the publisher's queue full.", "counter",
+		  offsetof(struct events_stats, dropped) },
+		{ "replays_total", "KV event replay requests answered.", "counter",
+		  offsetof(struct events_stats, replays) },
+	};
+	char pl[256];
+	bool any = false;
+
+	for (size_t i = 0; i < srv->npools; i++)
+		any |= srv->pools[i].events != NULL;
+	if (!any)
+		return;
+	for (size_t k = 0; k < sizeof(per_pool) / sizeof(per_pool[0]); k++) {
+		text_printf(t, "# HELP kvpaged_events_%s %s\n# TYPE kvpaged_events_%s %s\n",
+			    per_pool[k].name, per_pool[k].help, per_pool[k].name, per_pool[k].type);
+		for (size_t i = 0; i < srv->npools; i++) {
+			struct events_stats es;
+			uint64_t v;
+
+			if (!srv->pools[i].events)
+				continue;
+			events_get_stats(srv->pools[i].events, &es);
+			memcpy(&v, (const char *)&es + per_pool[k].off, sizeof(v));
+			text_printf(t, "kvpaged_events_%s{pool=\"%s\"} %llu\n", per_pool[k].name,
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (unsigned long long)v);
+		}
+	}
+	text_printf(t, "# HELP kvpaged_events_queued Events waiting for the publisher thread.\n"
+		       "# TYPE kvpaged_events_queued gauge\n");
+	for (size_t i = 0; i < srv->npools; i++) {
+		struct events_stats es;
+
+		if (!srv->pools[i].events)
+			continue;
+		events_get_stats(srv->pools[i].events, &es);
+		text_printf(t, "kvpaged_events_queued{pool=\"%s\"} %u\n",
+			    label(srv->pools[i].cfg->name, pl, sizeof(pl)), es.queued);
+	}
+}
+
 static void metrics_text(struct server *srv, struct text *t)
 {
 	struct http_stats hs;
@@ -527,6 +581,7 @@ static void metrics_text(struct server *srv, struct text *t)
 		}
 	}
 	remote_metrics_text(srv, t);
+	events_metrics_text(srv, t);
 }
 
 int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len)
@@ -873,7 +928,8 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 	Kvpaged__V1__PoolStats *ps = calloc(np + 1, sizeof(*ps)), **pp = calloc(np + 1, sizeof(*pp));
 	Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
 	struct admin_remote *remotes = calloc(np + 1, sizeof(*remotes));
-	if (!ps || !pp || !ns || !nsp || !remotes) {
+	Kvpaged__V1__EventStream *evs = calloc(np + 1, sizeof(*evs));
+	if (!ps || !pp || !ns || !nsp || !remotes || !evs) {
 		session_reply_error(s, h->seq, ENOMEM, "out of memory");
 	} else {
 		for (size_t i = 0; i < np; i++) {
@@ -909,6 +965,27 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 			tier_stats_fill(p, x);
 			if (admin_remote_fill(p, &remotes[i]))
 				x->remote = &remotes[i].tier;
+			if (p->events) {
+				Kvpaged__V1__EventStream *e = &evs[i];
+				struct events_stats es;
+
+				events_get_stats(p->events, &es);
+				kvpaged__v1__event_stream__init(e);
+				e->endpoint = p->cfg->events_endpoint;
+				e->replay_endpoint = p->cfg->events_replay_endpoint
+							     ? p->cfg->events_replay_endpoint
+							     : (char *)"";
+				e->topic = p->cfg->events_topic ? p->cfg->events_topic : (char *)"";
+				e->format = p->cfg->events_format;
+				e->batches = es.batches;
+				e->events = es.events;
+				e->dropped = es.dropped;
+				e->replays = es.replays;
+				e->next_seq = es.seq;
+				e->queued = es.queued;
+				e->namespaces = (uint32_t)p->n_events_salts;
+				x->events = e;
+			}
 			pp[rep.n_pools++] = x;
 			for (uint32_t j = 0; j <= p->nns; j++) {
 				const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
@@ -941,6 +1018,7 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 	free(ns);
 	free(nsp);
 	free(remotes);
+	free(evs);
 }
 
 static void on_metrics(struct session *s, const struct kvp_frame_header *h, const char *pool)

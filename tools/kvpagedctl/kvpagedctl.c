@@ -645,6 +645,23 @@ static int cmd_stats(int fd, const char *pool)
 			json_object_object_add(x, "recent_preemptions", ra);
 			if (p->remote)
 				json_object_object_add(x, "remote", remote_json(p->remote));
+			if (p->events) {
+				const Kvpaged__V1__EventStream *e = p->events;
+				json_object *y = json_object_new_object();
+
+				jadd_s(y, "endpoint", e->endpoint);
+				jadd_s(y, "replay_endpoint", e->replay_endpoint);
+				jadd_s(y, "topic", e->topic);
+				jadd_s(y, "format", e->format);
+				jadd_u(y, "batches", e->batches);
+				jadd_u(y, "events", e->events);
+				jadd_u(y, "dropped", e->dropped);
+				jadd_u(y, "replays", e->replays);
+				jadd_u(y, "next_seq", e->next_seq);
+				jadd_u(y, "queued", e->queued);
+				jadd_u(y, "namespaces_announced", e->namespaces);
+				json_object_object_add(x, "events", y);
+			}
 			json_object_array_add(pa, x);
 		}
 		for (size_t i = 0; i < st->n_namespaces; i++) {
@@ -729,6 +746,16 @@ static int cmd_stats(int fd, const char *pool)
 				print_bandwidth(r->bandwidth);
 				printf(" (cost model)\n");
 				print_remote_nodes(r, "  ");
+			}
+			if (p->events) {
+				const Kvpaged__V1__EventStream *e = p->events;
+
+				printf("\n%s: KV events on %s (%s%s%s): %" PRIu64 " batches, %" PRIu64
+				       " events, %" PRIu64 " dropped, %u queued, %" PRIu64
+				       " replays; %u namespaces announced; next seq %#" PRIx64 "\n",
+				       p->pool, e->endpoint, e->format, *e->topic ? ", topic " : "",
+				       e->topic, e->batches, e->events, e->dropped, e->queued,
+				       e->replays, e->namespaces, e->next_seq);
 			}
 			if (p->namespaces_folded)
 				printf("\n%s: %" PRIu64 " namespaces no session used any more are "
