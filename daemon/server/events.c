@@ -96,6 +96,43 @@ static void pack_str(msgpack_packer *pk, const char *s)
 	msgpack_pack_str_body(pk, s, n);
 }
 
+/*
+ * A block's token ids as msgpack integers, each in its shortest form (as msgpack_pack_uint32
+ * writes them), a block at a time: one write instead of one call per token.
+ */
+static void pack_tokens(msgpack_packer *pk, const uint32_t *t, uint32_t n)
+{
+	uint8_t buf[256 * 5];
+	size_t len = 0;
+
+	for (uint32_t i = 0; i < n; i++) {
+		uint32_t v = t[i];
+
+		if (len + 5 > sizeof(buf)) {
+			pk->callback(pk->data, (const char *)buf, len);
+			len = 0;
+		}
+		if (v < 0x80) {
+			buf[len++] = (uint8_t)v;
+		} else if (v < 0x100) {
+			buf[len++] = 0xcc;
+			buf[len++] = (uint8_t)v;
+		} else if (v < 0x10000) {
+			buf[len++] = 0xcd;
+			buf[len++] = (uint8_t)(v >> 8);
+			buf[len++] = (uint8_t)v;
+		} else {
+			buf[len++] = 0xce;
+			buf[len++] = (uint8_t)(v >> 24);
+			buf[len++] = (uint8_t)(v >> 16);
+			buf[len++] = (uint8_t)(v >> 8);
+			buf[len++] = (uint8_t)v;
+		}
+	}
+	if (len)
+		pk->callback(pk->data, (const char *)buf, len);
+}
+
 /* A field's name, in the map format only. */
 static void key(msgpack_packer *pk, bool array, const char *name)
 {
@@ -147,8 +184,7 @@ static void pack_event(const struct events *e, msgpack_packer *pk, const struct 
 		key(pk, array, "token_ids");
 		msgpack_pack_array(pk, (j - i) * B);
 		for (uint32_t k = i; k < j; k++)
-			for (uint32_t t = 0; t < B; t++)
-				msgpack_pack_uint32(pk, tok[(size_t)k * B + t]);
+			pack_tokens(pk, tok + (size_t)k * B, B);
 		key(pk, array, "block_size");
 		msgpack_pack_uint32(pk, B);
 		key(pk, array, "lora_id");
@@ -220,14 +256,13 @@ static void send_batch(struct events *e)
 			e->rhead = (e->rhead + 1) % e->cfg.buffer_batches;
 			e->rlen--;
 		}
+		/* The encoded batch itself, no copy: the next one gets a buffer of its own. */
 		k = &e->ring[(e->rhead + e->rlen) % e->cfg.buffer_batches];
-		k->payload = malloc(e->sbuf.size ? e->sbuf.size : 1);
-		if (k->payload) {
-			memcpy(k->payload, e->sbuf.data, e->sbuf.size);
-			k->len = e->sbuf.size;
-			k->seq = e->seq;
+		k->len = e->sbuf.size;
+		k->payload = msgpack_sbuffer_release(&e->sbuf);
+		k->seq = e->seq;
+		if (k->payload)
 			e->rlen++;
-		}
 	}
 	e->seq++;
 }

@@ -94,17 +94,25 @@ void dpool_events_close(struct dpool *p)
 	p->n_events_salts = 0;
 }
 
-/* Whether name is one of the comma-separated list's (spaces around each ignored). */
+/*
+ * Whether name is one of the comma-separated list's (spaces around each ignored); an
+ * entry that ends in a slash and a star is the name before them and every narrowing of it.
+ */
 static bool listed(const char *list, const char *name)
 {
 	size_t want = strlen(name);
 
 	for (const char *s = list; s && *s;) {
-		size_t n = strcspn(s, ","), lead = strspn(s, " \t"), end = n;
+		size_t n = strcspn(s, ","), lead = strspn(s, " \t"), end = n, len;
 
 		while (end > lead && (s[end - 1] == ' ' || s[end - 1] == '\t'))
 			end--;
-		if (end - lead == want && !memcmp(s + lead, name, want))
+		len = end - lead;
+		if (len == want && !memcmp(s + lead, name, want))
+			return true;
+		if (len >= 2 && !memcmp(s + lead + len - 2, "/*", 2) &&
+		    !memcmp(s + lead, name, len - 2 < want ? len - 2 : want) &&
+		    (want == len - 2 || (want > len - 2 && name[len - 2] == '/')))
 			return true;
 		s += n;
 		if (*s == ',')

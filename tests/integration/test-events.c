@@ -388,7 +388,7 @@ END_TEST
 /*
  * A queue too short for one commit (events_queue = 16, a commit of 40 blocks): what does not fit
  * is dropped, counted, and the next batch's seq skips one, so a subscriber sees the gap; the
- * daemon serves on.
+ * daemon serves on.  The client's namespace is narrowed (shared/tenant-a): "shared/*" lists it.
  */
 START_TEST(queue_full)
 {
@@ -409,7 +409,7 @@ START_TEST(queue_full)
 	snprintf(conf, sizeof(conf),
 		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
 		 "block_tokens = %u\ncapacity_blocks = 64\nnamespace = shared\n"
-		 "events_endpoint = %s\nevents_namespaces = shared\nevents_queue = 16\n"
+		 "events_endpoint = %s\nevents_namespaces = shared/*\nevents_queue = 16\n"
 		 "events_batch_ms = 200\nevents_topic = kv@test@tiny\n",
 		 BT, ep);
 	daemon_start(&d, conf);
@@ -424,7 +424,8 @@ START_TEST(queue_full)
 		msleep(50);
 	}
 	ck_assert_int_ge(json_int(st, "batches"), 1);
-	c = connect_ns(NULL, 0);
+	/* A narrowed namespace: "shared/*" lists it. */
+	c = connect_ns("tenant-a", 0);
 	prompt(t, 40 * BT, 1000);
 	commit(c, t, 40 * BT);
 	prompt(u, 2 * BT, 90000);
