@@ -916,6 +916,9 @@ static int set_real(struct parse *p, const struct config_key *key, double *field
 		return fail_key(p, key->name,
 				"'%s' is not a number (such as 7e9 or 7G; suffixes K, M, G, T, P are "
 				"powers of 1000)", value);
+	/* The bound holds for the value the suffix makes, or it would not load back printed. */
+	if (v > 1e30)
+		return fail_key(p, key->name, "'%s' is more than 1e30", value);
 	*field = v;
 	return 0;
 }

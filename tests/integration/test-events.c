@@ -388,7 +388,7 @@ END_TEST
 /*
  * A queue too short for one commit (events_queue = 16, a commit of 40 blocks): what does not fit
  * is dropped, counted, and the next batch's seq skips one, so a subscriber sees the gap; the
- * daemon serves on.  The client's namespace is narrowed (shared/tenant-a): "shared/*" lists it.
+ * daemon serves on.  The client's namespace is narrowed (shared/tenant-a): "shared" with a slash and a star lists it.
  */
 START_TEST(queue_full)
 {
@@ -424,7 +424,7 @@ START_TEST(queue_full)
 		msleep(50);
 	}
 	ck_assert_int_ge(json_int(st, "batches"), 1);
-	/* A narrowed namespace: "shared/*" lists it. */
+	/* A narrowed namespace: events_namespaces lists shared and its narrowings. */
 	c = connect_ns("tenant-a", 0);
 	prompt(t, 40 * BT, 1000);
 	commit(c, t, 40 * BT);

@@ -611,6 +611,8 @@ START_TEST(test_tiers)
 	expect_pool_error("file_tier_persist = maybe", "'maybe' is not yes, no");
 	expect_pool_error("model_params = 7X", "'7X' is not a number");
 	expect_pool_error("engine_flops = -1", "'-1' is not a non-negative number");
+	/* The bound is the value's, suffix applied (else it would not load back, printed). */
+	expect_pool_error("engine_flops = 3e25T", "'3e25T' is more than 1e30");
 	expect_pool_error("host_tier_bandwidth = fast", "'fast' is not a size");
 	expect_pool_error("file_tier_queue_depth = 0", "0 is out of range 1..4096");
 	expect_pool_error("window = 0", "[pool main] window: 0 is out of range 1..2147483648");
