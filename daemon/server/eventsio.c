@@ -7,8 +7,10 @@
  * the namespaces events_namespaces lists are announced: token ids show prompts.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "daemon/log.h"
 #include "daemon/server/events.h"
@@ -55,6 +57,45 @@ static void observe(void *ctx, const struct core_event *ev)
 		   ev->parent.lo, has_parent, tokens);
 }
 
+static void add_salt(struct dpool *p, uint64_t salt);
+
+/*
+ * The salts of the listed names that need no session to know (every name but a wildcard, and
+ * on the remote tier only the shared ones: a user's or group's name comes from NSS at attach),
+ * as client.c's assign_namespace computes them: so that the blocks found in the swap files at
+ * start are announced before anyone attaches.
+ */
+static void route_listed(struct dpool *p)
+{
+	const struct kvpd_pool_config *c = p->cfg;
+
+	for (const char *s = c->events_namespaces; s && *s;) {
+		size_t n = strcspn(s, ","), lead = strspn(s, " \t"), end = n;
+		char name[256], key[600];
+		uint64_t salt;
+		int len;
+
+		while (end > lead && (s[end - 1] == ' ' || s[end - 1] == '\t'))
+			end--;
+		if (end - lead < sizeof(name) && (end - lead < 2 || memcmp(s + end - 2, "/*", 2))) {
+			memcpy(name, s + lead, end - lead);
+			name[end - lead] = '\0';
+			len = snprintf(key, sizeof(key), "%s%c%s", c->name, 0, name);
+			if (len > 0 && (size_t)len < sizeof(key))
+				add_salt(p, XXH3_64bits_withSeed(key, (size_t)len, c->namespace_seed));
+			if (p->remote && c->namespace_mode == KVPD_NS_SHARED &&
+			    !strncmp(name, "shared", 6) && (!name[6] || name[6] == '/') &&
+			    snprintf(key, sizeof(key), "pool:%s/%s", c->name, name) <
+				    (int)sizeof(key) &&
+			    dpool_remote_salt(p, key, &salt) == 0)
+				add_salt(p, salt);
+		}
+		s += n;
+		if (*s == ',')
+			s++;
+	}
+}
+
 int dpool_events_open(struct dpool *p, struct core_config *cc)
 {
 	const struct kvpd_pool_config *c = p->cfg;
@@ -79,6 +120,7 @@ int dpool_events_open(struct dpool *p, struct core_config *cc)
 		return log_error_errno(r, "pool %s: the event stream: %s", c->name, err);
 	cc->observe = observe;
 	cc->observe_ctx = p;
+	route_listed(p);
 	log_info("pool %s: KV events on %s%s%s (%s), namespaces: %s", c->name, c->events_endpoint,
 		 c->events_replay_endpoint ? ", replay on " : "",
 		 c->events_replay_endpoint ? c->events_replay_endpoint : "", ec.array ? "array" : "map",
@@ -121,20 +163,26 @@ static bool listed(const char *list, const char *name)
 	return false;
 }
 
-void dpool_events_route(struct dpool *p, const char *name, uint64_t salt)
+static void add_salt(struct dpool *p, uint64_t salt)
 {
 	uint64_t *grown;
 
-	if (!p->events || routed(p, salt) || !listed(p->cfg->events_namespaces, name))
+	if (routed(p, salt))
 		return;
 	grown = realloc(p->events_salts, (p->n_events_salts + 1) * sizeof(*grown));
 	if (!grown) {
-		log_warning("pool %s: out of memory: namespace %s's blocks are not announced",
-			    p->cfg->name, name);
+		log_warning("pool %s: out of memory: a namespace's blocks are not announced",
+			    p->cfg->name);
 		return;
 	}
 	p->events_salts = grown;
 	p->events_salts[p->n_events_salts++] = salt;
+}
+
+void dpool_events_route(struct dpool *p, const char *name, uint64_t salt)
+{
+	if (p->events && listed(p->cfg->events_namespaces, name))
+		add_salt(p, salt);
 }
 
 void dpool_events_dropped(struct dpool *p)

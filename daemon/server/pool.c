@@ -46,7 +46,9 @@ static void on_restored(void *ctx, uint32_t slot, const struct tier_key *k)
 	struct dpool *p = ctx;
 	struct core_key key = { .hash = { k->hash_lo, k->hash_hi },
 				.parent = { k->parent_lo, k->parent_hi },
-				.salt = k->salt, .extra = k->extra };
+				.salt = k->salt, .extra = k->extra,
+				/* For the event stream: the slot's own, during the call. */
+				.tokens = k->tokens };
 
 	core_tier_restore(p->core, p->file_level, slot, &key);
 }
