@@ -140,6 +140,19 @@ static void key(msgpack_packer *pk, bool array, const char *name)
 		pack_str(pk, name);
 }
 
+/* An event's start: n fields (the tag first), the tag, the hashes of records [i, j). */
+static void begin(msgpack_packer *pk, bool array, size_t n, const char *type,
+		  const struct rec *q, uint32_t i, uint32_t j)
+{
+	array ? msgpack_pack_array(pk, n) : msgpack_pack_map(pk, n);
+	key(pk, array, "type");
+	pack_str(pk, type);
+	key(pk, array, "block_hashes");
+	msgpack_pack_array(pk, j - i);
+	for (uint32_t k = i; k < j; k++)
+		msgpack_pack_uint64(pk, q[k].hash);
+}
+
 /*
  * Records [i, j) of one kind and medium as one event: BlockStored of a chain (each block the
  * parent of the next), or BlockRemoved of any blocks; AllBlocksCleared alone.
@@ -158,24 +171,12 @@ static void pack_event(const struct events *e, msgpack_packer *pk, const struct 
 		pack_str(pk, "AllBlocksCleared");
 		return;
 	case EVENTS_REMOVED:
-		array ? msgpack_pack_array(pk, 3) : msgpack_pack_map(pk, 3);
-		key(pk, array, "type");
-		pack_str(pk, "BlockRemoved");
-		key(pk, array, "block_hashes");
-		msgpack_pack_array(pk, j - i);
-		for (uint32_t k = i; k < j; k++)
-			msgpack_pack_uint64(pk, q[k].hash);
+		begin(pk, array, 3, "BlockRemoved", q, i, j);
 		key(pk, array, "medium");
 		pack_str(pk, media[r->medium]);
 		return;
 	case EVENTS_STORED:
-		array ? msgpack_pack_array(pk, 7) : msgpack_pack_map(pk, 7);
-		key(pk, array, "type");
-		pack_str(pk, "BlockStored");
-		key(pk, array, "block_hashes");
-		msgpack_pack_array(pk, j - i);
-		for (uint32_t k = i; k < j; k++)
-			msgpack_pack_uint64(pk, q[k].hash);
+		begin(pk, array, 7, "BlockStored", q, i, j);
 		key(pk, array, "parent_block_hash");
 		if (r->has_parent)
 			msgpack_pack_uint64(pk, r->parent);

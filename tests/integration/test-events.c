@@ -252,6 +252,20 @@ static bool token_seen(const struct seen *w, uint32_t tok)
 	return false;
 }
 
+/* Stops the daemon and removes what a test made in dir (swap file, sockets) and the daemon's. */
+static void stop_and_clean(const char *dir)
+{
+	char swap[192];
+
+	daemon_stop(&d);
+	snprintf(swap, sizeof(swap), "%s/swap", dir);
+	unlink(swap);
+	unlink(ep + 6);
+	unlink(rep_ep + 6);
+	rmdir(dir); /* best effort: the file tier may leave more (its persisted state) */
+	daemon_remove_files(&d);
+}
+
 static void commit(struct kvp_client *c, const uint32_t *t, uint32_t n)
 {
 	struct kvp_table tab = { 0 };
@@ -376,12 +390,7 @@ START_TEST(stream)
 	sub_stop(&live);
 	for (uint32_t i = 0; i < w.nbatch; i++)
 		json_object_put(w.batch[i]);
-	daemon_stop(&d);
-	unlink(swap);
-	unlink(ep + 6);
-	unlink(rep_ep + 6);
-	rmdir(dir);
-	daemon_remove_files(&d);
+	stop_and_clean(dir);
 }
 END_TEST
 
@@ -446,10 +455,7 @@ START_TEST(queue_full)
 	ck_assert_int_eq(json_int(st, "dropped"), 40 - 16);
 	c = kvp_disconnect(c);
 	sub_stop(&live);
-	daemon_stop(&d);
-	unlink(ep + 6);
-	rmdir(dir);
-	daemon_remove_files(&d);
+	stop_and_clean(dir);
 }
 END_TEST
 
@@ -511,12 +517,7 @@ START_TEST(persisted)
 	ck_assert_uint_eq(blocks_at(&w, 2, a, 3), 3);
 	for (uint32_t i = 0; i < w.nbatch; i++)
 		json_object_put(w.batch[i]);
-	daemon_stop(&d);
-	unlink(swap);
-	unlink(ep + 6);
-	unlink(rep_ep + 6);
-	rmdir(dir);
-	daemon_remove_files(&d);
+	stop_and_clean(dir);
 }
 END_TEST
 

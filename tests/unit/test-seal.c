@@ -75,6 +75,22 @@ static void teardown(void)
 	ring = seal_keyring_free(ring);
 }
 
+/*
+ * An open's result (r, why) as open_reason and stream_reason return it, checked: 0 exactly when
+ * SEAL_OK, and a refused value leaves nothing of what it decrypted in out: untouched (the 0xa5
+ * it was filled with), or wiped.
+ */
+static enum seal_reason checked(int r, enum seal_reason why)
+{
+	ck_assert(r == 0 || r == -EBADMSG);
+	ck_assert_int_eq(r == 0, why == SEAL_OK);
+	if (r < 0)
+		for (size_t i = 0; i < PAYLOAD; i++)
+			ck_assert_msg(out[i] == 0xa5 || out[i] == 0, "%s: byte %zu of dst is %#x",
+				      seal_reason_name(why), i, out[i]);
+	return why;
+}
+
 /* Opens value (len bytes) as the block ident, returning the reason (SEAL_OK on success). */
 static enum seal_reason open_reason(const uint8_t *v, size_t len, const char *key)
 {
@@ -83,14 +99,7 @@ static enum seal_reason open_reason(const uint8_t *v, size_t len, const char *ke
 
 	memset(out, 0xa5, PAYLOAD);
 	r = seal_open(ring, &geo, &ident, v, len, key, out, &why);
-	ck_assert(r == 0 || r == -EBADMSG);
-	ck_assert_int_eq(r == 0, why == SEAL_OK);
-	/* A refused value leaves nothing of what it decrypted: untouched, or wiped. */
-	if (r < 0)
-		for (size_t i = 0; i < PAYLOAD; i++)
-			ck_assert_msg(out[i] == 0xa5 || out[i] == 0, "%s: byte %zu of dst is %#x",
-				      seal_reason_name(why), i, out[i]);
-	return why;
+	return checked(r, why);
 }
 
 START_TEST(round_trip)
@@ -169,8 +178,7 @@ END_TEST
 /*
  * Opens value as the block ident in pieces (seal_stream): pieces of 1 to maxpiece bytes from
  * seed, so that their ends fall inside the header, the identity, the payload and the tag;
- * the first cut bytes only when cut is not 0 (a value cut short).  The reason, with
- * open_reason's check of dst.
+ * the first cut bytes only when cut is not 0 (a value cut short).  The reason, checked.
  */
 static enum seal_reason stream_reason(const uint8_t *v, size_t len, unsigned seed,
 				      size_t maxpiece, size_t cut)
@@ -191,13 +199,7 @@ static enum seal_reason stream_reason(const uint8_t *v, size_t len, unsigned see
 		off += n;
 	}
 	r = seal_stream_end(&st, &why);
-	ck_assert(r == 0 || r == -EBADMSG);
-	ck_assert_int_eq(r == 0, why == SEAL_OK);
-	if (r < 0)
-		for (size_t i = 0; i < PAYLOAD; i++)
-			ck_assert_msg(out[i] == 0xa5 || out[i] == 0, "%s: byte %zu of dst is %#x",
-				      seal_reason_name(why), i, out[i]);
-	return why;
+	return checked(r, why);
 }
 
 START_TEST(streamed)
