@@ -30,7 +30,7 @@ enum kvpd_backend {
 /* When the remote tier publishes a block (docs/remote.md). */
 enum kvpd_remote_write {
 	KVPD_REMOTE_COMMIT, /* when it is committed: other nodes can hit it at once */
-	KVPD_REMOTE_EVICT,  /* only when it leaves the node's last local level */
+	KVPD_REMOTE_EVICT,  /* only when it leaves the node's memory (the swap files keep it too) */
 };
 
 enum kvpd_namespace_mode {
