@@ -108,6 +108,21 @@ static inline void daemon_prepare(struct daemon *d, const char *daemon_extra, co
 	fclose(f);
 }
 
+/* Whether the running daemon's log (stderr) holds text. */
+static inline bool daemon_log_has(const struct daemon *d, const char *text)
+{
+	char buf[65536];
+	FILE *f = fopen(d->log, "r");
+	size_t n;
+
+	if (!f)
+		return false;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	return strstr(buf, text) != NULL;
+}
+
 /*
  * Starts kvpaged.  limits and pools are configuration text appended after the [daemon]
  * section (NULL: a [limits] default and one pool "main" of 512 blocks of 16 tokens).
@@ -144,6 +159,15 @@ static inline void daemon_start_with(struct daemon *d, const char *daemon_extra,
 		msleep(10);
 	}
 	ck_assert_msg(can_connect(d->sock), "kvpaged did not listen within %d s", start_ms / 1000);
+	/*
+	 * The client socket listens before the start is over: the admin socket comes next, and
+	 * its line in the log is the start's last.  A test that runs kvpagedctl or counts the
+	 * daemon's fds at once would race it.
+	 */
+	for (int i = 0; i < start_ms / 10 && !daemon_log_has(d, " (admin"); i++)
+		msleep(10);
+	ck_assert_msg(daemon_log_has(d, " (admin"), "kvpaged did not start within %d s",
+		      start_ms / 1000);
 }
 
 static inline void daemon_start(struct daemon *d, const char *rest)
@@ -194,21 +218,6 @@ static inline int daemon_refuses(const char *rest, char *log, size_t log_len)
 	close(fd);
 	daemon_remove_files(&d);
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
-/* Whether the running daemon's log (stderr) holds text. */
-static inline bool daemon_log_has(const struct daemon *d, const char *text)
-{
-	char buf[65536];
-	FILE *f = fopen(d->log, "r");
-	size_t n;
-
-	if (!f)
-		return false;
-	n = fread(buf, 1, sizeof(buf) - 1, f);
-	fclose(f);
-	buf[n] = '\0';
-	return strstr(buf, text) != NULL;
 }
 
 /*
