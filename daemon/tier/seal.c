@@ -148,10 +148,10 @@ int seal_keyring_add(struct seal_keyring *k, const uint8_t key[SEAL_KEY_BYTES], 
 	return 0;
 }
 
-int seal_key_load(const char *path, uint8_t key[SEAL_KEY_BYTES], char *err, size_t errlen)
+int seal_secret_read(const char *path, uint8_t *buf, size_t cap, size_t *len, char *err,
+		     size_t errlen)
 {
 	_cleanup_close_ int fd = -EBADF;
-	uint8_t buf[SEAL_KEY_BYTES + 1];
 	struct stat st;
 	ssize_t n;
 	size_t got = 0;
@@ -174,7 +174,7 @@ int seal_key_load(const char *path, uint8_t key[SEAL_KEY_BYTES], char *err, size
 		snprintf(err, errlen, "%s: not a regular file", path);
 		return -EINVAL;
 	}
-	/* The key opens every value in the cluster: nobody but its owner may read it. */
+	/* A key opens what it guards: nobody but its owner may read it. */
 	if (st.st_mode & (S_IRWXG | S_IRWXO)) {
 		snprintf(err, errlen, "%s: mode %04o lets group or others at the key (chmod 600)",
 			 path, (unsigned)(st.st_mode & 07777));
@@ -185,22 +185,33 @@ int seal_key_load(const char *path, uint8_t key[SEAL_KEY_BYTES], char *err, size
 			 (unsigned)st.st_uid);
 		return -EPERM;
 	}
-	/* One byte more than a key, to tell a long file from a right one. */
-	while (got < sizeof(buf)) {
-		n = read(fd, buf + got, sizeof(buf) - got);
+	while (got < cap) {
+		n = read(fd, buf + got, cap - got);
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n < 0) {
 			int e = errno;
 
 			snprintf(err, errlen, "%s: %s", path, strerror(e));
-			OPENSSL_cleanse(buf, sizeof(buf));
+			OPENSSL_cleanse(buf, got);
 			return -e;
 		}
 		if (n == 0)
 			break;
 		got += (size_t)n;
 	}
+	*len = got;
+	return 0;
+}
+
+int seal_key_load(const char *path, uint8_t key[SEAL_KEY_BYTES], char *err, size_t errlen)
+{
+	uint8_t buf[SEAL_KEY_BYTES + 1]; /* a byte more than a key, to tell a long file */
+	size_t got;
+	int r = seal_secret_read(path, buf, sizeof(buf), &got, err, errlen);
+
+	if (r < 0)
+		return r;
 	if (got != SEAL_KEY_BYTES) {
 		snprintf(err, errlen, "%s: %s than the %d raw bytes a key is (head -c %d /dev/urandom)",
 			 path, got < SEAL_KEY_BYTES ? "shorter" : "longer", SEAL_KEY_BYTES,

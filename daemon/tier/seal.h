@@ -99,6 +99,14 @@ int seal_keyring_add(struct seal_keyring *k, const uint8_t key[SEAL_KEY_BYTES], 
  */
 int seal_key_load(const char *path, uint8_t key[SEAL_KEY_BYTES], char *err, size_t errlen);
 
+/*
+ * Reads at most cap bytes of a secret file (*len: how many) under seal_key_load's rules: a
+ * regular file, not a symbolic link, owned by this user or root, no access for group or
+ * others.  0, or -errno with err saying why, naming the file.
+ */
+int seal_secret_read(const char *path, uint8_t *buf, size_t cap, size_t *len, char *err,
+		     size_t errlen);
+
 /* The sealed length of a value of geometry g and namespace length ns_len. */
 size_t seal_size(const struct seal_geometry *g, size_t ns_len);
 
