@@ -31,6 +31,7 @@
 
 #include "daemon/config.h"
 #include "daemon/config-internal.h"
+#include "daemon/server/events.h"
 #include "daemon/tier/redis.h"
 #include "daemon/tier/seal.h"
 
@@ -71,17 +72,21 @@
 #define POOL_NUMBER(t, member, d, lo, hi, fl)                                                      \
 	NUMBER(SECTION_POOL, struct kvpd_pool_config, #member, t, member, d, lo, hi, fl)
 
-/* ipc://ABSOLUTE-PATH (a Unix socket's); tcp:// needs CURVE keys, which are not served yet. */
+/* ipc://ABSOLUTE-PATH (a Unix socket's), or tcp://HOST:PORT (check_events: with CURVE only). */
 static int events_endpoint_check(const char *v, char *why, size_t len)
 {
 	if (!strncmp(v, "tcp://", 6)) {
-		snprintf(why, len, "'%s': a tcp:// endpoint would show prompts' token ids to anyone "
-			 "who can connect; it needs ZMQ CURVE keys, which this version does not "
-			 "serve: use ipc://PATH", v);
-		return -EINVAL;
+		const char *colon = strrchr(v + 6, ':');
+
+		if (!colon || colon == v + 6 || !colon[1] || strspn(colon + 1, "0123456789") !=
+		    strlen(colon + 1)) {
+			snprintf(why, len, "'%s' is not tcp://HOST:PORT", v);
+			return -EINVAL;
+		}
+		return 0;
 	}
 	if (strncmp(v, "ipc://", 6) || v[6] != '/') {
-		snprintf(why, len, "'%s' is not ipc:///ABSOLUTE/PATH", v);
+		snprintf(why, len, "'%s' is neither ipc:///ABSOLUTE/PATH nor tcp://HOST:PORT", v);
 		return -EINVAL;
 	}
 	if (strlen(v + 6) >= sizeof(((struct sockaddr_un *)0)->sun_path)) {
@@ -251,6 +256,12 @@ static const struct config_key schema[] = {
 	{ .name = "events_replay_endpoint", .section = SECTION_POOL, .type = TYPE_STRING,
 	  .check = events_endpoint_check,
 	  .offset = offsetof(struct kvpd_pool_config, events_replay_endpoint) },
+	{ .name = "events_curve_secret_key_file", .section = SECTION_POOL, .type = TYPE_PATH,
+	  .flags = KEY_FILE,
+	  .offset = offsetof(struct kvpd_pool_config, events_curve_secret_key_file) },
+	{ .name = "events_curve_allowed_keys_file", .section = SECTION_POOL, .type = TYPE_PATH,
+	  .flags = KEY_FILE,
+	  .offset = offsetof(struct kvpd_pool_config, events_curve_allowed_keys_file) },
 	{ .name = "events_topic", .section = SECTION_POOL, .type = TYPE_STRING, .def_path = "",
 	  .check = events_topic_check, .offset = offsetof(struct kvpd_pool_config, events_topic) },
 	{ .name = "events_format", .section = SECTION_POOL, .type = TYPE_STRING, .def_path = "map",
@@ -1241,10 +1252,57 @@ fail:
 }
 
 /*
- * The remote tier's keys: each key file is read now (seal_key_load: its length, mode, owner),
- * so that a wrong one is an error naming the line, not a daemon that starts and then cannot
- * open anything; the daemon reads them again at start.
+ * CURVE: both key files or neither; a tcp:// endpoint only with them (token ids are prompts);
+ * the files must load as the daemon will load them.
  */
+static int check_events_curve(struct parse *p, size_t i)
+{
+	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
+	const struct section_state *st = &p->pool_state[i];
+	const int secret = find_key(SECTION_POOL, "events_curve_secret_key_file");
+	const int allowed = find_key(SECTION_POOL, "events_curve_allowed_keys_file");
+	const int ep = find_key(SECTION_POOL, "events_endpoint");
+	const int replay = find_key(SECTION_POOL, "events_replay_endpoint");
+	uint8_t key[EVENTS_CURVE_KEY_BYTES], (*keys)[EVENTS_CURVE_KEY_BYTES];
+	const bool curve = pc->events_curve_secret_key_file || pc->events_curve_allowed_keys_file;
+	char why[512];
+	size_t n;
+	int r;
+
+	if (!curve) {
+		const bool tcp_ep = !strncmp(pc->events_endpoint, "tcp://", 6);
+
+		if (tcp_ep || (pc->events_replay_endpoint &&
+			       !strncmp(pc->events_replay_endpoint, "tcp://", 6)))
+			return fail_at(p, -EINVAL, st->key_line[tcp_ep ? ep : replay],
+				       "[pool %s] %s: a tcp:// endpoint shows prompts' token ids to "
+				       "whoever connects: it needs CURVE keys "
+				       "(events_curve_secret_key_file and "
+				       "events_curve_allowed_keys_file, docs/events.md), or use "
+				       "ipc://PATH",
+				       pc->name, schema[tcp_ep ? ep : replay].name);
+		return 0;
+	}
+	if (!pc->events_curve_secret_key_file || !pc->events_curve_allowed_keys_file)
+		return fail_at(p, -EINVAL,
+			       st->key_line[pc->events_curve_secret_key_file ? secret : allowed],
+			       "[pool %s] %s: CURVE needs %s too", pc->name,
+			       schema[pc->events_curve_secret_key_file ? secret : allowed].name,
+			       schema[pc->events_curve_secret_key_file ? allowed : secret].name);
+	r = events_curve_secret_load(pc->events_curve_secret_key_file, key, why, sizeof(why));
+	explicit_bzero(key, sizeof(key));
+	if (r < 0)
+		return fail_at(p, r, st->key_line[secret], "[pool %s] %s: %s", pc->name,
+			       schema[secret].name, why);
+	r = events_curve_allowed_load(pc->events_curve_allowed_keys_file, &keys, &n, why,
+				      sizeof(why));
+	if (r < 0)
+		return fail_at(p, r, st->key_line[allowed], "[pool %s] %s: %s", pc->name,
+			       schema[allowed].name, why);
+	free(keys);
+	return 0;
+}
+
 /* An events_* key written without events_endpoint is a mistake: say which, at its line. */
 static int check_events(struct parse *p, size_t i)
 {
@@ -1252,6 +1310,7 @@ static int check_events(struct parse *p, size_t i)
 	const struct section_state *st = &p->pool_state[i];
 	const int ep = find_key(SECTION_POOL, "events_endpoint");
 	const int replay = find_key(SECTION_POOL, "events_replay_endpoint");
+	int r;
 
 	if (!pc->events_endpoint) {
 		/* Defaults pass (a printed configuration loads again), as for the remote tier. */
@@ -1278,6 +1337,9 @@ static int check_events(struct parse *p, size_t i)
 		}
 		return 0;
 	}
+	r = check_events_curve(p, i);
+	if (r < 0)
+		return r;
 	if (pc->events_replay_endpoint && !strcmp(pc->events_replay_endpoint, pc->events_endpoint))
 		return fail_at(p, -EINVAL, st->key_line[replay],
 			       "[pool %s] events_replay_endpoint: the same as events_endpoint",
@@ -1298,6 +1360,11 @@ static int check_events(struct parse *p, size_t i)
 	return 0;
 }
 
+/*
+ * The remote tier's keys: each key file is read now (seal_key_load: its length, mode, owner),
+ * so that a wrong one is an error naming the line, not a daemon that starts and then cannot
+ * open anything; the daemon reads them again at start.
+ */
 static int check_remote(struct parse *p, size_t i)
 {
 	const struct kvpd_pool_config *pc = &p->cfg.pools[i];
@@ -1709,6 +1776,8 @@ void config_free(struct kvpd_config *c)
 		free(c->pools[i].remote_tier_old_key_files);
 		free(c->pools[i].events_endpoint);
 		free(c->pools[i].events_replay_endpoint);
+		free(c->pools[i].events_curve_secret_key_file);
+		free(c->pools[i].events_curve_allowed_keys_file);
 		free(c->pools[i].events_topic);
 		free(c->pools[i].events_format);
 		free(c->pools[i].events_namespaces);

@@ -89,8 +89,10 @@ struct kvpd_pool_config {
 	 * The KV event stream (docs/events.md): events_endpoint NULL means none, and then every
 	 * other events_* key is refused.
 	 */
-	char *events_endpoint;	      /* ipc://PATH: the PUB socket */
-	char *events_replay_endpoint; /* ipc://PATH: the ROUTER that replays; NULL: none */
+	char *events_endpoint;	      /* ipc://PATH or tcp://HOST:PORT (CURVE): the PUB socket */
+	char *events_replay_endpoint; /* the same: the ROUTER that replays; NULL: none */
+	char *events_curve_secret_key_file;  /* CURVE: the daemon's secret key; NULL: none */
+	char *events_curve_allowed_keys_file; /* CURVE: the subscribers' public keys */
 	char *events_topic;	      /* the first frame of every message */
 	char *events_format;	      /* "map" or "array" */
 	char *events_namespaces;      /* the namespaces whose blocks are announced, comma separated */

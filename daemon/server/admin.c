@@ -328,21 +328,29 @@ static void remote_metrics_text(struct server *srv, struct text *t)
 	free(ar);
 }
 
-/* Each pool's event stream: what it sent, dropped and replayed, and its queue now. */
+/* Each pool's event stream: what it sent, dropped and replayed, its queue and subscribers now. */
+#define EVENTS_FIELD(f) offsetof(struct events_stats, f), sizeof(((struct events_stats *)0)->f)
 static void events_metrics_text(struct server *srv, struct text *t)
 {
 	static const struct {
 		const char *name, *help, *type;
-		size_t off;
+		size_t off, size; /* a uint64_t or a uint32_t */
 	} per_pool[] = {
-		{ "batches_total", "KV event batches sent.", "counter",
-		  offsetof(struct events_stats, batches) },
+		{ "batches_total", "KV event batches sent.", "counter", EVENTS_FIELD(batches) },
 		{ "events_total", "KV events sent (a chain's blocks stored at once are one).",
-		  "counter", offsetof(struct events_stats, events) },
+		  "counter", EVENTS_FIELD(events) },
 		{ "dropped_total", "KV events dropped, the publisher's queue full.", "counter",
-		  offsetof(struct events_stats, dropped) },
+		  EVENTS_FIELD(dropped) },
 		{ "replays_total", "KV event replay requests answered.", "counter",
-		  offsetof(struct events_stats, replays) },
+		  EVENTS_FIELD(replays) },
+		{ "slow_total", "KV event batches a subscriber at its high-water mark missed.",
+		  "counter", EVENTS_FIELD(slow) },
+		{ "refused_total", "KV event subscribers refused: a CURVE key not allowed.",
+		  "counter", EVENTS_FIELD(refused) },
+		{ "queued", "Events waiting for the publisher thread.", "gauge",
+		  EVENTS_FIELD(queued) },
+		{ "subscribers", "Connections to the KV event stream.", "gauge",
+		  EVENTS_FIELD(subscribers) },
 	};
 	char pl[256];
 	bool any = false;
@@ -355,30 +363,29 @@ static void events_metrics_text(struct server *srv, struct text *t)
 		text_printf(t, "# HELP kvpaged_events_%s %s\n# TYPE kvpaged_events_%s %s\n",
 			    per_pool[k].name, per_pool[k].help, per_pool[k].name, per_pool[k].type);
 		for (size_t i = 0; i < srv->npools; i++) {
+			const char *f;
 			struct events_stats es;
 			uint64_t v;
 
 			if (!srv->pools[i].events)
 				continue;
 			events_get_stats(srv->pools[i].events, &es);
-			memcpy(&v, (const char *)&es + per_pool[k].off, sizeof(v));
+			f = (const char *)&es + per_pool[k].off;
+			if (per_pool[k].size == sizeof(uint32_t)) {
+				uint32_t v32;
+
+				memcpy(&v32, f, sizeof(v32));
+				v = v32;
+			} else {
+				memcpy(&v, f, sizeof(v));
+			}
 			text_printf(t, "kvpaged_events_%s{pool=\"%s\"} %llu\n", per_pool[k].name,
 				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
 				    (unsigned long long)v);
 		}
 	}
-	text_printf(t, "# HELP kvpaged_events_queued Events waiting for the publisher thread.\n"
-		       "# TYPE kvpaged_events_queued gauge\n");
-	for (size_t i = 0; i < srv->npools; i++) {
-		struct events_stats es;
-
-		if (!srv->pools[i].events)
-			continue;
-		events_get_stats(srv->pools[i].events, &es);
-		text_printf(t, "kvpaged_events_queued{pool=\"%s\"} %u\n",
-			    label(srv->pools[i].cfg->name, pl, sizeof(pl)), es.queued);
-	}
 }
+#undef EVENTS_FIELD
 
 static void metrics_text(struct server *srv, struct text *t)
 {
@@ -984,6 +991,10 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 				e->next_seq = es.seq;
 				e->queued = es.queued;
 				e->namespaces = (uint32_t)p->n_events_salts;
+				e->slow = es.slow;
+				e->refused = es.refused;
+				e->subscribers = es.subscribers;
+				e->curve_public_key = p->events_curve_public;
 				x->events = e;
 			}
 			pp[rep.n_pools++] = x;

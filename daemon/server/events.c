@@ -14,6 +14,7 @@
 #include <zmq.h>
 
 #include "daemon/server/events.h"
+#include "daemon/tier/seal.h"
 
 struct rec {
 	uint8_t kind, medium;
@@ -32,7 +33,7 @@ struct events {
 	struct events_config cfg;
 	char *topic;
 	size_t topic_len;
-	void *zctx, *pub, *replay;
+	void *zctx, *pub, *replay, *zap, *monitor;
 	pthread_t thread;
 	bool started;
 
@@ -52,7 +53,8 @@ struct events {
 	msgpack_sbuffer sbuf;
 
 	/* Under lock: what events_get_stats reports. */
-	uint64_t batches, events, replays, next_seq;
+	uint64_t batches, events, replays, next_seq, slow, refused;
+	uint32_t subscribers;
 };
 
 static const char *const media[EVENTS_NMEDIA] = {
@@ -233,6 +235,14 @@ static void encode(struct events *e, const struct rec *q, const uint32_t *tok, u
 	*ret_events = nev;
 }
 
+/* One more of a counter events_get_stats reports. */
+static void count(struct events *e, uint64_t *counter)
+{
+	pthread_mutex_lock(&e->lock);
+	(*counter)++;
+	pthread_mutex_unlock(&e->lock);
+}
+
 static void be64(uint8_t out[8], uint64_t v)
 {
 	for (int i = 7; i >= 0; i--, v >>= 8)
@@ -246,10 +256,25 @@ static void send_batch(struct events *e)
 	struct kept *k;
 
 	be64(seq, e->seq);
-	/* PUB never blocks: past the high-water mark a subscriber's copy is dropped. */
-	zmq_send(e->pub, e->topic, e->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	zmq_send(e->pub, seq, sizeof(seq), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-	zmq_send(e->pub, e->sbuf.data, e->sbuf.size, ZMQ_DONTWAIT);
+	/*
+	 * Never blocks.  The XPUB refuses (EAGAIN, nothing sent) while a subscriber sits at its
+	 * high-water mark (ZMQ_XPUB_NODROP): counted, then sent as a PUB would, to everyone with
+	 * room, the full ones missing it (their next seq shows the gap).
+	 */
+	if (zmq_send(e->pub, e->topic, e->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 &&
+	    errno == EAGAIN) {
+		int lossy = 0, nodrop = 1;
+
+		count(e, &e->slow);
+		zmq_setsockopt(e->pub, ZMQ_XPUB_NODROP, &lossy, sizeof(lossy));
+		zmq_send(e->pub, e->topic, e->topic_len, ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		zmq_send(e->pub, seq, sizeof(seq), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		zmq_send(e->pub, e->sbuf.data, e->sbuf.size, ZMQ_DONTWAIT);
+		zmq_setsockopt(e->pub, ZMQ_XPUB_NODROP, &nodrop, sizeof(nodrop));
+	} else {
+		zmq_send(e->pub, seq, sizeof(seq), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+		zmq_send(e->pub, e->sbuf.data, e->sbuf.size, ZMQ_DONTWAIT);
+	}
 	if (e->cfg.buffer_batches) {
 		if (e->rlen == e->cfg.buffer_batches) {
 			k = &e->ring[e->rhead];
@@ -269,83 +294,156 @@ static void send_batch(struct events *e)
 }
 
 /*
+ * One whole message into part (n of at most max, *n set; each to be closed).  A message of
+ * more frames is read to its end and dropped, *n 0: the socket stays in step.  false: nothing
+ * waits.
+ */
+static bool recv_parts(void *sock, zmq_msg_t *part, int max, int *n)
+{
+	int more = 1;
+
+	*n = 0;
+	while (more && *n < max) {
+		zmq_msg_init(&part[*n]);
+		if (zmq_msg_recv(&part[*n], sock, *n ? 0 : ZMQ_DONTWAIT) < 0) {
+			zmq_msg_close(&part[*n]);
+			return *n > 0;
+		}
+		more = zmq_msg_more(&part[*n]);
+		(*n)++;
+	}
+	while (more) {
+		zmq_msg_t junk;
+
+		zmq_msg_init(&junk);
+		if (zmq_msg_recv(&junk, sock, 0) < 0) {
+			zmq_msg_close(&junk);
+			break;
+		}
+		more = zmq_msg_more(&junk);
+		zmq_msg_close(&junk);
+		for (int i = 0; i < *n; i++)
+			zmq_msg_close(&part[i]);
+		*n = 0;
+	}
+	return true;
+}
+
+static void close_parts(zmq_msg_t *part, int n)
+{
+	for (int i = 0; i < n; i++)
+		zmq_msg_close(&part[i]);
+}
+
+/* Sends frames, the last without SNDMORE; never blocks (ROUTER and REP drop what cannot go). */
+static void send_parts(void *sock, const void *const *data, const size_t *len, int n)
+{
+	for (int i = 0; i < n; i++)
+		zmq_send(sock, data[i], len[i], (i + 1 < n ? ZMQ_SNDMORE : 0) | ZMQ_DONTWAIT);
+}
+
+/*
  * A replay request: [identity, "", start seq] from a REQ or DEALER socket (or without the empty
  * frame): every kept batch from that seq on as [identity, "", seq, payload], then the end
  * marker, seq -1 and an empty payload, as vLLM's publisher answers.
  */
 static void serve_replay(struct events *e)
 {
-	for (;;) {
-		zmq_msg_t part[4];
-		int n = 0, more = 1;
-		bool delim;
+	zmq_msg_t part[3];
+	int n;
+
+	while (recv_parts(e->replay, part, 3, &n)) {
+		const bool delim = n == 3 && zmq_msg_size(&part[1]) == 0;
+		const void *d[4] = { zmq_msg_data(&part[0]), "" };
+		size_t l[4] = { n ? zmq_msg_size(&part[0]) : 0, 0 };
+		const int at = delim ? 2 : 1;
 		uint64_t from = 0;
 		uint8_t seq[8];
 
-		while (more && n < 4) {
-			zmq_msg_init(&part[n]);
-			if (zmq_msg_recv(&part[n], e->replay, n ? 0 : ZMQ_DONTWAIT) < 0) {
-				zmq_msg_close(&part[n]);
-				if (!n)
-					return; /* nothing (more) asked */
-				more = 0;
-				break;
-			}
-			more = zmq_msg_more(&part[n]);
-			n++;
+		if (!(n == 2 || delim) || zmq_msg_size(&part[n - 1]) != 8) {
+			close_parts(part, n);
+			continue;
 		}
-		/* What does not fit is read and dropped: the socket stays in step. */
-		while (more) {
-			zmq_msg_t junk;
+		for (int i = 0; i < 8; i++)
+			from = from << 8 | ((const uint8_t *)zmq_msg_data(&part[n - 1]))[i];
+		d[at] = seq;
+		l[at] = sizeof(seq);
+		for (uint32_t i = 0; i < e->rlen; i++) {
+			const struct kept *k = &e->ring[(e->rhead + i) % e->cfg.buffer_batches];
 
-			zmq_msg_init(&junk);
-			if (zmq_msg_recv(&junk, e->replay, 0) < 0) {
-				zmq_msg_close(&junk);
-				break;
-			}
-			more = zmq_msg_more(&junk);
-			zmq_msg_close(&junk);
-			for (int i = 0; i < n; i++)
-				zmq_msg_close(&part[i]);
-			n = 0; /* too many frames: not a request */
+			if (k->seq < from)
+				continue;
+			be64(seq, k->seq);
+			d[at + 1] = k->payload;
+			l[at + 1] = k->len;
+			send_parts(e->replay, d, l, at + 2);
 		}
-		delim = n == 3 && zmq_msg_size(&part[1]) == 0;
-		if ((n == 3 && delim) || n == 2) {
-			zmq_msg_t *s = &part[n - 1];
+		memset(seq, 0xff, sizeof(seq)); /* -1 */
+		d[at + 1] = "";
+		l[at + 1] = 0;
+		send_parts(e->replay, d, l, at + 2);
+		count(e, &e->replays);
+		close_parts(part, n);
+	}
+}
 
-			if (zmq_msg_size(s) == 8) {
-				const uint8_t *b = zmq_msg_data(s);
+/*
+ * ZAP (ZMQ RFC 27), which libzmq asks before it lets a CURVE handshake through: [version,
+ * request id, domain, address, identity, mechanism, client key] in, [version, request id,
+ * status, text, user id, metadata] out.  Only the allowed keys get "200".
+ */
+static void serve_zap(struct events *e)
+{
+	zmq_msg_t part[7];
+	int n;
 
-				for (int i = 0; i < 8; i++)
-					from = from << 8 | b[i];
-				for (uint32_t i = 0; i < e->rlen; i++) {
-					const struct kept *k =
-						&e->ring[(e->rhead + i) % e->cfg.buffer_batches];
+	while (recv_parts(e->zap, part, 7, &n)) {
+		bool ok = false;
 
-					if (k->seq < from)
-						continue;
-					be64(seq, k->seq);
-					zmq_send(e->replay, zmq_msg_data(&part[0]),
-						 zmq_msg_size(&part[0]), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-					if (delim)
-						zmq_send(e->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-					zmq_send(e->replay, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-					zmq_send(e->replay, k->payload, k->len, ZMQ_DONTWAIT);
-				}
-				memset(seq, 0xff, sizeof(seq)); /* -1 */
-				zmq_send(e->replay, zmq_msg_data(&part[0]), zmq_msg_size(&part[0]),
-					 ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				if (delim)
-					zmq_send(e->replay, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				zmq_send(e->replay, seq, 8, ZMQ_SNDMORE | ZMQ_DONTWAIT);
-				zmq_send(e->replay, "", 0, ZMQ_DONTWAIT);
-				pthread_mutex_lock(&e->lock);
-				e->replays++;
-				pthread_mutex_unlock(&e->lock);
-			}
+		if (n < 2) {
+			close_parts(part, n);
+			continue;
 		}
-		for (int i = 0; i < n; i++)
-			zmq_msg_close(&part[i]);
+		if (n == 7 && zmq_msg_size(&part[5]) == 5 && !memcmp(zmq_msg_data(&part[5]), "CURVE", 5) &&
+		    zmq_msg_size(&part[6]) == EVENTS_CURVE_KEY_BYTES)
+			for (size_t i = 0; i < e->cfg.curve_nallowed && !ok; i++)
+				ok = !memcmp(zmq_msg_data(&part[6]), e->cfg.curve_allowed[i],
+					     EVENTS_CURVE_KEY_BYTES);
+		{
+			const void *d[6] = { "1.0", zmq_msg_data(&part[1]), ok ? "200" : "400",
+					     ok ? "OK" : "key not allowed", "", "" };
+			const size_t l[6] = { 3, zmq_msg_size(&part[1]), 3, ok ? 2 : 15, 0, 0 };
+
+			send_parts(e->zap, d, l, 6);
+		}
+		if (!ok) {
+			count(e, &e->refused);
+		}
+		close_parts(part, n);
+	}
+}
+
+/* The XPUB's subscription messages (the socket must be read) and its monitor's connections. */
+static void serve_subscribers(struct events *e)
+{
+	zmq_msg_t part[2];
+	int n;
+
+	while (recv_parts(e->pub, part, 1, &n))
+		close_parts(part, n);
+	while (e->monitor && recv_parts(e->monitor, part, 2, &n)) {
+		if (n >= 1 && zmq_msg_size(&part[0]) >= 2) {
+			uint16_t ev; /* the host's byte order (zmq_socket_monitor(3)) */
+
+			memcpy(&ev, zmq_msg_data(&part[0]), sizeof(ev));
+			pthread_mutex_lock(&e->lock);
+			if (ev == ZMQ_EVENT_ACCEPTED)
+				e->subscribers++;
+			else if (ev == ZMQ_EVENT_DISCONNECTED && e->subscribers)
+				e->subscribers--;
+			pthread_mutex_unlock(&e->lock);
+		}
+		close_parts(part, n);
 	}
 }
 
@@ -381,27 +479,46 @@ static void flush(struct events *e)
 	pthread_mutex_unlock(&e->lock);
 }
 
+static uint64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+}
+
 static void *publisher(void *arg)
 {
 	struct events *e = arg;
+	uint64_t next = now_ms() + e->cfg.batch_ms;
+	zmq_pollitem_t it[4];
+	int n = 0;
 	sigset_t all;
 
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	/* Answered between batches: replay requests, handshakes, subscriptions. */
+	it[n++] = (zmq_pollitem_t){ .socket = e->pub, .events = ZMQ_POLLIN };
+	if (e->monitor)
+		it[n++] = (zmq_pollitem_t){ .socket = e->monitor, .events = ZMQ_POLLIN };
+	if (e->replay)
+		it[n++] = (zmq_pollitem_t){ .socket = e->replay, .events = ZMQ_POLLIN };
+	if (e->zap)
+		it[n++] = (zmq_pollitem_t){ .socket = e->zap, .events = ZMQ_POLLIN };
 	for (;;) {
+		uint64_t now = now_ms();
 		bool stop;
 
-		if (e->replay) {
-			zmq_pollitem_t it = { .socket = e->replay, .events = ZMQ_POLLIN };
-
-			if (zmq_poll(&it, 1, (long)e->cfg.batch_ms) > 0)
+		if (now < next && zmq_poll(it, n, (long)(next - now)) > 0) {
+			if (e->zap)
+				serve_zap(e);
+			if (e->replay)
 				serve_replay(e);
-		} else {
-			struct timespec ts = { .tv_sec = e->cfg.batch_ms / 1000,
-					       .tv_nsec = (long)(e->cfg.batch_ms % 1000) * 1000000 };
-
-			nanosleep(&ts, NULL);
+			serve_subscribers(e);
+			if (now_ms() < next)
+				continue;
 		}
+		next = now_ms() + e->cfg.batch_ms;
 		pthread_mutex_lock(&e->lock);
 		stop = e->stop;
 		pthread_mutex_unlock(&e->lock);
@@ -414,11 +531,12 @@ static void *publisher(void *arg)
 
 /* ---- setup -------------------------------------------------------------------------------- */
 
-/* The socket file of an ipc:// endpoint: the daemon's user's only (docs/events.md). */
-static int bind_ipc(void *sock, const char *endpoint, char *err, size_t errlen)
+/*
+ * Binds an endpoint.  An ipc:// socket file is made the daemon's user's only (docs/events.md);
+ * a tcp:// one is served only with CURVE (config.c refuses it otherwise).
+ */
+static int bind_endpoint(void *sock, const char *endpoint, char *err, size_t errlen)
 {
-	const char *path = endpoint + 6;
-
 	/* A stale file from a daemon that died is taken over, as zmq_bind does for ipc. */
 	if (zmq_bind(sock, endpoint) < 0) {
 		int r = -errno;
@@ -426,10 +544,76 @@ static int bind_ipc(void *sock, const char *endpoint, char *err, size_t errlen)
 		snprintf(err, errlen, "cannot bind %s: %s", endpoint, zmq_strerror(errno));
 		return r;
 	}
-	if (chmod(path, 0600) < 0) {
+	if (!strncmp(endpoint, "ipc://", 6) && chmod(endpoint + 6, 0600) < 0) {
 		int r = -errno;
 
-		snprintf(err, errlen, "%s: cannot make it the daemon's only: %m", path);
+		snprintf(err, errlen, "%s: cannot make it the daemon's only: %m", endpoint + 6);
+		return r;
+	}
+	return 0;
+}
+
+/* A socket with the options both share: no linger, and CURVE as the server when asked. */
+static void *make_socket(struct events *e, int type, const char *what, char *err, size_t errlen)
+{
+	static const char domain[] = "kvpaged";
+	void *sock = zmq_socket(e->zctx, type);
+	int zero = 0, one = 1;
+
+	if (!sock || zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    (e->cfg.curve &&
+	     (zmq_setsockopt(sock, ZMQ_CURVE_SERVER, &one, sizeof(one)) < 0 ||
+	      zmq_setsockopt(sock, ZMQ_CURVE_SECRETKEY, e->cfg.curve_secret,
+			     EVENTS_CURVE_KEY_BYTES) < 0 ||
+	      zmq_setsockopt(sock, ZMQ_ZAP_DOMAIN, domain, sizeof(domain) - 1) < 0))) {
+		snprintf(err, errlen, "cannot make the %s socket: %s", what, zmq_strerror(errno));
+		if (sock)
+			zmq_close(sock);
+		return NULL;
+	}
+	return sock;
+}
+
+/*
+ * The CURVE pieces, before any socket binds: the ZAP handler (without one libzmq lets every
+ * CURVE client in) and a copy of the allowed keys.
+ */
+static int start_curve(struct events *e, const uint8_t (*allowed)[EVENTS_CURVE_KEY_BYTES],
+		       char *err, size_t errlen)
+{
+	size_t bytes = e->cfg.curve_nallowed * EVENTS_CURVE_KEY_BYTES;
+	uint8_t (*keys)[EVENTS_CURVE_KEY_BYTES] = malloc(bytes ? bytes : 1);
+	int zero = 0;
+
+	if (!keys) {
+		snprintf(err, errlen, "out of memory");
+		return -ENOMEM;
+	}
+	if (bytes)
+		memcpy(keys, allowed, bytes);
+	e->cfg.curve_allowed = (const uint8_t (*)[EVENTS_CURVE_KEY_BYTES])keys;
+	e->zap = zmq_socket(e->zctx, ZMQ_REP);
+	if (!e->zap || zmq_setsockopt(e->zap, ZMQ_LINGER, &zero, sizeof(zero)) < 0 ||
+	    zmq_bind(e->zap, "inproc://zeromq.zap.01") < 0) {
+		int r = -errno;
+
+		snprintf(err, errlen, "cannot start the CURVE key check: %s", zmq_strerror(errno));
+		return r;
+	}
+	return 0;
+}
+
+/* Connections to the PUB socket, counted from its monitor (subscribers in the stats). */
+static int start_monitor(struct events *e, char *err, size_t errlen)
+{
+	char name[64];
+
+	snprintf(name, sizeof(name), "inproc://kvpaged-events-monitor-%p", (void *)e);
+	if (zmq_socket_monitor(e->pub, name, ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) < 0 ||
+	    !(e->monitor = zmq_socket(e->zctx, ZMQ_PAIR)) || zmq_connect(e->monitor, name) < 0) {
+		int r = -errno;
+
+		snprintf(err, errlen, "cannot watch the PUB socket: %s", zmq_strerror(errno));
 		return r;
 	}
 	return 0;
@@ -440,11 +624,12 @@ int events_new(const struct events_config *cfg, char *err, size_t errlen, struct
 	struct events *e = calloc(1, sizeof(*e));
 	const size_t B = cfg->block_tokens;
 	struct timespec now;
-	int hwm = (int)cfg->hwm, zero = 0, r;
+	int hwm = (int)cfg->hwm, one = 1, r;
 
 	if (!e)
 		return -ENOMEM;
 	e->cfg = *cfg;
+	e->cfg.curve_allowed = NULL; /* the copy start_curve makes, or none */
 	pthread_mutex_init(&e->lock, NULL);
 	msgpack_sbuffer_init(&e->sbuf);
 	e->topic = strdup(cfg->topic ? cfg->topic : "");
@@ -468,26 +653,34 @@ int events_new(const struct events_config *cfg, char *err, size_t errlen, struct
 		snprintf(err, errlen, "cannot start ZMQ: %s", zmq_strerror(errno));
 		goto fail;
 	}
-	e->pub = zmq_socket(e->zctx, ZMQ_PUB);
-	if (!e->pub || zmq_setsockopt(e->pub, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
-	    zmq_setsockopt(e->pub, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
+	if (cfg->curve) {
+		r = start_curve(e, cfg->curve_allowed, err, errlen);
+		if (r < 0)
+			goto fail;
+	}
+	/* An XPUB, so that a subscriber at its high-water mark is seen (send_batch). */
+	e->pub = make_socket(e, ZMQ_XPUB, "PUB", err, errlen);
+	r = -EIO;
+	if (!e->pub)
+		goto fail;
+	if (zmq_setsockopt(e->pub, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(e->pub, ZMQ_XPUB_NODROP, &one, sizeof(one)) < 0) {
 		r = -errno;
 		snprintf(err, errlen, "cannot make the PUB socket: %s", zmq_strerror(errno));
 		goto fail;
 	}
-	r = bind_ipc(e->pub, cfg->endpoint, err, errlen);
+	r = start_monitor(e, err, errlen);
+	if (r < 0)
+		goto fail;
+	r = bind_endpoint(e->pub, cfg->endpoint, err, errlen);
 	if (r < 0)
 		goto fail;
 	if (cfg->replay_endpoint) {
-		e->replay = zmq_socket(e->zctx, ZMQ_ROUTER);
-		if (!e->replay ||
-		    zmq_setsockopt(e->replay, ZMQ_LINGER, &zero, sizeof(zero)) < 0) {
-			r = -errno;
-			snprintf(err, errlen, "cannot make the replay socket: %s",
-				 zmq_strerror(errno));
+		e->replay = make_socket(e, ZMQ_ROUTER, "replay", err, errlen);
+		r = -EIO;
+		if (!e->replay)
 			goto fail;
-		}
-		r = bind_ipc(e->replay, cfg->replay_endpoint, err, errlen);
+		r = bind_endpoint(e->replay, cfg->replay_endpoint, err, errlen);
 		if (r < 0)
 			goto fail;
 	}
@@ -520,6 +713,10 @@ struct events *events_free(struct events *e)
 		zmq_close(e->pub);
 	if (e->replay)
 		zmq_close(e->replay);
+	if (e->monitor)
+		zmq_close(e->monitor);
+	if (e->zap)
+		zmq_close(e->zap);
 	if (e->zctx)
 		zmq_ctx_term(e->zctx);
 	for (uint32_t i = 0; e->ring && i < e->rlen; i++)
@@ -530,6 +727,8 @@ struct events *events_free(struct events *e)
 	free(e->qtok);
 	free(e->sparetok);
 	free(e->topic);
+	free((void *)e->cfg.curve_allowed);
+	explicit_bzero(e->cfg.curve_secret, sizeof(e->cfg.curve_secret));
 	msgpack_sbuffer_destroy(&e->sbuf);
 	pthread_mutex_destroy(&e->lock);
 	free(e);
@@ -541,6 +740,133 @@ void events_get_stats(struct events *e, struct events_stats *out)
 	pthread_mutex_lock(&e->lock);
 	*out = (struct events_stats){ .batches = e->batches, .events = e->events,
 				      .dropped = e->dropped, .replays = e->replays,
-				      .seq = e->next_seq, .queued = e->qlen };
+				      .seq = e->next_seq, .queued = e->qlen,
+				      .slow = e->slow, .refused = e->refused,
+				      .subscribers = e->subscribers };
 	pthread_mutex_unlock(&e->lock);
+}
+
+/* ---- CURVE key files ----------------------------------------------------------------------- */
+
+int events_curve_secret_load(const char *path, uint8_t key[EVENTS_CURVE_KEY_BYTES], char *err,
+			     size_t errlen)
+{
+	uint8_t buf[EVENTS_CURVE_Z85_LEN + 3];
+	char text[EVENTS_CURVE_Z85_LEN + 1];
+	size_t got;
+	int r = seal_secret_read(path, buf, sizeof(buf), &got, err, errlen);
+
+	if (r < 0)
+		return r;
+	if (got == EVENTS_CURVE_KEY_BYTES) {
+		memcpy(key, buf, EVENTS_CURVE_KEY_BYTES);
+		explicit_bzero(buf, sizeof(buf));
+		return 0;
+	}
+	while (got > EVENTS_CURVE_Z85_LEN && (buf[got - 1] == '\n' || buf[got - 1] == '\r'))
+		got--;
+	r = -EINVAL;
+	if (got == EVENTS_CURVE_Z85_LEN) {
+		memcpy(text, buf, EVENTS_CURVE_Z85_LEN);
+		text[EVENTS_CURVE_Z85_LEN] = '\0';
+		if (zmq_z85_decode(key, text))
+			r = 0;
+		explicit_bzero(text, sizeof(text));
+	}
+	explicit_bzero(buf, sizeof(buf));
+	if (r < 0)
+		snprintf(err, errlen, "%s: not a CURVE secret key (40 characters of Z85, as "
+			 "curve_keygen prints, or 32 raw bytes)", path);
+	return r;
+}
+
+int events_curve_allowed_load(const char *path, uint8_t (**keys)[EVENTS_CURVE_KEY_BYTES],
+			      size_t *n, char *err, size_t errlen)
+{
+	uint8_t (*k)[EVENTS_CURVE_KEY_BYTES] = NULL;
+	size_t cap = 0, used = 0, len = 0;
+	char *line = NULL;
+	unsigned lineno = 0;
+	struct stat st;
+	int r = 0;
+	FILE *f = fopen(path, "re");
+
+	if (!f) {
+		r = -errno;
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+		return r;
+	}
+	/* Whoever may write the file may let themselves in: its owner only (or root). */
+	if (fstat(fileno(f), &st) < 0 || !S_ISREG(st.st_mode)) {
+		r = -EINVAL;
+		snprintf(err, errlen, "%s: not a regular file", path);
+	} else if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		r = -EPERM;
+		snprintf(err, errlen, "%s: mode %04o lets group or others add keys (chmod 644)",
+			 path, (unsigned)(st.st_mode & 07777));
+	} else if (st.st_uid != geteuid() && st.st_uid != 0) {
+		r = -EPERM;
+		snprintf(err, errlen, "%s: owned by uid %u, neither this user nor root", path,
+			 (unsigned)st.st_uid);
+	}
+	while (!r && getline(&line, &len, f) >= 0) {
+		char *s = line, *end;
+
+		lineno++;
+		/* # starts a comment only at a line's start: Z85 has # among its characters. */
+		s += strspn(s, " \t");
+		end = s + strcspn(s, " \t\r\n");
+		if (end == s || *s == '#')
+			continue;
+		*end = '\0';
+		if (used == cap) {
+			size_t want = cap ? cap * 2 : 16;
+			void *grown = want <= 1u << 20 ? realloc(k, want * sizeof(*k)) : NULL;
+
+			if (!grown) {
+				r = -ENOMEM;
+				snprintf(err, errlen, "%s:%u: too many keys", path, lineno);
+				break;
+			}
+			k = grown;
+			cap = want;
+		}
+		if (strlen(s) != EVENTS_CURVE_Z85_LEN || !zmq_z85_decode(k[used], s)) {
+			r = -EINVAL;
+			snprintf(err, errlen, "%s:%u: not a CURVE public key (40 characters of Z85)",
+				 path, lineno);
+			break;
+		}
+		used++;
+	}
+	if (!r && ferror(f)) {
+		r = -EIO;
+		snprintf(err, errlen, "%s: %s", path, strerror(errno));
+	}
+	if (!r && !used) {
+		r = -EINVAL;
+		snprintf(err, errlen, "%s: no keys: no subscriber could get in", path);
+	}
+	free(line);
+	fclose(f);
+	if (r < 0) {
+		free(k);
+		return r;
+	}
+	*keys = k;
+	*n = used;
+	return 0;
+}
+
+int events_curve_public(const uint8_t secret[EVENTS_CURVE_KEY_BYTES],
+			char z85[EVENTS_CURVE_Z85_LEN + 1])
+{
+	char s[EVENTS_CURVE_Z85_LEN + 1];
+	int r = zmq_z85_encode(s, secret, EVENTS_CURVE_KEY_BYTES) &&
+			zmq_curve_public(z85, s) == 0
+		? 0
+		: -EINVAL;
+
+	explicit_bzero(s, sizeof(s));
+	return r;
 }

@@ -26,19 +26,33 @@ struct events;
 enum events_kind { EVENTS_STORED, EVENTS_REMOVED, EVENTS_CLEARED };
 enum events_medium { EVENTS_GPU, EVENTS_CPU, EVENTS_STORAGE, EVENTS_NMEDIA };
 
+#define EVENTS_CURVE_KEY_BYTES 32
+#define EVENTS_CURVE_Z85_LEN 40 /* a key as Z85 text, as curve_keygen prints it */
+
 struct events_config {
-	const char *endpoint;	     /* ipc://PATH, bound here */
-	const char *replay_endpoint; /* ipc://PATH or NULL */
+	const char *endpoint;	     /* ipc://PATH or tcp://HOST:PORT (CURVE only), bound here */
+	const char *replay_endpoint; /* the same, or NULL */
 	const char *topic;
 	bool array;		     /* events as positional arrays, not maps */
 	uint32_t block_tokens;
 	uint32_t batch_ms, buffer_batches, queue, hwm;
+	/*
+	 * CURVE (both sockets): the daemon's secret key, and the subscribers' public keys it lets
+	 * in (every other handshake is refused, by a ZAP handler on the publisher thread).
+	 */
+	bool curve;
+	uint8_t curve_secret[EVENTS_CURVE_KEY_BYTES];
+	const uint8_t (*curve_allowed)[EVENTS_CURVE_KEY_BYTES];
+	size_t curve_nallowed;
 };
 
 struct events_stats {
 	uint64_t batches, events, dropped, replays;
 	uint64_t seq; /* the next batch's */
 	uint32_t queued;
+	uint64_t slow;	      /* batches a subscriber at its high-water mark missed */
+	uint64_t refused;     /* CURVE handshakes refused (a key not allowed) */
+	uint32_t subscribers; /* connected now */
 };
 
 /* Binds the sockets and starts the thread.  0, or -errno with err (errlen bytes) saying why. */
@@ -54,6 +68,21 @@ void events_add(struct events *e, enum events_kind kind, enum events_medium medi
 		uint64_t hash, uint64_t parent, bool has_parent, const uint32_t *tokens);
 
 void events_get_stats(struct events *e, struct events_stats *out);
+
+/*
+ * The CURVE key files (docs/events.md).  The secret: 40 characters of Z85 (a newline may
+ * follow) or 32 raw bytes, under seal_key_load's rules for a secret file.  The allowed keys:
+ * a public key in Z85 per line (anything after it and a blank ignored), blank lines and lines
+ * starting with # skipped (Z85 itself has #); neither group nor others may write the file.  0, or -errno with err naming the file (and the line).  *keys is the
+ * caller's to free.
+ */
+int events_curve_secret_load(const char *path, uint8_t key[EVENTS_CURVE_KEY_BYTES], char *err,
+			     size_t errlen);
+int events_curve_allowed_load(const char *path, uint8_t (**keys)[EVENTS_CURVE_KEY_BYTES],
+			      size_t *n, char *err, size_t errlen);
+/* The public key of a secret, as Z85 text (EVENTS_CURVE_Z85_LEN characters and a NUL). */
+int events_curve_public(const uint8_t secret[EVENTS_CURVE_KEY_BYTES],
+			char z85[EVENTS_CURVE_Z85_LEN + 1]);
 
 /* The medium's name in the stream: "GPU", "CPU", "STORAGE". */
 const char *events_medium_name(enum events_medium m);

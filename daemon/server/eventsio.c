@@ -99,7 +99,7 @@ static void route_listed(struct dpool *p)
 int dpool_events_open(struct dpool *p, struct core_config *cc)
 {
 	const struct kvpd_pool_config *c = p->cfg;
-	const struct events_config ec = {
+	struct events_config ec = {
 		.endpoint = c->events_endpoint,
 		.replay_endpoint = c->events_replay_endpoint,
 		.topic = c->events_topic,
@@ -113,11 +113,34 @@ int dpool_events_open(struct dpool *p, struct core_config *cc)
 	char err[512] = "";
 	int r;
 
+	uint8_t (*allowed)[EVENTS_CURVE_KEY_BYTES] = NULL;
+	char pub[EVENTS_CURVE_Z85_LEN + 1] = "";
+
 	if (!c->events_endpoint)
 		return 0;
+	/* Loaded again: the configuration checked them, but files change. */
+	if (c->events_curve_secret_key_file) {
+		ec.curve = true;
+		r = events_curve_secret_load(c->events_curve_secret_key_file, ec.curve_secret, err,
+					     sizeof(err));
+		if (r >= 0)
+			r = events_curve_allowed_load(c->events_curve_allowed_keys_file, &allowed,
+						      &ec.curve_nallowed, err, sizeof(err));
+		if (r >= 0)
+			r = events_curve_public(ec.curve_secret, pub);
+		if (r < 0) {
+			explicit_bzero(ec.curve_secret, sizeof(ec.curve_secret));
+			return log_error_errno(r, "pool %s: the event stream's CURVE keys: %s",
+					       c->name, err);
+		}
+		ec.curve_allowed = (const uint8_t (*)[EVENTS_CURVE_KEY_BYTES])allowed;
+	}
 	r = events_new(&ec, err, sizeof(err), &p->events);
+	explicit_bzero(ec.curve_secret, sizeof(ec.curve_secret));
+	free(allowed);
 	if (r < 0)
 		return log_error_errno(r, "pool %s: the event stream: %s", c->name, err);
+	memcpy(p->events_curve_public, pub, sizeof(pub));
 	cc->observe = observe;
 	cc->observe_ctx = p;
 	route_listed(p);
@@ -125,6 +148,9 @@ int dpool_events_open(struct dpool *p, struct core_config *cc)
 		 c->events_replay_endpoint ? ", replay on " : "",
 		 c->events_replay_endpoint ? c->events_replay_endpoint : "", ec.array ? "array" : "map",
 		 c->events_namespaces ? c->events_namespaces : "none");
+	if (ec.curve)
+		log_info("pool %s: KV events by CURVE only, server key %s, %zu subscriber keys "
+			 "allowed", c->name, pub, ec.curve_nallowed);
 	return 0;
 }
 

@@ -212,6 +212,7 @@ struct dpool {
 	struct events *events;
 	uint64_t *events_salts;
 	size_t n_events_salts;
+	char events_curve_public[41]; /* the CURVE server key subscribers need, Z85; "" if none */
 	double remote_bandwidth;
 	uint64_t remote_sample_bytes, remote_sample_ns; /* auto: fetched since the last update */
 	uint32_t remote_fetching; /* fetch jobs submitted, not reaped */

@@ -8,12 +8,16 @@ format (map or positional array) it came in.  Any deviation from the schema is a
   events-sub.py listen ENDPOINT           subscribe; "ready" once connected; a line per batch
   events-sub.py replay ENDPOINT START     ask the replay socket for batches from START; a line
                                           per batch, then "end"
+  events-sub.py stall ENDPOINT            subscribe and never read (a receive queue of one
+                                          message): a subscriber that fell behind for good
 
-With EVENTS_SUB_RAW=FILE, listen also appends each message's frames to FILE in hex.
+With EVENTS_SUB_RAW=FILE, listen also appends each message's frames to FILE in hex.  With
+EVENTS_SUB_CURVE="SERVER-PUBLIC CLIENT-PUBLIC CLIENT-SECRET" (Z85), the sockets speak CURVE.
 """
 import json
 import os
 import sys
+import time
 
 import msgpack
 import zmq
@@ -88,11 +92,31 @@ def batch(topic, seq, payload):
             "events": [event(e) for e in b[1]]}
 
 
+def curve(sock):
+    keys = os.environ.get("EVENTS_SUB_CURVE")
+    if keys:
+        server, public, secret = keys.split()
+        sock.curve_serverkey = server.encode()
+        sock.curve_publickey = public.encode()
+        sock.curve_secretkey = secret.encode()
+
+
 def main():
     ctx = zmq.Context()
+    if sys.argv[1] == "stall":
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.RCVHWM, 1)
+        sub.setsockopt(zmq.RCVBUF, 4096)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        curve(sub)
+        sub.connect(sys.argv[2])
+        print("ready", flush=True)
+        while True:
+            time.sleep(3600)
     if sys.argv[1] == "listen":
         sub = ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        curve(sub)
         sub.connect(sys.argv[2])
         print("ready", flush=True)
         while True:
@@ -106,6 +130,7 @@ def main():
             print(json.dumps(batch(*frames)), flush=True)
     req = ctx.socket(zmq.DEALER)
     req.setsockopt(zmq.RCVTIMEO, 5000)
+    curve(req)
     req.connect(sys.argv[2])
     req.send_multipart([b"", int(sys.argv[3]).to_bytes(8, "big")])
     while True:

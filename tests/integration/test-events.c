@@ -14,11 +14,14 @@
 #include <poll.h>
 
 #include "tests/integration/harness.h"
+#include "tests/redis-fixture.h" /* free_port */
 
 #define BT 16
 
 static struct daemon d;
 static char ep[192], rep_ep[192], script[512];
+/* EVENTS_SUB_CURVE for the next subscriber started, if any. */
+static const char *sub_curve;
 
 /* A subscriber process and what it printed, read line by line. */
 struct sub {
@@ -56,23 +59,34 @@ static bool read_line(struct sub *s, char *line, size_t cap, int timeout_ms)
 	}
 }
 
-static void sub_start(struct sub *s, const char *mode, const char *endpoint, const char *arg)
+/* Runs argv with its stdout to be read by read_line. */
+static void spawn(struct sub *s, char *const argv[])
 {
 	int fds[2];
-	char line[64];
 
 	ck_assert_int_eq(pipe2(fds, O_CLOEXEC), 0);
 	s->pid = fork();
 	ck_assert_int_ge(s->pid, 0);
 	if (s->pid == 0) {
 		dup2(fds[1], 1);
-		execl("/usr/bin/python3", "python3", script, mode, endpoint, arg, (char *)NULL);
+		if (sub_curve)
+			setenv("EVENTS_SUB_CURVE", sub_curve, 1);
+		execv(argv[0], argv);
 		_exit(127);
 	}
 	close(fds[1]);
 	s->fd = fds[0];
 	s->len = 0;
-	if (!strcmp(mode, "listen")) {
+}
+
+static void sub_start(struct sub *s, const char *mode, const char *endpoint, const char *arg)
+{
+	char *argv[] = { "/usr/bin/python3", script, (char *)mode, (char *)endpoint, (char *)arg,
+			 NULL };
+	char line[64];
+
+	spawn(s, argv);
+	if (strcmp(mode, "replay")) {
 		ck_assert_msg(read_line(s, line, sizeof(line), 10000), "the subscriber did not start");
 		ck_assert_str_eq(line, "ready");
 	}
@@ -521,6 +535,174 @@ START_TEST(persisted)
 }
 END_TEST
 
+/*
+ * CURVE on tcp://: the server's key pair (A), one allowed client key (B) and one that is not
+ * (C), made with zmq.curve_keypair().  The allowed subscriber receives and replays; the wrong
+ * key is refused by the ZAP handler (counted) and a plain subscriber fails the handshake:
+ * neither receives a batch.
+ */
+#define KEY_A_PUB "}#VDY{UUZMR%vb)wpQ]$&:9th6d$#K?y2P^pMJ7V"
+#define KEY_A_SEC "O4awP4Dndl5Jpu:Srh&U&axGlGU(8>NdgHZ>R4?Q"
+#define KEY_B_PUB "lyQ2IlC9[Jq8sJ*t}vj%Uf=PT2r}QovDOFm2*quD"
+#define KEY_B_SEC "SQ&LM*JKl{M>$%MeIypg@Tu>*Re<PS/VAvwUE3S4"
+#define KEY_C_PUB "nAnG.a0{!iWso/N!:qn.yimr1OrP^5f-4ReTI:ay"
+#define KEY_C_SEC "]<4Pb06X2bKo944yIiS=UkPGk43zL-+G^N:+G<vW"
+
+static void write_key(const char *path, const char *text)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	close(fd);
+}
+
+START_TEST(curve)
+{
+	static struct seen w;
+	static struct sub good, wrong, plain, rep;
+	char dir[] = "/tmp/kvpaged-events-XXXXXX", conf[2048], sec[160], allowed[160];
+	static char st[65536];
+	uint32_t a[2 * BT];
+	struct kvp_client *c;
+	json_object *b;
+	uint32_t nrep = 0;
+
+	memset(&w, 0, sizeof(w));
+	snprintf(w.fmt, sizeof(w.fmt), "map");
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(sec, sizeof(sec), "%s/events.key", dir);
+	snprintf(allowed, sizeof(allowed), "%s/allowed", dir);
+	write_key(sec, KEY_A_SEC "\n");
+	write_key(allowed, "# the router\n" KEY_B_PUB "\n");
+	snprintf(ep, sizeof(ep), "tcp://127.0.0.1:%u", free_port());
+	snprintf(rep_ep, sizeof(rep_ep), "tcp://127.0.0.1:%u", free_port());
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = %u\ncapacity_blocks = 16\nnamespace = shared\n"
+		 "events_endpoint = %s\nevents_replay_endpoint = %s\n"
+		 "events_curve_secret_key_file = %s\nevents_curve_allowed_keys_file = %s\n"
+		 "events_topic = kv@test@tiny\nevents_namespaces = shared\nevents_batch_ms = 5\n",
+		 BT, ep, rep_ep, sec, allowed);
+	daemon_start(&d, conf);
+	daemon_copy_ctl(&d);
+	ck_assert_int_eq(ctl(&d, "stats", st, sizeof(st)), 0);
+	ck_assert_msg(strstr(st, KEY_A_PUB), "the server's public key is not in stats: %s", st);
+
+	sub_curve = KEY_A_PUB " " KEY_B_PUB " " KEY_B_SEC;
+	sub_start(&good, "listen", ep, NULL);
+	sub_curve = KEY_A_PUB " " KEY_C_PUB " " KEY_C_SEC;
+	sub_start(&wrong, "listen", ep, NULL);
+	sub_curve = NULL;
+	sub_start(&plain, "listen", ep, NULL);
+	msleep(500);
+	c = connect_ns(NULL, 0);
+	prompt(a, 2 * BT, 4000);
+	commit(c, a, 2 * BT);
+	UNTIL(&good, &w, w.stored[1] == 2);
+	/* The others had as long and longer: nothing. */
+	msleep(500);
+	ck_assert_ptr_null(next_batch(&wrong, 200));
+	ck_assert_ptr_null(next_batch(&plain, 200));
+	ck_assert_int_eq(ctl(&d, "stats", st, sizeof(st)), 0);
+	ck_assert_int_ge(json_int(st, "refused"), 1);
+	ck_assert_int_eq(json_int(st, "subscribers"), 1);
+
+	/* Replay over CURVE, the allowed key: the start's batch and the commit's. */
+	sub_curve = KEY_A_PUB " " KEY_B_PUB " " KEY_B_SEC;
+	sub_start(&rep, "replay", rep_ep, "0");
+	sub_curve = NULL;
+	while ((b = next_batch(&rep, 5000))) {
+		nrep++;
+		json_object_put(b);
+	}
+	ck_assert_uint_ge(nrep, 2);
+	sub_stop(&rep);
+
+	c = kvp_disconnect(c);
+	sub_stop(&good);
+	sub_stop(&wrong);
+	sub_stop(&plain);
+	for (uint32_t i = 0; i < w.nbatch; i++)
+		json_object_put(w.batch[i]);
+	unlink(sec);
+	unlink(allowed);
+	stop_and_clean(dir);
+}
+END_TEST
+
+/*
+ * A subscriber that never reads (a receive queue of one message, a 4 KiB socket buffer) and one
+ * that does, with a send high-water mark of 32 batches and batches of about 60 KB: the batches
+ * the stalled one cannot take are counted (slow), the reader gets every batch (seq contiguous),
+ * nothing is dropped from the queue, and the daemon serves on (a cache hit after it all).
+ */
+#define SLOW_BT 256
+#define SLOW_BLOCKS 48
+START_TEST(slow_subscriber)
+{
+	static struct sub stall, reader;
+	static uint32_t t[SLOW_BLOCKS * SLOW_BT];
+	char dir[] = "/tmp/kvpaged-events-XXXXXX", conf[1024];
+	static char st[65536];
+	struct kvp_client *c;
+	struct kvp_table tab = { 0 };
+	uint32_t cached = 0, nread = 0;
+	uint64_t prev = 0, s;
+	json_object *b;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ep, sizeof(ep), "ipc://%s/events", dir);
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = %u\ncapacity_blocks = %u\nnamespace = shared\n"
+		 "events_endpoint = %s\nevents_namespaces = shared\nevents_hwm = 32\n"
+		 "events_batch_ms = 1\nevents_topic = kv@test@tiny\n",
+		 SLOW_BT, 2 * SLOW_BLOCKS, ep);
+	daemon_start(&d, conf);
+	daemon_copy_ctl(&d);
+	sub_start(&stall, "stall", ep, NULL);
+	sub_start(&reader, "listen", ep, NULL);
+	msleep(500);
+	c = connect_ns(NULL, 0);
+	/* 96 commits of 48 blocks, each its own batch or two: some 6 MB of events. */
+	for (uint32_t i = 0; i < 96; i++) {
+		prompt(t, SLOW_BLOCKS * SLOW_BT, 100000 * (i + 1));
+		commit(c, t, SLOW_BLOCKS * SLOW_BT);
+		msleep(2);
+	}
+	/* The last prompt is still cached: the daemon served all along. */
+	ck_assert_int_eq(kvp_open(c, t, SLOW_BLOCKS * SLOW_BT, 0, 0, &s, &cached, &tab), 0);
+	ck_assert_uint_ge(cached, (SLOW_BLOCKS - 1) * SLOW_BT);
+	ck_assert_int_eq(kvp_close(c, s), 0);
+	kvp_table_free(&tab);
+	ck_assert_int_eq(ctl(&d, "stats", st, sizeof(st)), 0);
+	ck_assert_int_gt(json_int(st, "slow"), 0);
+	ck_assert_int_eq(json_int(st, "dropped"), 0);
+	ck_assert_int_eq(json_int(st, "subscribers"), 2);
+	/* The reader: every batch since it came, in order, up to the last one sent. */
+	for (;;) {
+		uint64_t seq;
+
+		b = next_batch(&reader, 5000);
+		ck_assert_msg(b, "the reader got %u batches, up to seq %llx, not %llx", nread,
+			      (unsigned long long)prev, json_int(st, "next_seq") - 1);
+		seq = (uint64_t)json_object_get_int64(get(b, "seq"));
+		json_object_put(b);
+		ck_assert_msg(!prev || seq == prev + 1, "seq %llx after %llx",
+			      (unsigned long long)seq, (unsigned long long)prev);
+		prev = seq;
+		nread++;
+		if (seq + 1 == (uint64_t)json_int(st, "next_seq"))
+			break;
+	}
+	c = kvp_disconnect(c);
+	sub_stop(&stall);
+	sub_stop(&reader);
+	stop_and_clean(dir);
+}
+END_TEST
+
 /* Configuration: tcp:// refused (token ids would reach anyone), events_* without a stream. */
 START_TEST(bad_config)
 {
@@ -564,6 +746,8 @@ int main(void)
 	tcase_add_loop_test(tc, stream, 0, 2);
 	tcase_add_test(tc, queue_full);
 	tcase_add_test(tc, persisted);
+	tcase_add_test(tc, curve);
+	tcase_add_test(tc, slow_subscriber);
 	tcase_add_test(tc, bad_config);
 	suite_add_tcase(s, tc);
 	return run_suite(s);

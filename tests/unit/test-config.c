@@ -1458,10 +1458,11 @@ START_TEST(test_events)
 	config_free(&b);
 
 	expect_pool_error("events_endpoint = tcp://0.0.0.0:5557",
-			  "kvpaged.conf:8: [pool main] events_endpoint: 'tcp://0.0.0.0:5557': a "
-			  "tcp:// endpoint");
-	expect_pool_error("events_endpoint = ipc://relative", "is not ipc:///ABSOLUTE/PATH");
-	expect_pool_error("events_endpoint = /run/x", "is not ipc:///ABSOLUTE/PATH");
+			  "kvpaged.conf:8: [pool main] events_endpoint: a tcp:// endpoint shows "
+			  "prompts' token ids to whoever connects: it needs CURVE keys");
+	expect_pool_error("events_endpoint = tcp://0.0.0.0", "is not tcp://HOST:PORT");
+	expect_pool_error("events_endpoint = ipc://relative", "is neither ipc:///ABSOLUTE/PATH nor");
+	expect_pool_error("events_endpoint = /run/x", "is neither ipc:///ABSOLUTE/PATH nor");
 	expect_pool_error("events_format = json", "'json' is not one of map, array");
 	expect_pool_error("events_namespaces = shared,,uid:1", "an empty name in the list");
 	expect_pool_error("events_namespaces = tenant", "'tenant' is not a namespace");
@@ -1472,6 +1473,118 @@ START_TEST(test_events)
 			       "events_replay_endpoint = ipc:///run/e\n",
 		     "kvpaged.conf:9: [pool main] events_replay_endpoint: the same as "
 		     "events_endpoint");
+}
+END_TEST
+
+static void write_text(const char *path, const char *text, mode_t mode)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+	ck_assert_int_eq(fchmod(fd, mode), 0);
+	close(fd);
+}
+
+/* CURVE for the event stream: tcp:// only with both key files, and files that load. */
+START_TEST(test_events_curve)
+{
+	/* Two key pairs (public, secret) from zmq.curve_keypair(); # and [ are Z85. */
+	static const char pub1[] = "[v=o$r@^0?.LD=B&ll-sha}#[wNAmZ2k2s$Gc9cA",
+			  sec1[] = "hCwXni(d/Zm5*xD=twO}-g<!P2Mer[<x^vt?Jn2i",
+			  pub2[] = "xUo&3y5K(s*Uw2j-G}S!I{GOSM!K+Mn{Jj-qm[Xf";
+	char dir[] = "/tmp/kvpd-config-curve-XXXXXX", secret[64], raw[64], allowed[64],
+	     open_secret[64], open_allowed[64], bad_secret[64], bad_allowed[64], empty[64],
+	     text[2048], line[256];
+	struct kvpd_config a, b;
+	char *printed;
+
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(secret, sizeof(secret), "%s/secret", dir);
+	snprintf(raw, sizeof(raw), "%s/raw", dir);
+	snprintf(allowed, sizeof(allowed), "%s/allowed", dir);
+	snprintf(open_secret, sizeof(open_secret), "%s/open-secret", dir);
+	snprintf(open_allowed, sizeof(open_allowed), "%s/open-allowed", dir);
+	snprintf(bad_secret, sizeof(bad_secret), "%s/bad-secret", dir);
+	snprintf(bad_allowed, sizeof(bad_allowed), "%s/bad-allowed", dir);
+	snprintf(empty, sizeof(empty), "%s/empty", dir);
+	snprintf(line, sizeof(line), "%s\n", sec1);
+	write_text(secret, line, 0600);
+	write_key(raw, 32, 0400);
+	write_text(open_secret, line, 0644);
+	write_text(bad_secret, "not a key at all, but forty chars long!!\n", 0600);
+	snprintf(text, sizeof(text), "# the routers\n\n%s router-a\n  %s\n", pub1, pub2);
+	write_text(allowed, text, 0644);
+	write_text(open_allowed, text, 0666);
+	snprintf(text, sizeof(text), "%s\n%s-too-long\n", pub1, pub2);
+	write_text(bad_allowed, text, 0644);
+	write_text(empty, "# nobody\n", 0644);
+
+	/* Both files: tcp:// loads, on either socket, and prints back. */
+	snprintf(text, sizeof(text), POOL_MAIN "events_endpoint = tcp://127.0.0.1:5557\n"
+			   "events_replay_endpoint = tcp://127.0.0.1:5558\n"
+			   "events_curve_secret_key_file = %s\nevents_curve_allowed_keys_file = %s\n",
+		 secret, allowed);
+	load_ok(text, &a);
+	ck_assert_str_eq(a.pools[0].events_curve_secret_key_file, secret);
+	ck_assert_str_eq(a.pools[0].events_curve_allowed_keys_file, allowed);
+	printed = print_to_string(&a);
+	load_ok(printed, &b);
+	assert_config_equal(&a, &b);
+	free(printed);
+	config_free(&a);
+	config_free(&b);
+	/* 32 raw bytes are a secret key too; CURVE on ipc:// is allowed. */
+	snprintf(text, sizeof(text), POOL_MAIN "events_endpoint = ipc:///run/kvpaged/ev\n"
+			   "events_curve_secret_key_file = %s\nevents_curve_allowed_keys_file = %s\n",
+		 raw, allowed);
+	load_ok(text, &a);
+	config_free(&a);
+
+	/* The replay socket on tcp:// without keys. */
+	expect_error(POOL_MAIN "events_endpoint = ipc:///run/e\n"
+			       "events_replay_endpoint = tcp://127.0.0.1:5558\n",
+		     "kvpaged.conf:9: [pool main] events_replay_endpoint: a tcp:// endpoint");
+	/* One file without the other. */
+	snprintf(text, sizeof(text), POOL_MAIN "events_endpoint = tcp://127.0.0.1:5557\n"
+			   "events_curve_secret_key_file = %s\n", secret);
+	expect_error(text, "kvpaged.conf:9: [pool main] events_curve_secret_key_file: CURVE needs "
+			   "events_curve_allowed_keys_file too");
+	/* Files that do not load: each named, with its line where it has one. */
+	{
+		const struct {
+			const char *secret, *allowed, *want;
+		} bad[] = {
+			{ open_secret, allowed, "lets group or others at the key" },
+			{ bad_secret, allowed, "not a CURVE secret key" },
+			{ "/nonexistent/secret", allowed, "No such file or directory" },
+			{ secret, open_allowed, "lets group or others add keys" },
+			{ secret, bad_allowed, "bad-allowed:2: not a CURVE public key" },
+			{ secret, empty, "no keys: no subscriber could get in" },
+		};
+
+		for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+			snprintf(text, sizeof(text),
+				 POOL_MAIN "events_endpoint = tcp://127.0.0.1:5557\n"
+					   "events_curve_secret_key_file = %s\n"
+					   "events_curve_allowed_keys_file = %s\n",
+				 bad[i].secret, bad[i].allowed);
+			expect_error_code(text, strstr(bad[i].want, "No such") ? -ENOENT
+					  : strstr(bad[i].want, "lets") ? -EPERM : -EINVAL,
+					  bad[i].want);
+		}
+	}
+	/* Without a stream, the key files are a mistake too. */
+	snprintf(text, sizeof(text), POOL_MAIN "events_curve_secret_key_file = %s\n", secret);
+	expect_error(text, "events_curve_secret_key_file: there is no event stream");
+	{
+		const char *files[] = { secret, raw, allowed, open_secret, open_allowed,
+					bad_secret, bad_allowed, empty };
+
+		for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+			ck_assert_int_eq(unlink(files[i]), 0);
+	}
+	ck_assert_int_eq(rmdir(dir), 0);
 }
 END_TEST
 
@@ -1641,6 +1754,7 @@ int main(void)
 	tcase_add_test(tc, test_tiers);
 	tcase_add_test(tc, test_remote_tier);
 	tcase_add_test(tc, test_events);
+	tcase_add_test(tc, test_events_curve);
 	tcase_add_test(tc, test_unknown_sections_and_keys);
 	tcase_add_test(tc, test_empty_sections_are_fine_unless_pools);
 	tcase_add_test(tc, test_duplicates);

@@ -49,6 +49,7 @@ static void usage(FILE *f)
 	      "               what changed and what needs a restart (exit 1 if it did not load)\n"
 	      "  plan ...     the cost model's arithmetic (prefix, swa, swap); needs no daemon\n"
 	      "  plan pool NAME  the cost model with a running pool's parameters and decisions\n"
+
 	      "\n"
 	      "The admin socket is $KVPAGED_ADMIN_SOCKET or " DEFAULT_ADMIN_SOCKET ".\n",
 	      f);
@@ -660,6 +661,10 @@ static int cmd_stats(int fd, const char *pool)
 				jadd_u(y, "next_seq", e->next_seq);
 				jadd_u(y, "queued", e->queued);
 				jadd_u(y, "namespaces_announced", e->namespaces);
+				jadd_u(y, "slow", e->slow);
+				jadd_u(y, "refused", e->refused);
+				jadd_u(y, "subscribers", e->subscribers);
+				jadd_s(y, "curve_public_key", e->curve_public_key);
 				json_object_object_add(x, "events", y);
 			}
 			json_object_array_add(pa, x);
@@ -756,6 +761,10 @@ static int cmd_stats(int fd, const char *pool)
 				       p->pool, e->endpoint, e->format, *e->topic ? ", topic " : "",
 				       e->topic, e->batches, e->events, e->dropped, e->queued,
 				       e->replays, e->namespaces, e->next_seq);
+				printf("%s: %u subscribers; %" PRIu64 " batches missed by slow ones"
+				       "%s%s; %" PRIu64 " refused\n", p->pool, e->subscribers, e->slow,
+				       *e->curve_public_key ? "; CURVE, server key " : "",
+				       e->curve_public_key, e->refused);
 			}
 			if (p->namespaces_folded)
 				printf("\n%s: %" PRIu64 " namespaces no session used any more are "
