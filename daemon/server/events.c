@@ -88,6 +88,14 @@ void events_add(struct events *e, enum events_kind kind, enum events_medium medi
 	pthread_mutex_unlock(&e->lock);
 }
 
+void events_drop(struct events *e)
+{
+	pthread_mutex_lock(&e->lock);
+	e->dropped++;
+	e->gap = true;
+	pthread_mutex_unlock(&e->lock);
+}
+
 /* ---- the wire format ---------------------------------------------------------------------- */
 
 static void pack_str(msgpack_packer *pk, const char *s)

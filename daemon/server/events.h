@@ -67,6 +67,9 @@ struct events *events_free(struct events *e);
 void events_add(struct events *e, enum events_kind kind, enum events_medium medium,
 		uint64_t hash, uint64_t parent, bool has_parent, const uint32_t *tokens);
 
+/* An event the caller could not queue: counted as dropped, and the next seq skips one. */
+void events_drop(struct events *e);
+
 void events_get_stats(struct events *e, struct events_stats *out);
 
 /*

@@ -7,6 +7,7 @@
  * the namespaces events_namespaces lists are announced: token ids show prompts.
  */
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +33,115 @@ static enum events_medium medium_of(const struct dpool *p, uint32_t level)
 	return level == p->host_level ? EVENTS_CPU : EVENTS_STORAGE;
 }
 
+struct held_event {
+	uint64_t hash, parent;
+	bool has_parent, sent;
+	uint8_t medium;
+};
+
+/* One block stored while holding: kept, tokens and all, up to events_queue of them. */
+static void hold(struct dpool *p, enum events_medium m, uint64_t hash, uint64_t parent,
+		 bool has_parent, const uint32_t *tokens)
+{
+	const size_t bt = p->cfg->block_tokens;
+
+	if (p->n_events_held == p->cfg->events_queue || !p->events_held) {
+		events_drop(p->events); /* as a queue this long would */
+		return;
+	}
+	p->events_held[p->n_events_held] = (struct held_event){
+		.hash = hash, .parent = parent, .has_parent = has_parent, .medium = (uint8_t)m
+	};
+	memcpy(p->events_held_tokens + p->n_events_held * bt, tokens, bt * sizeof(*tokens));
+	p->n_events_held++;
+}
+
+void dpool_events_hold(struct dpool *p)
+{
+	if (!p->events)
+		return;
+	p->events_held = calloc(p->cfg->events_queue, sizeof(*p->events_held));
+	p->events_held_tokens =
+		calloc((size_t)p->cfg->events_queue * p->cfg->block_tokens, sizeof(uint32_t));
+	if (!p->events_held || !p->events_held_tokens) {
+		free(p->events_held);
+		free(p->events_held_tokens);
+		p->events_held = NULL;
+		p->events_held_tokens = NULL;
+		log_warning("pool %s: out of memory: the swap files' blocks are not announced",
+			    p->cfg->name);
+	}
+	p->events_holding = true;
+}
+
+struct by_hash {
+	uint64_t hash;
+	size_t at;
+};
+
+static int cmp_hash(const void *a, const void *b)
+{
+	const struct by_hash *x = a, *y = b;
+
+	return x->hash < y->hash ? -1 : x->hash > y->hash;
+}
+
+/* The held block with this hash, or -1. */
+static ptrdiff_t held_find(const struct by_hash *idx, size_t n, uint64_t hash)
+{
+	struct by_hash k = { .hash = hash };
+	const struct by_hash *f = bsearch(&k, idx, n, sizeof(*idx), cmp_hash);
+
+	return f ? (ptrdiff_t)f->at : -1;
+}
+
+/*
+ * Sends what was held, each block after its parent: for each block, the chain of its held
+ * ancestors not sent yet is walked up, then sent from the top down.
+ */
+void dpool_events_release(struct dpool *p)
+{
+	const size_t n = p->n_events_held, bt = p->cfg->block_tokens;
+	struct held_event *h = p->events_held;
+	struct by_hash *idx = n ? calloc(n, sizeof(*idx)) : NULL;
+	size_t *chain = n ? calloc(n, sizeof(*chain)) : NULL;
+
+	p->events_holding = false;
+	if (n && (!idx || !chain)) {
+		log_warning("pool %s: out of memory: the swap files' blocks are not announced",
+			    p->cfg->name);
+		for (size_t i = 0; i < n; i++)
+			events_drop(p->events);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		idx[i] = (struct by_hash){ .hash = h[i].hash, .at = i };
+	qsort(idx, n, sizeof(*idx), cmp_hash);
+	for (size_t i = 0; i < n; i++) {
+		size_t len = 0;
+
+		for (ptrdiff_t at = (ptrdiff_t)i; at >= 0 && !h[at].sent && len < n;
+		     at = h[at].has_parent ? held_find(idx, n, h[at].parent) : -1) {
+			h[at].sent = true;
+			chain[len++] = (size_t)at;
+		}
+		while (len--) {
+			const struct held_event *e = &h[chain[len]];
+
+			events_add(p->events, EVENTS_STORED, (enum events_medium)e->medium, e->hash,
+				   e->parent, e->has_parent, p->events_held_tokens + chain[len] * bt);
+		}
+	}
+out:
+	free(idx);
+	free(chain);
+	free(p->events_held);
+	free(p->events_held_tokens);
+	p->events_held = NULL;
+	p->events_held_tokens = NULL;
+	p->n_events_held = 0;
+}
+
 static void observe(void *ctx, const struct core_event *ev)
 {
 	struct dpool *p = ctx;
@@ -53,6 +163,10 @@ static void observe(void *ctx, const struct core_event *ev)
 	}
 	if (!tokens)
 		return; /* nowhere to read them: not announced (cannot happen with these levels) */
+	if (p->events_holding) {
+		hold(p, medium_of(p, ev->level), ev->hash.lo, ev->parent.lo, has_parent, tokens);
+		return;
+	}
 	events_add(p->events, EVENTS_STORED, medium_of(p, ev->level), ev->hash.lo,
 		   ev->parent.lo, has_parent, tokens);
 }

@@ -450,7 +450,9 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 	if (r < 0)
 		return log_error_errno(r, "pool %s: cannot create the block manager: %m", cfg->name);
 	if (p->file && cfg->file_tier_persist) {
+		dpool_events_hold(p);
 		r = file_tier_scan(p->file, on_restored, p);
+		dpool_events_release(p);
 		if (r < 0)
 			return log_error_errno(r, "pool %s: cannot read the swap files back: %m",
 					       cfg->name);

@@ -213,6 +213,14 @@ struct dpool {
 	uint64_t *events_salts;
 	size_t n_events_salts;
 	char events_curve_public[41]; /* the CURVE server key subscribers need, Z85; "" if none */
+	/*
+	 * While the swap files are read back (dpool_events_hold): the blocks found, announced
+	 * parents first once the scan is done, whatever order the reads completed in.
+	 */
+	bool events_holding;
+	struct held_event *events_held;
+	uint32_t *events_held_tokens;
+	size_t n_events_held;
 	double remote_bandwidth;
 	uint64_t remote_sample_bytes, remote_sample_ns; /* auto: fetched since the last update */
 	uint32_t remote_fetching; /* fetch jobs submitted, not reaped */
@@ -564,6 +572,9 @@ void dpool_events_close(struct dpool *p);
 void dpool_events_route(struct dpool *p, const char *name, uint64_t salt);
 /* After core_drop_cache: AllBlocksCleared when nothing is left at any level. */
 void dpool_events_dropped(struct dpool *p);
+/* Holds the announcements of blocks stored until release, which sends them parents first. */
+void dpool_events_hold(struct dpool *p);
+void dpool_events_release(struct dpool *p);
 /* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
 void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
 /*

@@ -449,6 +449,18 @@ START_TEST(queue_full)
 	ck_assert_int_ge(json_int(st, "batches"), 1);
 	/* A narrowed namespace: events_namespaces lists shared and its narrowings. */
 	c = connect_ns("tenant-a", 0);
+	/* A batch the subscriber surely sees (the start's went out before it may have listened). */
+	prompt(u, BT, 70000);
+	commit(c, u, BT);
+	for (bool stored = false; !stored;) {
+		b = next_batch(&live, 5000);
+		ck_assert_msg(b, "the subscriber did not see the block stored");
+		prev = (uint64_t)json_object_get_int64(get(b, "seq"));
+		stored = !strcmp(json_object_get_string(get(json_object_array_get_idx(
+					 get(b, "events"), 0), "type")),
+				 "BlockStored");
+		json_object_put(b);
+	}
 	prompt(t, 40 * BT, 1000);
 	commit(c, t, 40 * BT);
 	prompt(u, 2 * BT, 90000);
@@ -474,7 +486,8 @@ START_TEST(queue_full)
 END_TEST
 
 /*
- * With file_tier_persist, the blocks a restart finds in the swap files are announced on STORAGE
+ * With file_tier_persist, the blocks a restart finds in the swap files (a chain of seven, read
+ * back in whatever order the reads complete) are announced on STORAGE, parents first,
  * right after the start's AllBlocksCleared, before any session attaches: the listed names'
  * salts are known from the configuration.
  */
@@ -483,7 +496,7 @@ START_TEST(persisted)
 	static struct seen w;
 	static struct sub rep;
 	char dir[] = "/tmp/kvpaged-events-XXXXXX", conf[1024], swap[160];
-	uint32_t a[3 * BT];
+	uint32_t a[7 * BT];
 	struct kvp_client *c;
 	json_object *b;
 
@@ -502,8 +515,8 @@ START_TEST(persisted)
 		 BT, swap, ep, rep_ep);
 	daemon_start(&d, conf);
 	c = connect_ns(NULL, 0);
-	prompt(a, 3 * BT, 3000);
-	commit(c, a, 3 * BT);
+	prompt(a, 7 * BT, 3000);
+	commit(c, a, 7 * BT);
 	c = kvp_disconnect(c);
 	daemon_stop(&d); /* writes the pool's blocks to the files */
 	daemon_remove_files(&d);
@@ -528,7 +541,7 @@ START_TEST(persisted)
 	}
 	sub_stop(&rep);
 	ck_assert_uint_eq(w.cleared, 1);
-	ck_assert_uint_eq(blocks_at(&w, 2, a, 3), 3);
+	ck_assert_uint_eq(blocks_at(&w, 2, a, 7), 7);
 	for (uint32_t i = 0; i < w.nbatch; i++)
 		json_object_put(w.batch[i]);
 	stop_and_clean(dir);
