@@ -552,7 +552,8 @@ END_TEST
  * CURVE on tcp://: the server's key pair (A), one allowed client key (B) and one that is not
  * (C), made with zmq.curve_keypair().  The allowed subscriber receives and replays; the wrong
  * key is refused by the ZAP handler (counted) and a plain subscriber fails the handshake:
- * neither receives a batch.
+ * neither receives a batch.  kvpagedctl events tails it with the allowed key (JSON and text), and
+ * without a key says which option it needs.
  */
 #define KEY_A_PUB "}#VDY{UUZMR%vb)wpQ]$&:9th6d$#K?y2P^pMJ7V"
 #define KEY_A_SEC "O4awP4Dndl5Jpu:Srh&U&axGlGU(8>NdgHZ>R4?Q"
@@ -573,8 +574,9 @@ static void write_key(const char *path, const char *text)
 START_TEST(curve)
 {
 	static struct seen w;
-	static struct sub good, wrong, plain, rep;
-	char dir[] = "/tmp/kvpaged-events-XXXXXX", conf[2048], sec[160], allowed[160];
+	static struct sub good, wrong, plain, rep, tail, tail_text;
+	char dir[] = "/tmp/kvpaged-events-XXXXXX", conf[2048], sec[160], allowed[160],
+	     client_key[160];
 	static char st[65536];
 	uint32_t a[2 * BT];
 	struct kvp_client *c;
@@ -608,11 +610,51 @@ START_TEST(curve)
 	sub_start(&wrong, "listen", ep, NULL);
 	sub_curve = NULL;
 	sub_start(&plain, "listen", ep, NULL);
+	/* kvpagedctl events, with this client's key and without. */
+	{
+		char cmd[1024], out[4096];
+		char *argv[] = { "/bin/sh", "-c", cmd, NULL };
+
+		snprintf(cmd, sizeof(cmd), "'%s' --socket '%s' events 2>&1", d.ctl, d.admin);
+		ck_assert_int_eq(run_output("/bin/sh", argv, out, sizeof(out)), 1);
+		ck_assert_msg(strstr(out, "--curve-key") && strstr(out, KEY_A_PUB), "%s", out);
+	}
+	snprintf(client_key, sizeof(client_key), "%s/client.key", dir);
+	write_key(client_key, KEY_B_SEC);
+	{
+		char *argv[] = { d.ctl, "--socket", d.admin, "events", "--curve-key", client_key,
+				 "--count", "1", "--json", NULL };
+		char *text_argv[] = { d.ctl, "--socket", d.admin, "events", "--curve-key",
+				      client_key, "--count", "1", NULL };
+
+		spawn(&tail, argv);
+		spawn(&tail_text, text_argv);
+	}
 	msleep(500);
 	c = connect_ns(NULL, 0);
 	prompt(a, 2 * BT, 4000);
 	commit(c, a, 2 * BT);
 	UNTIL(&good, &w, w.stored[1] == 2);
+	/* The tails: the commit's batch, decoded, then they exit. */
+	{
+		static char line[65536];
+
+		ck_assert(read_line(&tail, line, sizeof(line), 5000));
+		ck_assert_msg(strstr(line, "\"type\":\"BlockStored\"") &&
+				      strstr(line, "\"topic\":\"kv@test@tiny\"") &&
+				      strstr(line, "\"medium\":\"CPU\"") &&
+				      strstr(line, "\"token_ids\":[4000,4007,"),
+			      "%s", line);
+		ck_assert_int_eq(wait_child(tail.pid), 0);
+		close(tail.fd);
+		ck_assert(read_line(&tail_text, line, sizeof(line), 5000));
+		ck_assert_msg(strstr(line, " BlockStored CPU 2 blocks ") &&
+				      strstr(line, "(32 tokens)"),
+			      "%s", line);
+		ck_assert_int_eq(wait_child(tail_text.pid), 0);
+		close(tail_text.fd);
+	}
+	ck_assert_uint_eq(blocks_at(&w, 1, a, 2), 2);
 	/* The others had as long and longer: nothing. */
 	msleep(500);
 	ck_assert_ptr_null(next_batch(&wrong, 200));
@@ -640,6 +682,7 @@ START_TEST(curve)
 		json_object_put(w.batch[i]);
 	unlink(sec);
 	unlink(allowed);
+	unlink(client_key);
 	stop_and_clean(dir);
 }
 END_TEST

@@ -25,6 +25,7 @@
 #include "proto/kvpaged.pb-c.h"
 #include "daemon/core/cost.h"
 #include "tools/kvpagedctl/plan.h"
+#include "tools/kvpagedctl/tail.h"
 
 #define DEFAULT_ADMIN_SOCKET "/run/kvpaged/admin.sock"
 
@@ -49,7 +50,10 @@ static void usage(FILE *f)
 	      "               what changed and what needs a restart (exit 1 if it did not load)\n"
 	      "  plan ...     the cost model's arithmetic (prefix, swa, swap); needs no daemon\n"
 	      "  plan pool NAME  the cost model with a running pool's parameters and decisions\n"
-
+	      "  events [--curve-key FILE] [--count N]\n"
+	      "               a live tail of a pool's KV event stream (--pool: which, when\n"
+	      "               more than one has one), decoded; --json: a batch a line;\n"
+	      "               --curve-key: this client's CURVE secret key for a tcp:// stream\n"
 	      "\n"
 	      "The admin socket is $KVPAGED_ADMIN_SOCKET or " DEFAULT_ADMIN_SOCKET ".\n",
 	      f);
@@ -65,6 +69,12 @@ static int connect_admin(const char *path)
 	}
 	return fd;
 }
+
+/*
+ * kvpagedctl events: the endpoint (and CURVE server key) from the pool's stats, then a tail
+ * until interrupted or count batches.
+ */
+static int cmd_events(int fd, const char *pool, const char *key_file, unsigned long count);
 
 /* Sends one admin request and returns the unpacked reply, or NULL after printing why. */
 static ProtobufCMessage *request(int fd, uint16_t type, const char *pool,
@@ -1138,6 +1148,46 @@ int main(int argc, char **argv)
 	}
 	if (optind < argc && !strcmp(argv[optind], "plan"))
 		return cmd_plan(argc - optind, argv + optind);
+	if (optind < argc && !strcmp(argv[optind], "events")) {
+		static const struct option eopts[] = {
+			{ "curve-key", required_argument, NULL, 'k' },
+			{ "count", required_argument, NULL, 'n' },
+			{ "json", no_argument, NULL, 'j' },
+			{}
+		};
+		const char *key_file = NULL;
+		unsigned long count = 0;
+		char *end;
+
+		optind++;
+		while ((opt = getopt_long(argc, argv, "k:n:j", eopts, NULL)) != -1) {
+			if (opt == 'k') {
+				key_file = optarg;
+			} else if (opt == 'j') {
+				json = true;
+			} else if (opt == 'n') {
+				errno = 0;
+				count = strtoul(optarg, &end, 10);
+				if (errno || !*optarg || *end || *optarg == '-') {
+					fprintf(stderr, "kvpagedctl: events --count: '%s' is not a "
+							"number of batches\n",
+						optarg);
+					return 2;
+				}
+			} else {
+				usage(stderr);
+				return 2;
+			}
+		}
+		if (optind != argc) {
+			usage(stderr);
+			return 2;
+		}
+		fd = connect_admin(path);
+		if (fd < 0)
+			return 1;
+		return cmd_events(fd, pool, key_file, count);
+	}
 	if (optind + 1 < argc && !strcmp(argv[optind], "metrics") &&
 	    !strncmp(argv[optind + 1], "--textfile", 10)) {
 		const char *arg = argv[optind + 1] + 10;
@@ -1171,4 +1221,36 @@ int main(int argc, char **argv)
 	fprintf(stderr, "kvpagedctl: unknown command '%s'\n", argv[optind]);
 	usage(stderr);
 	return 2;
+}
+
+static int cmd_events(int fd, const char *pool, const char *key_file, unsigned long count)
+{
+	Kvpaged__V1__Stats *st = (Kvpaged__V1__Stats *)request(
+		fd, KVPAGED__V1__MESSAGE_TYPE__ADMIN_STATS, pool, &kvpaged__v1__stats__descriptor);
+	const Kvpaged__V1__EventStream *es = NULL;
+	char endpoint[1024], server_key[64];
+	size_t with = 0;
+
+	close(fd);
+	if (!st)
+		return 1;
+	for (size_t i = 0; i < st->n_pools; i++) {
+		if (!st->pools[i]->events)
+			continue;
+		with++;
+		if (!es)
+			es = st->pools[i]->events;
+	}
+	if (!with || (with > 1 && !pool)) {
+		fprintf(stderr, "kvpagedctl: %s\n",
+			!with ? (pool ? "that pool has no event stream (events_endpoint)"
+				      : "no pool has an event stream (events_endpoint)")
+			      : "more than one pool has an event stream: say which with --pool");
+		kvpaged__v1__stats__free_unpacked(st, NULL);
+		return 1;
+	}
+	snprintf(endpoint, sizeof(endpoint), "%s", es->endpoint);
+	snprintf(server_key, sizeof(server_key), "%s", es->curve_public_key);
+	kvpaged__v1__stats__free_unpacked(st, NULL);
+	return events_tail(endpoint, server_key, key_file, count, json);
 }
