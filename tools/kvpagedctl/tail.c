@@ -17,11 +17,8 @@
 #include <json-c/json.h>
 
 #include "daemon/server/events.h"
+#include "tools/evdecode.h"
 #include "tools/kvpagedctl/tail.h"
-
-static const char *const stored_fields[] = { "block_hashes", "parent_block_hash", "token_ids",
-					     "block_size", "lora_id", "medium" };
-static const char *const removed_fields[] = { "block_hashes", "medium" };
 
 static volatile sig_atomic_t stopping;
 
@@ -29,47 +26,6 @@ static void on_signal(int sig)
 {
 	(void)sig;
 	stopping = 1;
-}
-
-static bool is_str(const msgpack_object *o, const char *s)
-{
-	return o->type == MSGPACK_OBJECT_STR && o->via.str.size == strlen(s) &&
-	       !memcmp(o->via.str.ptr, s, o->via.str.size);
-}
-
-/* An event's type, or NULL when it is neither form. */
-static const msgpack_object *event_type(const msgpack_object *ev)
-{
-	if (ev->type == MSGPACK_OBJECT_MAP) {
-		for (uint32_t i = 0; i < ev->via.map.size; i++)
-			if (is_str(&ev->via.map.ptr[i].key, "type") &&
-			    ev->via.map.ptr[i].val.type == MSGPACK_OBJECT_STR)
-				return &ev->via.map.ptr[i].val;
-		return NULL;
-	}
-	if (ev->type == MSGPACK_OBJECT_ARRAY && ev->via.array.size &&
-	    ev->via.array.ptr[0].type == MSGPACK_OBJECT_STR)
-		return &ev->via.array.ptr[0];
-	return NULL;
-}
-
-/* A field of an event by name, whichever form it came in; NULL when absent. */
-static const msgpack_object *field(const msgpack_object *ev, const msgpack_object *type,
-				   const char *name)
-{
-	const char *const *names = is_str(type, "BlockStored") ? stored_fields : removed_fields;
-	const uint32_t n = is_str(type, "BlockStored") ? 6 : 2;
-
-	if (ev->type == MSGPACK_OBJECT_MAP) {
-		for (uint32_t i = 0; i < ev->via.map.size; i++)
-			if (is_str(&ev->via.map.ptr[i].key, name))
-				return &ev->via.map.ptr[i].val;
-		return NULL;
-	}
-	for (uint32_t i = 0; i < n; i++)
-		if (!strcmp(names[i], name))
-			return i + 1 < ev->via.array.size ? &ev->via.array.ptr[i + 1] : NULL;
-	return NULL;
 }
 
 static const char *str(const msgpack_object *o, char *buf, size_t cap)
@@ -92,11 +48,11 @@ static json_object *hex(uint64_t v)
 static json_object *event_json(const msgpack_object *ev, const msgpack_object *type)
 {
 	json_object *o = json_object_new_object();
-	const msgpack_object *hs = field(ev, type, "block_hashes"), *f;
+	const msgpack_object *hs = evd_field(ev, type, "block_hashes"), *f;
 	char buf[64];
 
 	json_object_object_add(o, "type", json_object_new_string(str(type, buf, sizeof(buf))));
-	if (is_str(type, "AllBlocksCleared"))
+	if (evd_is_str(type, "AllBlocksCleared"))
 		return o;
 	if (hs && hs->type == MSGPACK_OBJECT_ARRAY) {
 		json_object *a = json_object_new_array();
@@ -106,20 +62,20 @@ static json_object *event_json(const msgpack_object *ev, const msgpack_object *t
 		json_object_object_add(o, "block_hashes", a);
 	}
 	json_object_object_add(o, "medium",
-			       json_object_new_string(str(field(ev, type, "medium"), buf,
+			       json_object_new_string(str(evd_field(ev, type, "medium"), buf,
 							  sizeof(buf))));
-	if (!is_str(type, "BlockStored"))
+	if (!evd_is_str(type, "BlockStored"))
 		return o;
-	f = field(ev, type, "parent_block_hash");
+	f = evd_field(ev, type, "parent_block_hash");
 	json_object_object_add(o, "parent_block_hash",
 			       f && f->type == MSGPACK_OBJECT_POSITIVE_INTEGER ? hex(f->via.u64)
 									: NULL);
-	f = field(ev, type, "block_size");
+	f = evd_field(ev, type, "block_size");
 	json_object_object_add(o, "block_size",
 			       json_object_new_int64(f && f->type == MSGPACK_OBJECT_POSITIVE_INTEGER
 							     ? (int64_t)f->via.u64
 							     : 0));
-	f = field(ev, type, "token_ids");
+	f = evd_field(ev, type, "token_ids");
 	if (f && f->type == MSGPACK_OBJECT_ARRAY) {
 		json_object *a = json_object_new_array();
 
@@ -133,24 +89,24 @@ static json_object *event_json(const msgpack_object *ev, const msgpack_object *t
 /* One event as a line: its type, medium, blocks (the first and last hash) and tokens. */
 static void event_text(uint64_t seq, const msgpack_object *ev, const msgpack_object *type)
 {
-	const msgpack_object *hs = field(ev, type, "block_hashes"), *f;
+	const msgpack_object *hs = evd_field(ev, type, "block_hashes"), *f;
 	char t[64], m[16];
 	uint32_t n = hs && hs->type == MSGPACK_OBJECT_ARRAY ? hs->via.array.size : 0;
 
 	printf("%016" PRIx64 " %s", seq, str(type, t, sizeof(t)));
-	if (!is_str(type, "AllBlocksCleared")) {
-		printf(" %s %u block%s", str(field(ev, type, "medium"), m, sizeof(m)), n,
+	if (!evd_is_str(type, "AllBlocksCleared")) {
+		printf(" %s %u block%s", str(evd_field(ev, type, "medium"), m, sizeof(m)), n,
 		       n == 1 ? "" : "s");
 		if (n)
 			printf(" %016" PRIx64, hs->via.array.ptr[0].via.u64);
 		if (n > 1)
 			printf("..%016" PRIx64, hs->via.array.ptr[n - 1].via.u64);
 	}
-	if (is_str(type, "BlockStored")) {
-		f = field(ev, type, "parent_block_hash");
+	if (evd_is_str(type, "BlockStored")) {
+		f = evd_field(ev, type, "parent_block_hash");
 		if (f && f->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
 			printf(" parent %016" PRIx64, f->via.u64);
-		f = field(ev, type, "token_ids");
+		f = evd_field(ev, type, "token_ids");
 		if (f && f->type == MSGPACK_OBJECT_ARRAY)
 			printf(" (%u tokens)", f->via.array.size);
 	}
@@ -170,13 +126,9 @@ static bool print_batch(const zmq_msg_t *topic, uint64_t seq, const zmq_msg_t *p
 				zmq_msg_size((zmq_msg_t *)payload), NULL) != MSGPACK_UNPACK_SUCCESS)
 		goto out;
 	b = &u.data;
-	if (b->type != MSGPACK_OBJECT_ARRAY || b->via.array.size < 2 ||
-	    b->via.array.ptr[1].type != MSGPACK_OBJECT_ARRAY)
+	evs = evd_events(b);
+	if (!evs)
 		goto out;
-	evs = &b->via.array.ptr[1];
-	for (uint32_t i = 0; i < evs->via.array.size; i++)
-		if (!event_type(&evs->via.array.ptr[i]))
-			goto out;
 	if (json) {
 		json_object *o = json_object_new_object(), *a = json_object_new_array();
 		const msgpack_object *ts = &b->via.array.ptr[0];
@@ -192,13 +144,13 @@ static bool print_batch(const zmq_msg_t *topic, uint64_t seq, const zmq_msg_t *p
 							      : 0));
 		for (uint32_t i = 0; i < evs->via.array.size; i++)
 			json_object_array_add(a, event_json(&evs->via.array.ptr[i],
-							    event_type(&evs->via.array.ptr[i])));
+							    evd_type(&evs->via.array.ptr[i])));
 		json_object_object_add(o, "events", a);
 		printf("%s\n", json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN));
 		json_object_put(o);
 	} else {
 		for (uint32_t i = 0; i < evs->via.array.size; i++)
-			event_text(seq, &evs->via.array.ptr[i], event_type(&evs->via.array.ptr[i]));
+			event_text(seq, &evs->via.array.ptr[i], evd_type(&evs->via.array.ptr[i]));
 	}
 	fflush(stdout);
 	ok = true;
