@@ -51,5 +51,6 @@ int cmd_throughput(int argc, char **argv);
 int cmd_swap(int argc, char **argv);
 int cmd_stall(int argc, char **argv);
 int cmd_seal(int argc, char **argv);
+int cmd_route(int argc, char **argv);
 int cmd_redis(int argc, char **argv);
 int cmd_remote(int argc, char **argv);

@@ -66,6 +66,7 @@ static void usage(FILE *f)
 	fputs("usage: kvpaged-bench COMMAND [OPTIONS]\n"
 	      "\n"
 	      "  replay      replay a Mooncake-format trace through the block manager or a daemon\n"
+	      "  route       a trace across several daemons by prefix, round-robin, ... routers\n"
 	      "  gsp         generated shared-prefix workload against its ideal hit fraction\n"
 	      "  micro       ns per operation of the core, beside raw XXH3-128\n"
 	      "  latency     one-token append round trips through a daemon, beside bare limits\n"
@@ -92,6 +93,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(argv[1], "replay"))
 		return cmd_replay(argc - 1, argv + 1);
+	if (!strcmp(argv[1], "route"))
+		return cmd_route(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "gsp"))
 		return cmd_gsp(argc - 1, argv + 1);
 	if (!strcmp(argv[1], "micro"))

@@ -33,8 +33,7 @@ static int get_uint(json_object *obj, const char *key, uint32_t *out)
 	return 0;
 }
 
-/* Loads the trace; on a bad line prints file, line and reason and returns -EINVAL. */
-static int load_trace(const char *path, struct workload *w, uint32_t max_requests)
+int workload_load_trace(const char *path, struct workload *w, uint32_t max_requests)
 {
 	FILE *f = fopen(path, "re");
 	struct wseg *segs = NULL;
@@ -283,7 +282,7 @@ int cmd_replay(int argc, char **argv)
 	}
 	if (workload_init(&w) < 0)
 		return 1;
-	r = load_trace(trace, &w, max_requests);
+	r = workload_load_trace(trace, &w, max_requests);
 	if (r < 0) {
 		workload_free(&w);
 		return 1;

@@ -39,6 +39,11 @@ struct workload {
 };
 
 int workload_init(struct workload *w);
+/*
+ * Loads a Mooncake-format trace (JSON lines: input_length, output_length, hash_ids), at most
+ * max_requests of it (0: all); on a bad line prints file, line and reason and returns -EINVAL.
+ */
+int workload_load_trace(const char *path, struct workload *w, uint32_t max_requests);
 void workload_free(struct workload *w);
 
 /* Adds a request; segment lengths add up to its prompt.  0 or -ENOMEM. */
