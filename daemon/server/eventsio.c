@@ -107,7 +107,9 @@ void dpool_events_release(struct dpool *p)
 	size_t *chain = n ? calloc(n, sizeof(*chain)) : NULL;
 
 	p->events_holding = false;
-	if (n && (!idx || !chain)) {
+	if (!n)
+		goto out; /* qsort and bsearch take no NULL array, even empty */
+	if (!idx || !chain) {
 		log_warning("pool %s: out of memory: the swap files' blocks are not announced",
 			    p->cfg->name);
 		for (size_t i = 0; i < n; i++)
