@@ -39,14 +39,43 @@ struct held_event {
 	uint8_t medium;
 };
 
+/*
+ * Room for one more held block: the arrays grow by doubling up to events_queue blocks (each
+ * block_tokens token ids), so a scan that finds little holds little.  false: no room.
+ */
+static bool hold_room(struct dpool *p)
+{
+	const size_t bt = p->cfg->block_tokens, max = p->cfg->events_queue;
+	size_t cap = p->events_held_cap ? 2 * p->events_held_cap : 64;
+	struct held_event *h;
+	uint32_t *t;
+
+	if (p->n_events_held < p->events_held_cap)
+		return true;
+	if (p->events_held_cap == max)
+		return false;
+	if (cap > max)
+		cap = max;
+	h = realloc(p->events_held, cap * sizeof(*h));
+	if (!h)
+		return false;
+	p->events_held = h;
+	t = realloc(p->events_held_tokens, cap * bt * sizeof(*t));
+	if (!t)
+		return false;
+	p->events_held_tokens = t;
+	p->events_held_cap = cap;
+	return true;
+}
+
 /* One block stored while holding: kept, tokens and all, up to events_queue of them. */
 static void hold(struct dpool *p, enum events_medium m, uint64_t hash, uint64_t parent,
 		 bool has_parent, const uint32_t *tokens)
 {
 	const size_t bt = p->cfg->block_tokens;
 
-	if (p->n_events_held == p->cfg->events_queue || !p->events_held) {
-		events_drop(p->events); /* as a queue this long would */
+	if (!hold_room(p)) {
+		events_drop(p->events); /* as a queue this long would, or memory ran out */
 		return;
 	}
 	p->events_held[p->n_events_held] = (struct held_event){
@@ -58,20 +87,8 @@ static void hold(struct dpool *p, enum events_medium m, uint64_t hash, uint64_t 
 
 void dpool_events_hold(struct dpool *p)
 {
-	if (!p->events)
-		return;
-	p->events_held = calloc(p->cfg->events_queue, sizeof(*p->events_held));
-	p->events_held_tokens =
-		calloc((size_t)p->cfg->events_queue * p->cfg->block_tokens, sizeof(uint32_t));
-	if (!p->events_held || !p->events_held_tokens) {
-		free(p->events_held);
-		free(p->events_held_tokens);
-		p->events_held = NULL;
-		p->events_held_tokens = NULL;
-		log_warning("pool %s: out of memory: the swap files' blocks are not announced",
-			    p->cfg->name);
-	}
-	p->events_holding = true;
+	if (p->events)
+		p->events_holding = true;
 }
 
 struct by_hash {
@@ -141,7 +158,7 @@ out:
 	free(p->events_held_tokens);
 	p->events_held = NULL;
 	p->events_held_tokens = NULL;
-	p->n_events_held = 0;
+	p->n_events_held = p->events_held_cap = 0;
 }
 
 static void observe(void *ctx, const struct core_event *ev)

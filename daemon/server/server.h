@@ -220,7 +220,7 @@ struct dpool {
 	bool events_holding;
 	struct held_event *events_held;
 	uint32_t *events_held_tokens;
-	size_t n_events_held;
+	size_t n_events_held, events_held_cap;
 	double remote_bandwidth;
 	uint64_t remote_sample_bytes, remote_sample_ns; /* auto: fetched since the last update */
 	uint32_t remote_fetching; /* fetch jobs submitted, not reaped */
