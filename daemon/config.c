@@ -119,6 +119,15 @@ static int events_format_check(const char *v, char *why, size_t len)
 	return 0;
 }
 
+static int events_sched_check(const char *v, char *why, size_t len)
+{
+	if (strcmp(v, "idle") && strcmp(v, "normal")) {
+		snprintf(why, len, "'%s' is not one of idle, normal", v);
+		return -EINVAL;
+	}
+	return 0;
+}
+
 /* Namespace names as the daemon names them: shared, uid:N, gid:N, each with /NARROW. */
 static int events_namespaces_check(const char *v, char *why, size_t len)
 {
@@ -266,6 +275,8 @@ static const struct config_key schema[] = {
 	  .check = events_topic_check, .offset = offsetof(struct kvpd_pool_config, events_topic) },
 	{ .name = "events_format", .section = SECTION_POOL, .type = TYPE_STRING, .def_path = "map",
 	  .check = events_format_check, .offset = offsetof(struct kvpd_pool_config, events_format) },
+	{ .name = "events_sched", .section = SECTION_POOL, .type = TYPE_STRING, .def_path = "idle",
+	  .check = events_sched_check, .offset = offsetof(struct kvpd_pool_config, events_sched) },
 	{ .name = "events_namespaces", .section = SECTION_POOL, .type = TYPE_STRING,
 	  .check = events_namespaces_check,
 	  .offset = offsetof(struct kvpd_pool_config, events_namespaces) },
@@ -1780,6 +1791,7 @@ void config_free(struct kvpd_config *c)
 		free(c->pools[i].events_curve_allowed_keys_file);
 		free(c->pools[i].events_topic);
 		free(c->pools[i].events_format);
+		free(c->pools[i].events_sched);
 		free(c->pools[i].events_namespaces);
 	}
 	free(c->pools);

@@ -95,6 +95,7 @@ struct kvpd_pool_config {
 	char *events_curve_allowed_keys_file; /* CURVE: the subscribers' public keys */
 	char *events_topic;	      /* the first frame of every message */
 	char *events_format;	      /* "map" or "array" */
+	char *events_sched;	      /* "idle": the publisher's threads SCHED_IDLE; or "normal" */
 	char *events_namespaces;      /* the namespaces whose blocks are announced, comma separated */
 	uint32_t events_batch_ms;     /* a batch at most this often */
 	uint32_t events_buffer_batches; /* batches kept for replay */

@@ -3,8 +3,9 @@
 # events off and on, alternating, a fresh daemon each run, ROUNDS rounds (default 3).  With
 # events on, a subscriber (tests/integration/events-sub.py, which decodes every batch by vLLM's
 # schema) reads the stream the whole time, or, with SUBSCRIBER=lazy, one that never reads (ZMQ
-# drops its copies at the high-water mark), or with SUBSCRIBER=none no subscriber.  Prints each run's wall time and p50/p99, then the
-# medians and their ratios, and the stream's counters of the last run.
+# drops its copies at the high-water mark), or with SUBSCRIBER=none no subscriber; the
+# publisher's events_sched is EVENTS_SCHED (default idle).  Prints each run's wall time and
+# p50/p99, then the medians and their ratios, and the stream's counters of the last run.
 #
 #   scripts/bench-events.sh BUILD [TRACE] [ROUNDS]
 #
@@ -67,6 +68,7 @@ events_endpoint = ipc://$dir/events
 events_namespaces = ${EVENTS_NS:-shared/*}
 events_topic = kv@bench@trace
 events_batch_ms = ${BATCH_MS:-10}
+events_sched = ${EVENTS_SCHED:-idle}
 CONF
 	fi
 	"$build/kvpaged" --config "$dir/kvpaged.conf" 2>"$dir/kvpaged.log" &
@@ -130,6 +132,7 @@ st = json.load(open(sys.argv[2]))
 for p in st.get("pools", []):
     e = p.get("events")
     if e:
-        print("stream (last run, subscriber %s): %d batches, %d events, %d dropped" %
-              (sys.argv[3], e["batches"], e["events"], e["dropped"]))
+        print("stream (last run, subscriber %s): %d batches, %d events, %d dropped, "
+              "publisher raised %d times" % (sys.argv[3], e["batches"], e["events"],
+                                             e["dropped"], e.get("raised", 0)))
 PY

@@ -347,6 +347,8 @@ static void events_metrics_text(struct server *srv, struct text *t)
 		  "counter", EVENTS_FIELD(slow) },
 		{ "refused_total", "KV event subscribers refused: a CURVE key not allowed.",
 		  "counter", EVENTS_FIELD(refused) },
+		{ "raised_total", "Times the idle KV event publisher fell behind and was raised.",
+		  "counter", EVENTS_FIELD(raised) },
 		{ "queued", "Events waiting for the publisher thread.", "gauge",
 		  EVENTS_FIELD(queued) },
 		{ "subscribers", "Connections to the KV event stream.", "gauge",
@@ -993,6 +995,7 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 				e->namespaces = (uint32_t)p->n_events_salts;
 				e->slow = es.slow;
 				e->refused = es.refused;
+				e->raised = es.raised;
 				e->subscribers = es.subscribers;
 				e->curve_public_key = p->events_curve_public;
 				x->events = e;

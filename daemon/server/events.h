@@ -26,6 +26,16 @@ struct events;
 enum events_kind { EVENTS_STORED, EVENTS_REMOVED, EVENTS_CLEARED };
 enum events_medium { EVENTS_GPU, EVENTS_CPU, EVENTS_STORAGE, EVENTS_NMEDIA };
 
+/*
+ * events_sched (events.c, start_publisher): the publisher runs SCHED_IDLE and is raised to the
+ * daemon's priority while it falls behind (idle), or runs as the daemon does (normal).  Behind:
+ * the oldest event queued has waited EVENTS_LATE_BATCHES batch intervals, or the queue is half
+ * full; raised, it stays so for EVENTS_RAISED_BATCHES intervals at least.
+ */
+enum events_sched { EVENTS_SCHED_IDLE, EVENTS_SCHED_NORMAL };
+#define EVENTS_LATE_BATCHES 4
+#define EVENTS_RAISED_BATCHES 100
+
 #define EVENTS_CURVE_KEY_BYTES 32
 #define EVENTS_CURVE_Z85_LEN 40 /* a key as Z85 text, as curve_keygen prints it */
 
@@ -34,6 +44,7 @@ struct events_config {
 	const char *replay_endpoint; /* the same, or NULL */
 	const char *topic;
 	bool array;		     /* events as positional arrays, not maps */
+	enum events_sched sched;     /* how the publisher shares the CPU (events.c) */
 	uint32_t block_tokens;
 	uint32_t batch_ms, buffer_batches, queue, hwm;
 	/*
@@ -52,6 +63,7 @@ struct events_stats {
 	uint32_t queued;
 	uint64_t slow;	      /* batches a subscriber at its high-water mark missed */
 	uint64_t refused;     /* CURVE handshakes refused (a key not allowed) */
+	uint64_t raised;      /* times the idle publisher fell behind and was raised */
 	uint32_t subscribers; /* connected now */
 };
 
@@ -70,6 +82,8 @@ void events_add(struct events *e, enum events_kind kind, enum events_medium medi
 /* An event the caller could not queue: counted as dropped, and the next seq skips one. */
 void events_drop(struct events *e);
 
+/* Every tick of the loop (2 s): the publisher raised if behind, with nothing added since. */
+void events_tick(struct events *e);
 void events_get_stats(struct events *e, struct events_stats *out);
 
 /*

@@ -229,6 +229,12 @@ static void route_listed(struct dpool *p)
 	}
 }
 
+/* events_sched's value (the configuration checked it; unset is the default, idle). */
+static enum events_sched events_sched_of(const char *v)
+{
+	return v && !strcmp(v, "normal") ? EVENTS_SCHED_NORMAL : EVENTS_SCHED_IDLE;
+}
+
 int dpool_events_open(struct dpool *p, struct core_config *cc)
 {
 	const struct kvpd_pool_config *c = p->cfg;
@@ -237,6 +243,7 @@ int dpool_events_open(struct dpool *p, struct core_config *cc)
 		.replay_endpoint = c->events_replay_endpoint,
 		.topic = c->events_topic,
 		.array = c->events_format && !strcmp(c->events_format, "array"),
+		.sched = events_sched_of(c->events_sched),
 		.block_tokens = c->block_tokens,
 		.batch_ms = c->events_batch_ms,
 		.buffer_batches = c->events_buffer_batches,
@@ -363,4 +370,10 @@ void dpool_events_dropped(struct dpool *p)
 			return;
 	}
 	events_add(p->events, EVENTS_CLEARED, EVENTS_CPU, 0, 0, false, NULL);
+}
+
+void dpool_events_tick(struct dpool *p)
+{
+	if (p->events)
+		events_tick(p->events);
 }

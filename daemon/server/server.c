@@ -415,6 +415,9 @@ static void on_tick(struct server *srv)
 		srv->next_status_ns = now + STATUS_INTERVAL_NS;
 		report_refusals(srv, now);
 		log_flush_suppressed();
+		/* A publisher behind with nothing added since is raised too (events.c). */
+		for (size_t i = 0; i < srv->npools; i++)
+			dpool_events_tick(&srv->pools[i]);
 	}
 	arm_tick(srv, now);
 }

@@ -575,6 +575,8 @@ void dpool_events_dropped(struct dpool *p);
 /* Holds the announcements of blocks stored until release, which sends them parents first. */
 void dpool_events_hold(struct dpool *p);
 void dpool_events_release(struct dpool *p);
+/* Every tick of the loop (2 s). */
+void dpool_events_tick(struct dpool *p);
 /* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
 void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
 /*

@@ -119,11 +119,13 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->remote_tier_bandwidth, b->remote_tier_bandwidth);
 	{
 		const char *const sa[] = { a->events_endpoint, a->events_replay_endpoint,
-					   a->events_topic, a->events_format, a->events_namespaces };
+					   a->events_topic, a->events_format, a->events_namespaces,
+					   a->events_sched };
 		const char *const sb[] = { b->events_endpoint, b->events_replay_endpoint,
-					   b->events_topic, b->events_format, b->events_namespaces };
+					   b->events_topic, b->events_format, b->events_namespaces,
+					   b->events_sched };
 
-		for (size_t i = 0; i < 5; i++) {
+		for (size_t i = 0; i < 6; i++) {
 			ck_assert_int_eq(!sa[i], !sb[i]);
 			if (sa[i])
 				ck_assert_str_eq(sa[i], sb[i]);
@@ -1421,6 +1423,7 @@ START_TEST(test_events)
 	ck_assert_ptr_null(p->events_replay_endpoint);
 	ck_assert_str_eq(p->events_topic, "");
 	ck_assert_str_eq(p->events_format, "map");
+	ck_assert_str_eq(p->events_sched, "idle");
 	ck_assert_ptr_null(p->events_namespaces);
 	ck_assert_uint_eq(p->events_batch_ms, 10);
 	ck_assert_uint_eq(p->events_buffer_batches, 10000);
@@ -1436,7 +1439,7 @@ START_TEST(test_events)
 
 	load_ok(POOL_MAIN "events_endpoint = ipc:///run/kvpaged/ev\n"
 			  "events_replay_endpoint = ipc:///run/kvpaged/ev-replay\n"
-			  "events_topic = kv@node1@m\nevents_format = array\n"
+			  "events_topic = kv@node1@m\nevents_format = array\nevents_sched = normal\n"
 			  "events_namespaces = shared, uid:1000/x\nevents_batch_ms = 50\n"
 			  "events_buffer_batches = 0\nevents_queue = 16\nevents_hwm = 7\n",
 		&a);
@@ -1445,6 +1448,7 @@ START_TEST(test_events)
 	ck_assert_str_eq(p->events_replay_endpoint, "ipc:///run/kvpaged/ev-replay");
 	ck_assert_str_eq(p->events_topic, "kv@node1@m");
 	ck_assert_str_eq(p->events_format, "array");
+	ck_assert_str_eq(p->events_sched, "normal");
 	ck_assert_str_eq(p->events_namespaces, "shared, uid:1000/x");
 	ck_assert_uint_eq(p->events_batch_ms, 50);
 	ck_assert_uint_eq(p->events_buffer_batches, 0);
@@ -1464,6 +1468,7 @@ START_TEST(test_events)
 	expect_pool_error("events_endpoint = ipc://relative", "is neither ipc:///ABSOLUTE/PATH nor");
 	expect_pool_error("events_endpoint = /run/x", "is neither ipc:///ABSOLUTE/PATH nor");
 	expect_pool_error("events_format = json", "'json' is not one of map, array");
+	expect_pool_error("events_sched = low", "'low' is not one of idle, normal");
 	expect_pool_error("events_namespaces = shared,,uid:1", "an empty name in the list");
 	expect_pool_error("events_namespaces = tenant", "'tenant' is not a namespace");
 	expect_pool_error("events_topic = kv@node1@m",
