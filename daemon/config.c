@@ -284,6 +284,7 @@ static const struct config_key schema[] = {
 	POOL_NUMBER(TYPE_U32, events_buffer_batches, 10000, 0, 1000000, 0),
 	POOL_NUMBER(TYPE_U32, events_queue, 65536, 16, 16777216, 0),
 	POOL_NUMBER(TYPE_U32, events_hwm, 100000, 1, 100000000, 0),
+	POOL_NUMBER(TYPE_U32, events_remote_blocks, 65536, 0, 16777216, 0),
 	{ .name = "allow_users", .section = SECTION_POOL, .type = TYPE_UIDS,
 	  .offset = offsetof(struct kvpd_pool_config, allow_uids),
 	  .aux_offset = offsetof(struct kvpd_pool_config, n_allow_uids) },

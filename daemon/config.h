@@ -101,6 +101,7 @@ struct kvpd_pool_config {
 	uint32_t events_buffer_batches; /* batches kept for replay */
 	uint32_t events_queue;	      /* events waiting for the publisher; past it dropped */
 	uint32_t events_hwm;	      /* the PUB socket's high-water mark, in messages */
+	uint32_t events_remote_blocks; /* the remote tier's blocks announced at once; 0: none */
 	/* The ACL; both empty lets in any peer that can connect to the socket. */
 	uint32_t *allow_uids;
 	size_t n_allow_uids;

@@ -351,6 +351,8 @@ static void events_metrics_text(struct server *srv, struct text *t)
 		  "counter", EVENTS_FIELD(raised) },
 		{ "queued", "Events waiting for the publisher thread.", "gauge",
 		  EVENTS_FIELD(queued) },
+		{ "remote_blocks", "Remote tier blocks this node stored, announced now.", "gauge",
+		  EVENTS_FIELD(remote_blocks) },
 		{ "subscribers", "Connections to the KV event stream.", "gauge",
 		  EVENTS_FIELD(subscribers) },
 	};
@@ -371,7 +373,7 @@ static void events_metrics_text(struct server *srv, struct text *t)
 
 			if (!srv->pools[i].events)
 				continue;
-			events_get_stats(srv->pools[i].events, &es);
+			dpool_events_stats(&srv->pools[i], &es);
 			f = (const char *)&es + per_pool[k].off;
 			if (per_pool[k].size == sizeof(uint32_t)) {
 				uint32_t v32;
@@ -978,7 +980,7 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 				Kvpaged__V1__EventStream *e = &evs[i];
 				struct events_stats es;
 
-				events_get_stats(p->events, &es);
+				dpool_events_stats(p, &es);
 				kvpaged__v1__event_stream__init(e);
 				e->endpoint = p->cfg->events_endpoint;
 				e->replay_endpoint = p->cfg->events_replay_endpoint
@@ -996,6 +998,7 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 				e->slow = es.slow;
 				e->refused = es.refused;
 				e->raised = es.raised;
+				e->remote_blocks = es.remote_blocks;
 				e->subscribers = es.subscribers;
 				e->curve_public_key = p->events_curve_public;
 				x->events = e;

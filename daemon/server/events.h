@@ -64,6 +64,7 @@ struct events_stats {
 	uint64_t slow;	      /* batches a subscriber at its high-water mark missed */
 	uint64_t refused;     /* CURVE handshakes refused (a key not allowed) */
 	uint64_t raised;      /* times the idle publisher fell behind and was raised */
+	uint32_t remote_blocks; /* the remote tier's blocks announced now (dpool_events_stats) */
 	uint32_t subscribers; /* connected now */
 };
 

@@ -33,6 +33,280 @@ static enum events_medium medium_of(const struct dpool *p, uint32_t level)
 	return level == p->host_level ? EVENTS_CPU : EVENTS_STORAGE;
 }
 
+/*
+ * What the subscribers were told (docs/events.md, "one block, two levels"): for each block
+ * announced and not removed, how many levels of each medium hold it, and, if this node's store
+ * put it in the remote tier, its stamp in the remote ring.  A BlockStored goes out when a
+ * medium's count leaves 0, a BlockRemoved when it comes back to 0: so the pool and the host
+ * tier (both CPU in host memory), or the swap files and the remote tier (both STORAGE), never
+ * announce one block twice or remove it while it is still there.  Open addressing keyed by the
+ * announced hash, linear probing, deletion by backward shift; an entry whose counts are all 0
+ * is free.
+ */
+struct known_block {
+	uint64_t hash;
+	uint32_t remote; /* its stamp in the ring; 0: not in the remote tier as far as we know */
+	uint8_t n[EVENTS_NMEDIA];
+};
+
+/* A block this node stored in the remote tier, in the order they were stored. */
+struct remote_seen {
+	uint64_t hash, at_ns;
+	uint32_t stamp;
+};
+
+struct events_known {
+	struct known_block *t;
+	size_t size, used; /* size: 0 or a power of two */
+	unsigned shift;
+	uint64_t mul; /* odd: a block's home is (hash * mul) >> shift */
+	struct remote_seen *ring;
+	uint32_t cap, head, len, stamp;
+	uint32_t remote_live; /* entries with a stamp: the remote tier's blocks announced */
+	bool warned;
+};
+
+static bool known_free_slot(const struct known_block *b)
+{
+	for (int m = 0; m < EVENTS_NMEDIA; m++)
+		if (b->n[m])
+			return false;
+	return true;
+}
+
+static size_t known_home(const struct events_known *k, uint64_t hash)
+{
+	return (size_t)((hash * k->mul) >> k->shift);
+}
+
+static struct events_known *known_of(struct dpool *p)
+{
+	if (!p->events_known) {
+		p->events_known = calloc(1, sizeof(*p->events_known));
+		if (p->events_known)
+			/* The hashes are a tenant's to choose; a home they cannot aim at. */
+			p->events_known->mul = (XXH3_64bits(&p, sizeof(p)) ^ server_now_ns()) | 1;
+	}
+	return p->events_known;
+}
+
+static struct known_block *known_find(const struct events_known *k, uint64_t hash, size_t *at)
+{
+	if (!k || !k->size)
+		return NULL;
+	for (size_t i = known_home(k, hash);; i = (i + 1) & (k->size - 1)) {
+		if (known_free_slot(&k->t[i]))
+			return NULL;
+		if (k->t[i].hash == hash) {
+			*at = i;
+			return &k->t[i];
+		}
+	}
+}
+
+static bool known_grow(struct events_known *k)
+{
+	const size_t size = k->size ? 2 * k->size : 1024;
+	struct known_block *t = calloc(size, sizeof(*t)), *old = k->t;
+	const size_t oldsize = k->size;
+
+	if (!t)
+		return false;
+	k->t = t;
+	k->size = size;
+	k->shift = 64 - (unsigned)__builtin_ctzll(size);
+	for (size_t i = 0; i < oldsize; i++) {
+		size_t j;
+
+		if (known_free_slot(&old[i]))
+			continue;
+		for (j = known_home(k, old[i].hash); !known_free_slot(&t[j]); j = (j + 1) & (size - 1))
+			;
+		t[j] = old[i];
+	}
+	free(old);
+	return true;
+}
+
+/* The block's entry, a new one (counts 0) if it has none; NULL: out of memory. */
+static struct known_block *known_get(struct dpool *p, uint64_t hash)
+{
+	struct events_known *k = known_of(p);
+	struct known_block *b;
+	size_t i;
+
+	if (!k)
+		return NULL;
+	b = known_find(k, hash, &i);
+	if (b)
+		return b;
+	if (2 * (k->used + 1) > k->size && !known_grow(k)) {
+		if (!k->warned)
+			log_warning("pool %s: out of memory: blocks announced on two levels of one "
+				    "medium may be announced twice", p->cfg->name);
+		k->warned = true;
+		return NULL;
+	}
+	for (i = known_home(k, hash); !known_free_slot(&k->t[i]); i = (i + 1) & (k->size - 1))
+		;
+	k->used++;
+	k->t[i] = (struct known_block){ .hash = hash };
+	return &k->t[i];
+}
+
+/* Frees entry i, moving back the entries after it that would not be found past the hole. */
+static void known_del(struct events_known *k, size_t i)
+{
+	const size_t mask = k->size - 1;
+
+	for (size_t j = (i + 1) & mask; !known_free_slot(&k->t[j]); j = (j + 1) & mask) {
+		const size_t h = known_home(k, k->t[j].hash);
+
+		/* j stays when its home lies cyclically in (i, j]. */
+		if (i < j ? h > i && h <= j : h > i || h <= j)
+			continue;
+		k->t[i] = k->t[j];
+		i = j;
+	}
+	k->t[i] = (struct known_block){ 0 };
+	k->used--;
+}
+
+static void announce_stored(struct dpool *p, enum events_medium m, uint64_t hash,
+			    uint64_t parent, bool has_parent, const uint32_t *tokens)
+{
+	struct known_block *b = known_get(p, hash);
+
+	if (b && b->n[m]++)
+		return; /* announced there already: another level of the same medium */
+	events_add(p->events, EVENTS_STORED, m, hash, parent, has_parent, tokens);
+}
+
+/* One level of medium m no longer holds the block of entry i. */
+static void known_drop(struct dpool *p, size_t i, enum events_medium m)
+{
+	struct events_known *k = p->events_known;
+
+	if (--k->t[i].n[m])
+		return;
+	events_add(p->events, EVENTS_REMOVED, m, k->t[i].hash, 0, false, NULL);
+	if (known_free_slot(&k->t[i]))
+		known_del(k, i);
+}
+
+static void announce_removed(struct dpool *p, enum events_medium m, uint64_t hash)
+{
+	size_t i;
+	struct known_block *b = known_find(p->events_known, hash, &i);
+
+	/* Never announced there (stored in a queue that was full, or before it was routed). */
+	if (b && b->n[m])
+		known_drop(p, i, m);
+}
+
+/* Everything forgotten: after an AllBlocksCleared, nothing is known to be anywhere. */
+static void known_clear(struct dpool *p)
+{
+	struct events_known *k = p->events_known;
+
+	if (!k)
+		return;
+	free(k->t);
+	k->t = NULL;
+	k->size = k->used = 0;
+	k->head = k->len = k->remote_live = 0;
+}
+
+/* The oldest block this node stored in the remote tier is taken as gone from it. */
+static void remote_pop(struct dpool *p)
+{
+	struct events_known *k = p->events_known;
+	const struct remote_seen r = k->ring[k->head];
+	struct known_block *b;
+	size_t i;
+
+	k->head = (k->head + 1) % k->cap;
+	k->len--;
+	b = known_find(k, r.hash, &i);
+	if (b && b->remote == r.stamp) { /* not stored again since, nor found gone */
+		b->remote = 0;
+		k->remote_live--;
+		known_drop(p, i, EVENTS_STORAGE);
+	}
+}
+
+/* remote_tier_ttl_ms: the blocks stored longer ago than that are gone from Redis. */
+static void remote_expire(struct dpool *p, uint64_t now)
+{
+	const uint64_t ttl = (uint64_t)p->cfg->remote_tier_ttl_ms * 1000000;
+	struct events_known *k = p->events_known;
+
+	while (ttl && k && k->len && k->ring[k->head].at_ns + ttl <= now)
+		remote_pop(p);
+}
+
+void dpool_events_remote_stored(struct dpool *p, uint64_t salt, uint64_t hash, uint64_t parent,
+				bool has_parent, const uint32_t *tokens)
+{
+	const uint64_t now = server_now_ns();
+	struct events_known *k;
+	struct known_block *b;
+	uint32_t was;
+
+	if (!p->events || !p->cfg->events_remote_blocks || !routed(p, salt) || !(k = known_of(p)))
+		return;
+	if (!k->ring) {
+		k->ring = calloc(p->cfg->events_remote_blocks, sizeof(*k->ring));
+		if (!k->ring) {
+			log_warning("pool %s: out of memory: the remote tier's blocks are not "
+				    "announced", p->cfg->name);
+			return;
+		}
+		k->cap = p->cfg->events_remote_blocks;
+	}
+	remote_expire(p, now);
+	if (k->len == k->cap)
+		remote_pop(p); /* events_remote_blocks: the oldest is forgotten, as gone */
+	b = known_get(p, hash);
+	if (!b)
+		return;
+	if (!++k->stamp)
+		k->stamp = 1;
+	k->ring[(k->head + k->len++) % k->cap] =
+		(struct remote_seen){ .hash = hash, .at_ns = now, .stamp = k->stamp };
+	was = b->remote;
+	b->remote = k->stamp;
+	k->remote_live += !was;
+	if (!was && !b->n[EVENTS_STORAGE]++)
+		events_add(p->events, EVENTS_STORED, EVENTS_STORAGE, hash, parent, has_parent, tokens);
+}
+
+void dpool_events_remote_gone(struct dpool *p, uint64_t hash)
+{
+	size_t i;
+	struct known_block *b = p->events ? known_find(p->events_known, hash, &i) : NULL;
+
+	if (b && b->remote) {
+		b->remote = 0;
+		p->events_known->remote_live--;
+		known_drop(p, i, EVENTS_STORAGE);
+	}
+}
+
+void dpool_events_tick(struct dpool *p)
+{
+	if (!p->events)
+		return;
+	remote_expire(p, server_now_ns());
+	events_tick(p->events);
+}
+
+void dpool_events_stats(const struct dpool *p, struct events_stats *out)
+{
+	events_get_stats(p->events, out);
+	out->remote_blocks = p->events_known ? p->events_known->remote_live : 0;
+}
+
 struct held_event {
 	uint64_t hash, parent;
 	bool has_parent, sent;
@@ -147,8 +421,8 @@ void dpool_events_release(struct dpool *p)
 		while (len--) {
 			const struct held_event *e = &h[chain[len]];
 
-			events_add(p->events, EVENTS_STORED, (enum events_medium)e->medium, e->hash,
-				   e->parent, e->has_parent, p->events_held_tokens + chain[len] * bt);
+			announce_stored(p, (enum events_medium)e->medium, e->hash, e->parent,
+					e->has_parent, p->events_held_tokens + chain[len] * bt);
 		}
 	}
 out:
@@ -171,8 +445,7 @@ static void observe(void *ctx, const struct core_event *ev)
 	if (!p->events || !routed(p, ev->salt))
 		return;
 	if (ev->kind == CORE_EVENT_REMOVED) {
-		events_add(p->events, EVENTS_REMOVED, medium_of(p, ev->level), ev->hash.lo, 0,
-			   false, NULL);
+		announce_removed(p, medium_of(p, ev->level), ev->hash.lo);
 		return;
 	}
 	/* Demoted from the host tier: its slot, still intact, has the tokens. */
@@ -186,8 +459,7 @@ static void observe(void *ctx, const struct core_event *ev)
 		hold(p, medium_of(p, ev->level), ev->hash.lo, ev->parent.lo, has_parent, tokens);
 		return;
 	}
-	events_add(p->events, EVENTS_STORED, medium_of(p, ev->level), ev->hash.lo,
-		   ev->parent.lo, has_parent, tokens);
+	announce_stored(p, medium_of(p, ev->level), ev->hash.lo, ev->parent.lo, has_parent, tokens);
 }
 
 static void add_salt(struct dpool *p, uint64_t salt);
@@ -297,6 +569,12 @@ int dpool_events_open(struct dpool *p, struct core_config *cc)
 void dpool_events_close(struct dpool *p)
 {
 	p->events = events_free(p->events);
+	if (p->events_known) {
+		free(p->events_known->t);
+		free(p->events_known->ring);
+		free(p->events_known);
+		p->events_known = NULL;
+	}
 	free(p->events_salts);
 	p->events_salts = NULL;
 	p->n_events_salts = 0;
@@ -369,11 +647,7 @@ void dpool_events_dropped(struct dpool *p)
 		if (ts.used)
 			return;
 	}
+	/* The remote tier's blocks too: a router forgets them, and so do we. */
+	known_clear(p);
 	events_add(p->events, EVENTS_CLEARED, EVENTS_CPU, 0, 0, false, NULL);
-}
-
-void dpool_events_tick(struct dpool *p)
-{
-	if (p->events)
-		events_tick(p->events);
 }

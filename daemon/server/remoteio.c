@@ -94,6 +94,27 @@ static void hash_bytes(uint8_t d[16], struct core_hash h)
 	le64(d + 8, h.hi);
 }
 
+static uint64_t from_le64(const uint8_t *s)
+{
+	uint64_t v = 0;
+
+	for (int i = 7; i >= 0; i--)
+		v = v << 8 | s[i];
+	return v;
+}
+
+/* A store that came back OK: its block announced on the remote tier (its tokens still valid). */
+static void announce_store(struct dpool *p, const struct rstore *st)
+{
+	static const uint8_t none[16];
+
+	if (st->block.status != REMOTE_OK || !p->core)
+		return;
+	dpool_events_remote_stored(p, from_le64(st->ns), from_le64(st->block.hash),
+				   from_le64(st->block.parent),
+				   memcmp(st->block.parent, none, sizeof(none)) != 0, st->block.tokens);
+}
+
 /* A fetched block's outcome as a load result (docs/remote.md: misses by reason). */
 static int load_result(const struct remote_block *b)
 {
@@ -480,6 +501,7 @@ static void job_back(struct remote_job *job, void *arg)
 	if (job->kind == REMOTE_STORE) {
 		struct rstore *st = job->user;
 
+		announce_store(p, st);
 		stage_put(p, st->stage);
 		/* A block kept for the store may be reused now: waiters for memory may go on. */
 		if (p->core && st->pool_block != CORE_NONE &&
@@ -503,9 +525,16 @@ static void job_back(struct remote_job *job, void *arg)
 		return;
 	}
 	core_seq_pending_loads(p->core, f->wait->seq, &loads, &n);
-	for (size_t i = 0; i < job->nblocks; i++)
-		if (f->which[i] < n)
-			loads[f->which[i]].result = load_result(&job->blocks[i]);
+	for (size_t i = 0; i < job->nblocks; i++) {
+		const enum remote_status st = job->blocks[i].status;
+
+		if (f->which[i] >= n)
+			continue;
+		loads[f->which[i]].result = load_result(&job->blocks[i]);
+		/* Not there, or not ours to read: gone from the tier as far as a router knows. */
+		if (st == REMOTE_ABSENT || st == REMOTE_VERIFY)
+			dpool_events_remote_gone(p, loads[f->which[i]].key.hash.lo);
+	}
 	bandwidth_sample(p, job);
 	/* A device pool's hits move in from the staging (before the load ends: replies wait). */
 	if (!p->mem.base && !moves_in(p, f, loads, n)) {

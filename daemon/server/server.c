@@ -415,7 +415,10 @@ static void on_tick(struct server *srv)
 		srv->next_status_ns = now + STATUS_INTERVAL_NS;
 		report_refusals(srv, now);
 		log_flush_suppressed();
-		/* A publisher behind with nothing added since is raised too (events.c). */
+		/*
+		 * A publisher behind, with nothing added since, raised (events.c); the remote
+		 * tier's blocks past remote_tier_ttl_ms removed (eventsio.c).
+		 */
 		for (size_t i = 0; i < srv->npools; i++)
 			dpool_events_tick(&srv->pools[i]);
 	}

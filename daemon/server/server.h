@@ -50,6 +50,7 @@ struct op {
 struct load_job;
 struct rstore;
 struct rfetch;
+struct events_stats;
 
 /* A device pool's block on its way to a file slot: in the store staging once ticket is done. */
 struct pending_store {
@@ -212,6 +213,7 @@ struct dpool {
 	struct events *events;
 	uint64_t *events_salts;
 	size_t n_events_salts;
+	struct events_known *events_known; /* what subscribers were told is where (eventsio.c) */
 	char events_curve_public[41]; /* the CURVE server key subscribers need, Z85; "" if none */
 	/*
 	 * While the swap files are read back (dpool_events_hold): the blocks found, announced
@@ -575,8 +577,17 @@ void dpool_events_dropped(struct dpool *p);
 /* Holds the announcements of blocks stored until release, which sends them parents first. */
 void dpool_events_hold(struct dpool *p);
 void dpool_events_release(struct dpool *p);
-/* Every tick of the loop (2 s). */
+/*
+ * The remote tier's blocks, as far as this node knows: one it stored (the store came back
+ * OK; tokens its block_tokens token ids), one a fetch found absent or failing its seal, and,
+ * every tick, those older than remote_tier_ttl_ms.
+ */
+void dpool_events_remote_stored(struct dpool *p, uint64_t salt, uint64_t hash, uint64_t parent,
+				bool has_parent, const uint32_t *tokens);
+void dpool_events_remote_gone(struct dpool *p, uint64_t hash);
 void dpool_events_tick(struct dpool *p);
+/* events_get_stats, and what eventsio.c knows: the remote tier's blocks announced. */
+void dpool_events_stats(const struct dpool *p, struct events_stats *out);
 /* Arms the poll on the backend's done_fd (once, at start; again when it ends). */
 void dpool_arm_backend_poll(struct server *srv, struct dpool *p);
 /*

@@ -366,6 +366,20 @@ static inline struct kvp_client *connect_ns(const char *ns, uint32_t ring_entrie
 	return c;
 }
 
+/* A remote tier key file: 32 bytes made from seed, mode 0600 (as remote_tier_key_file wants). */
+static inline void write_remote_key(const char *path, uint8_t seed)
+{
+	uint8_t k[32];
+	int fd;
+
+	for (size_t i = 0; i < sizeof(k); i++)
+		k[i] = (uint8_t)(seed * 37 + i * 11);
+	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(write(fd, k, sizeof(k)), (ssize_t)sizeof(k));
+	close(fd);
+}
+
 static inline void prompt(uint32_t *t, uint32_t n, uint32_t base)
 {
 	for (uint32_t i = 0; i < n; i++)

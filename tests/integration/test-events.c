@@ -942,6 +942,145 @@ START_TEST(raised)
 END_TEST
 #endif
 
+/* Whether the block of tokens t (BT of them) is announced at medium m. */
+static bool block_at(const struct seen *w, int m, const uint32_t *t)
+{
+	return blocks_at(w, m, t, 1) == 1;
+}
+
+/*
+ * The remote tier (a real redis-server, standalone: a one-node cluster), remote_tier_write =
+ * commit: a block is announced on STORAGE once its store comes back, beside CPU; at most
+ * events_remote_blocks of them, the oldest removed first; a block the swap files hold too is
+ * announced once and stays while either level has it; a fetch that finds the value gone
+ * removes it; drop-cache of everything forgets the remote tier's blocks with the rest; and
+ * with remote_tier_ttl_ms they are removed once their time is up.
+ */
+START_TEST(remote)
+{
+	static struct seen w;
+	static struct sub live;
+	static struct redis_fixture fx;
+	char dir[] = "/tmp/kvpaged-events-XXXXXX", conf[2048], swap[160], key[192], out[4096];
+	uint32_t a[3 * BT], b[2 * BT], x[3 * BT], c2[2 * BT], hold[BT], e1[BT];
+	struct kvp_table tab = { 0 };
+	struct kvp_client *c;
+	uint32_t cached;
+	uint64_t held;
+
+	memset(&w, 0, sizeof(w));
+	snprintf(w.fmt, sizeof(w.fmt), "map");
+	redis_fixture_standalone(&fx);
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(ep, sizeof(ep), "ipc://%s/events", dir);
+	snprintf(swap, sizeof(swap), "%s/swap", dir);
+	snprintf(key, sizeof(key), "%s/remote.key", dir);
+	write_remote_key(key, 3);
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = %u\ncapacity_blocks = 8\nfile_tier_blocks = 64\nswap_files = %s\n"
+		 "namespace = shared\nremote_tier = redis://127.0.0.1:%u\n"
+		 "remote_tier_key_file = %s\nremote_tier_timeout_ms = 2000\n"
+		 "events_endpoint = %s\nevents_topic = kv@test@tiny\nevents_namespaces = shared\n"
+		 "events_batch_ms = 5\nevents_remote_blocks = 4\n",
+		 BT, swap, fx.s[0].port, key, ep);
+	daemon_start(&d, conf);
+	daemon_copy_ctl(&d);
+	sub_start(&live, "listen", ep, NULL);
+	msleep(300);
+	c = connect_ns(NULL, 0);
+
+	/* A commit: three blocks on CPU, then on STORAGE as their stores come back. */
+	prompt(a, 3 * BT, 1000);
+	commit(c, a, 3 * BT);
+	UNTIL(&live, &w, blocks_at(&w, 2, a, 3) == 3);
+	ck_assert_uint_eq(blocks_at(&w, 1, a, 3), 3);
+	/* Two more: five stored, four remembered; the oldest, a's first, is removed. */
+	prompt(b, 2 * BT, 3000);
+	commit(c, b, 2 * BT);
+	UNTIL(&live, &w, blocks_at(&w, 2, b, 2) == 2);
+	UNTIL(&live, &w, !block_at(&w, 2, a));
+	ck_assert(block_at(&w, 2, a + BT) && block_at(&w, 2, a + 2 * BT));
+	ck_assert_uint_eq(w.removed[2], 1);
+
+	/*
+	 * Out of the pool into the swap files: gone from CPU, on STORAGE once (apply() fails a
+	 * second BlockStored at one medium), and still there as the ring forgets them.
+	 */
+	for (uint32_t i = 0; i < 3; i++) {
+		prompt(x, 3 * BT, 20000 + 1000 * i);
+		commit(c, x, 3 * BT);
+	}
+	UNTIL(&live, &w, blocks_at(&w, 1, a, 3) == 0 && blocks_at(&w, 2, a, 3) == 3);
+	drain(&live, &w, 300);
+	ck_assert_uint_eq(blocks_at(&w, 2, a, 3), 3);
+
+	/*
+	 * A fetch that finds the value gone: a sequence keeps one block so that drop-cache does
+	 * not empty the node (no AllBlocksCleared); c2's blocks leave the pool and the files,
+	 * Redis forgets them, and the open that fetches them removes them from STORAGE.
+	 */
+	prompt(hold, BT, 90000);
+	ck_assert_int_eq(kvp_open(c, hold, BT, 0, 0, &held, &cached, &tab), 0);
+	ck_assert_int_eq(kvp_commit(c, held, BT, &tab), 0);
+	kvp_table_free(&tab);
+	prompt(c2, 2 * BT, 7000);
+	commit(c, c2, 2 * BT);
+	UNTIL(&live, &w, blocks_at(&w, 2, c2, 2) == 2);
+	ck_assert_int_eq(ctl(&d, "drop-cache", out, sizeof(out)), 0);
+	UNTIL(&live, &w, blocks_at(&w, 1, c2, 2) == 0);
+	ck_assert_uint_eq(blocks_at(&w, 2, c2, 2), 2); /* the remote tier's, as far as we know */
+	ck_assert_uint_eq(w.cleared, 0);
+	freeReplyObject(redis_direct(fx.s[0].port, "FLUSHALL"));
+	ck_assert_int_eq(kvp_open(c, c2, 2 * BT, 0, 0, &held, &cached, &tab), 0);
+	ck_assert_uint_eq(cached, 0);
+	kvp_table_free(&tab);
+	UNTIL(&live, &w, blocks_at(&w, 2, c2, 2) == 0);
+	ck_assert_int_eq(kvp_close(c, held), 0);
+
+	/* drop-cache of everything: AllBlocksCleared, and a's blocks are new again after it. */
+	c = kvp_disconnect(c);
+	ck_assert_int_eq(ctl(&d, "drop-cache", out, sizeof(out)), 0);
+	UNTIL(&live, &w, w.cleared == 1);
+	c = connect_ns(NULL, 0);
+	commit(c, a, 3 * BT);
+	UNTIL(&live, &w, blocks_at(&w, 2, a, 3) == 3 && blocks_at(&w, 1, a, 3) == 3);
+	c = kvp_disconnect(c);
+	sub_stop(&live);
+	stop_and_clean(dir);
+	seen_free(&w);
+
+	/* remote_tier_ttl_ms: removed once the time is up (checked every 2 s). */
+	memset(&w, 0, sizeof(w));
+	snprintf(w.fmt, sizeof(w.fmt), "map");
+	ck_assert_ptr_nonnull(mkdtemp(strcpy(dir, "/tmp/kvpaged-events-XXXXXX")));
+	snprintf(ep, sizeof(ep), "ipc://%s/events", dir);
+	snprintf(conf, sizeof(conf),
+		 "[pool main]\nlayers = 2\nkv_heads = 2\nhead_dim = 4\nelement_bytes = 4\n"
+		 "block_tokens = %u\ncapacity_blocks = 8\nnamespace = shared\n"
+		 "remote_tier = redis://127.0.0.1:%u\nremote_tier_key_file = %s\n"
+		 "remote_tier_timeout_ms = 2000\nremote_tier_ttl_ms = 1000\n"
+		 "events_endpoint = %s\nevents_topic = kv@test@tiny\nevents_namespaces = shared\n"
+		 "events_batch_ms = 5\n",
+		 BT, fx.s[0].port, key, ep);
+	daemon_start(&d, conf);
+	sub_start(&live, "listen", ep, NULL);
+	msleep(300);
+	c = connect_ns(NULL, 0);
+	prompt(e1, BT, 60000);
+	commit(c, e1, BT);
+	UNTIL(&live, &w, block_at(&w, 2, e1));
+	UNTIL(&live, &w, !block_at(&w, 2, e1));
+	ck_assert(block_at(&w, 1, e1)); /* still in the pool */
+	c = kvp_disconnect(c);
+	sub_stop(&live);
+	seen_free(&w);
+	unlink(key);
+	stop_and_clean(dir);
+	redis_fixture_stop(&fx);
+}
+END_TEST
+
 /* Configuration: tcp:// refused (token ids would reach anyone), events_* without a stream. */
 START_TEST(bad_config)
 {
@@ -1001,6 +1140,10 @@ int main(void)
 #endif
 	tcase_add_test(tc, bad_config);
 	suite_add_tcase(s, tc);
+	if (!redis_fixture_suite_ready(s, &r))
+		return r;
+	tc = redis_fixture_case(s, "remote", 60);
+	tcase_add_test(tc, remote);
 	r = run_suite(s);
 #ifndef KVPAGED_TEST_HOOKS
 	fprintf(stderr, "test-events: raised skipped: no test hooks (configure --enable-test-hooks)\n");

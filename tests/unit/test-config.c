@@ -135,6 +135,7 @@ static void assert_pool_equal(const struct kvpd_pool_config *a, const struct kvp
 	ck_assert_uint_eq(a->events_buffer_batches, b->events_buffer_batches);
 	ck_assert_uint_eq(a->events_queue, b->events_queue);
 	ck_assert_uint_eq(a->events_hwm, b->events_hwm);
+	ck_assert_uint_eq(a->events_remote_blocks, b->events_remote_blocks);
 }
 
 static void assert_config_equal(const struct kvpd_config *a, const struct kvpd_config *b)
@@ -1429,6 +1430,7 @@ START_TEST(test_events)
 	ck_assert_uint_eq(p->events_buffer_batches, 10000);
 	ck_assert_uint_eq(p->events_queue, 65536);
 	ck_assert_uint_eq(p->events_hwm, 100000);
+	ck_assert_uint_eq(p->events_remote_blocks, 65536);
 	/* Printed defaults load back: events_* at their defaults need no stream. */
 	printed = print_to_string(&a);
 	load_ok(printed, &b);
@@ -1441,7 +1443,8 @@ START_TEST(test_events)
 			  "events_replay_endpoint = ipc:///run/kvpaged/ev-replay\n"
 			  "events_topic = kv@node1@m\nevents_format = array\nevents_sched = normal\n"
 			  "events_namespaces = shared, uid:1000/x\nevents_batch_ms = 50\n"
-			  "events_buffer_batches = 0\nevents_queue = 16\nevents_hwm = 7\n",
+			  "events_buffer_batches = 0\nevents_queue = 16\nevents_hwm = 7\n"
+			  "events_remote_blocks = 0\n",
 		&a);
 	p = &a.pools[0];
 	ck_assert_str_eq(p->events_endpoint, "ipc:///run/kvpaged/ev");
@@ -1454,6 +1457,7 @@ START_TEST(test_events)
 	ck_assert_uint_eq(p->events_buffer_batches, 0);
 	ck_assert_uint_eq(p->events_queue, 16);
 	ck_assert_uint_eq(p->events_hwm, 7);
+	ck_assert_uint_eq(p->events_remote_blocks, 0);
 	printed = print_to_string(&a);
 	load_ok(printed, &b);
 	assert_config_equal(&a, &b);
@@ -1474,6 +1478,7 @@ START_TEST(test_events)
 	expect_pool_error("events_topic = kv@node1@m",
 			  "kvpaged.conf:8: [pool main] events_topic: there is no event stream");
 	expect_pool_error("events_queue = 8", "events_queue");
+	expect_pool_error("events_remote_blocks = 16777217", "events_remote_blocks");
 	expect_error(POOL_MAIN "events_endpoint = ipc:///run/e\n"
 			       "events_replay_endpoint = ipc:///run/e\n",
 		     "kvpaged.conf:9: [pool main] events_replay_endpoint: the same as "

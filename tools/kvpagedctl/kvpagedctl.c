@@ -674,6 +674,7 @@ static int cmd_stats(int fd, const char *pool)
 				jadd_u(y, "slow", e->slow);
 				jadd_u(y, "refused", e->refused);
 				jadd_u(y, "raised", e->raised);
+				jadd_u(y, "remote_blocks", e->remote_blocks);
 				jadd_u(y, "subscribers", e->subscribers);
 				jadd_s(y, "curve_public_key", e->curve_public_key);
 				json_object_object_add(x, "events", y);
@@ -776,8 +777,8 @@ static int cmd_stats(int fd, const char *pool)
 				       "%s%s; %" PRIu64 " refused\n", p->pool, e->subscribers, e->slow,
 				       *e->curve_public_key ? "; CURVE, server key " : "",
 				       e->curve_public_key, e->refused);
-				printf("%s: the publisher raised %" PRIu64 " times (behind)\n", p->pool,
-				       e->raised);
+				printf("%s: %u remote tier blocks announced; the publisher raised %" PRIu64
+				       " times (behind)\n", p->pool, e->remote_blocks, e->raised);
 			}
 			if (p->namespaces_folded)
 				printf("\n%s: %" PRIu64 " namespaces no session used any more are "
