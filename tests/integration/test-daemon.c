@@ -693,18 +693,11 @@ START_TEST(test_remote_tier_shown)
 	const char *shared;
 	uint32_t t[32], cached;
 	struct kvp_client *c;
-	uint8_t key[32];
 	uint64_t seq;
-	int fd;
 
 	ck_assert_ptr_nonnull(mkdtemp(kdir));
 	snprintf(kpath, sizeof(kpath), "%s/remote.key", kdir);
-	for (unsigned i = 0; i < sizeof(key); i++)
-		key[i] = (uint8_t)(i * 5 + 3);
-	fd = open(kpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
-	close(fd);
+	write_remote_key(kpath, 4);
 	snprintf(conf, sizeof(conf),
 		 "[pool main]\nlayers = 1\nkv_heads = 1\nhead_dim = 4\nelement_bytes = 4\n"
 		 "block_tokens = 16\ncapacity_blocks = 64\n"

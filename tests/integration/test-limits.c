@@ -208,20 +208,13 @@ START_TEST(test_remote_tier_absent)
 {
 	char kdir[] = "/tmp/kvpaged-key-XXXXXX", kpath[64], conf[512];
 	struct kvp_table tab = { 0 };
-	uint8_t key[32];
 	uint32_t t[40], cached = 1;
 	struct kvp_client *c;
 	uint64_t seq;
-	int fd;
 
 	ck_assert_ptr_nonnull(mkdtemp(kdir));
 	snprintf(kpath, sizeof(kpath), "%s/remote.key", kdir);
-	for (unsigned i = 0; i < sizeof(key); i++)
-		key[i] = (uint8_t)(i * 7 + 1);
-	fd = open(kpath, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, key, sizeof(key)), (ssize_t)sizeof(key));
-	close(fd);
+	write_remote_key(kpath, 4);
 	snprintf(conf, sizeof(conf),
 		 POOL(64, "namespace = shared\nremote_tier = redis://127.0.0.1:1\n"
 			  "remote_tier_key_file = %s\n"), kpath);

@@ -25,19 +25,6 @@ static struct redis_fixture fx;
 static char key_a[160], key_b[160];
 static char seeds[256];
 
-static void write_key(const char *path, uint8_t seed)
-{
-	uint8_t k[32];
-	int fd;
-
-	for (size_t i = 0; i < sizeof(k); i++)
-		k[i] = (uint8_t)(seed * 37 + i * 11);
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(write(fd, k, sizeof(k)), (ssize_t)sizeof(k));
-	close(fd);
-}
-
 static void cluster_up(void)
 {
 	size_t len = 0;
@@ -45,8 +32,8 @@ static void cluster_up(void)
 	redis_fixture_cluster(&fx, 3);
 	snprintf(key_a, sizeof(key_a), "%s/a.key", fx.dir);
 	snprintf(key_b, sizeof(key_b), "%s/b.key", fx.dir);
-	write_key(key_a, 1);
-	write_key(key_b, 2);
+	write_remote_key(key_a, 1);
+	write_remote_key(key_b, 2);
 	len = (size_t)snprintf(seeds, sizeof(seeds), "redis://");
 	for (unsigned i = 0; i < 3; i++)
 		len += (size_t)snprintf(seeds + len, sizeof(seeds) - len, "%s127.0.0.1:%u",
@@ -597,7 +584,7 @@ START_TEST(absent_then_up)
 
 	redis_fixture_absent(&sf);
 	snprintf(key_a, sizeof(key_a), "%s/a.key", sf.dir);
-	write_key(key_a, 1);
+	write_remote_key(key_a, 1);
 	memcpy(saved, seeds, sizeof(seeds));
 	snprintf(seeds, sizeof(seeds), "redis://127.0.0.1:%u", sf.s[0].port);
 	node_up(&a, "main", "shared", key_a, NULL);
