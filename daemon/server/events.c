@@ -47,8 +47,11 @@ struct events {
 	uint32_t qlen;
 	bool gap; /* events dropped since the last batch: the next seq skips one */
 	uint64_t dropped;
-	/* idle: when the oldest event queued came; whether the publisher is raised, since when. */
-	uint64_t first_ms, raised_ms;
+	/*
+	 * idle: when the oldest event queued came; whether the publisher is raised, since when;
+	 * after a raise that failed, no other before retry_ms.
+	 */
+	uint64_t first_ms, raised_ms, retry_ms;
 	bool raised;
 
 	/* The thread's. */
@@ -79,6 +82,11 @@ static uint64_t coarse_ms(void)
 	return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
 }
 
+static int set_policy(pthread_t t, int policy)
+{
+	return pthread_setschedparam(t, policy, &(struct sched_param){ 0 });
+}
+
 /*
  * idle: the publisher is behind (the oldest event queued waited EVENTS_LATE_BATCHES intervals,
  * or the queue is half full): it runs at the daemon's priority for a while (start_publisher).
@@ -91,15 +99,39 @@ static void raise_if_behind(struct events *e)
 	if (e->cfg.sched != EVENTS_SCHED_IDLE || e->raised || !e->started || !e->qlen)
 		return;
 	now = coarse_ms();
-	if (now - e->first_ms < (uint64_t)EVENTS_LATE_BATCHES * e->cfg.batch_ms &&
-	    e->qlen < e->cfg.queue / 2)
+	if ((now - e->first_ms < (uint64_t)EVENTS_LATE_BATCHES * e->cfg.batch_ms &&
+	     e->qlen < e->cfg.queue / 2) ||
+	    now < e->retry_ms)
 		return;
-	/* start_publisher found it allowed; should that change, the drops say so. */
-	if (pthread_setschedparam(e->thread, SCHED_OTHER, &(struct sched_param){ 0 }) == 0) {
-		e->raised = true;
-		e->raised_ms = now;
-		e->raises++;
+	/* start_publisher found it allowed; should that change, retried at most every 2 s. */
+	if (set_policy(e->thread, SCHED_OTHER)) {
+		e->retry_ms = now + 2000;
+		return;
 	}
+	e->raised = true;
+	e->raised_ms = now;
+	e->raises++;
+}
+
+/*
+ * The loop's side of the lock.  An idle publisher that holds it may have been preempted there
+ * and get no CPU for a long while: the loop would wait behind it.  So when the lock is taken,
+ * the publisher runs at the daemon's priority until the loop has it (priority inheritance by
+ * hand; a PTHREAD_PRIO_INHERIT mutex raises no SCHED_IDLE thread), then is idle again unless
+ * it was raised meanwhile.
+ */
+static void loop_lock(struct events *e)
+{
+	if (!pthread_mutex_trylock(&e->lock))
+		return;
+	if (e->started && e->cfg.sched == EVENTS_SCHED_IDLE) {
+		(void)set_policy(e->thread, SCHED_OTHER);
+		pthread_mutex_lock(&e->lock);
+		if (!e->raised)
+			(void)set_policy(e->thread, SCHED_IDLE);
+		return;
+	}
+	pthread_mutex_lock(&e->lock);
 }
 
 void events_add(struct events *e, enum events_kind kind, enum events_medium medium,
@@ -107,7 +139,7 @@ void events_add(struct events *e, enum events_kind kind, enum events_medium medi
 {
 	struct rec *r;
 
-	pthread_mutex_lock(&e->lock);
+	loop_lock(e);
 	if (e->qlen == e->cfg.queue) {
 		e->dropped++;
 		e->gap = true;
@@ -130,7 +162,7 @@ void events_add(struct events *e, enum events_kind kind, enum events_medium medi
 
 void events_drop(struct events *e)
 {
-	pthread_mutex_lock(&e->lock);
+	loop_lock(e);
 	e->dropped++;
 	e->gap = true;
 	pthread_mutex_unlock(&e->lock);
@@ -537,14 +569,15 @@ static uint64_t now_ms(void)
 
 /*
  * idle: raised EVENTS_RAISED_BATCHES intervals ago (raise_if_behind), the publisher goes back
- * to SCHED_IDLE; if the CPUs are still too busy for it, the loop raises it again.
+ * to SCHED_IDLE; if the CPUs are still too busy for it, the loop raises it again.  Preempted
+ * between the change and the unlock, it is lifted by the loop's loop_lock.
  */
 static void lower_if_due(struct events *e)
 {
 	pthread_mutex_lock(&e->lock);
 	if (e->raised &&
 	    coarse_ms() - e->raised_ms >= (uint64_t)EVENTS_RAISED_BATCHES * e->cfg.batch_ms &&
-	    pthread_setschedparam(pthread_self(), SCHED_IDLE, &(struct sched_param){ 0 }) == 0)
+	    set_policy(pthread_self(), SCHED_IDLE) == 0)
 		e->raised = false;
 	pthread_mutex_unlock(&e->lock);
 }
@@ -714,17 +747,16 @@ static int start_monitor(struct events *e, char *err, size_t errlen)
  * only writes what was encoded, and the publisher has no say over it once it is starved.
  */
 struct idle_probe {
-	int idle, back; /* what pthread_setschedparam said, SCHED_IDLE and back */
+	int idle, back; /* what set_policy said, SCHED_IDLE and back */
 };
 
 static void *probe_idle(void *arg)
 {
 	struct idle_probe *pr = arg;
 
-	pr->idle = pthread_setschedparam(pthread_self(), SCHED_IDLE, &(struct sched_param){ 0 });
+	pr->idle = set_policy(pthread_self(), SCHED_IDLE);
 	if (!pr->idle)
-		pr->back = pthread_setschedparam(pthread_self(), SCHED_OTHER,
-						 &(struct sched_param){ 0 });
+		pr->back = set_policy(pthread_self(), SCHED_OTHER);
 	return NULL;
 }
 
@@ -744,7 +776,7 @@ static int start_publisher(struct events *e)
 	if (!r)
 		r = pthread_join(probe, NULL);
 	if (!r && !pr.idle && !pr.back)
-		r = pthread_setschedparam(e->thread, SCHED_IDLE, &(struct sched_param){ 0 });
+		r = set_policy(e->thread, SCHED_IDLE);
 	if (r || pr.idle)
 		log_warning("events_sched = idle: the event publisher runs as the daemon does: "
 			    "cannot make it SCHED_IDLE: %s", strerror(r ? r : pr.idle));
@@ -843,9 +875,12 @@ struct events *events_free(struct events *e)
 	if (!e)
 		return NULL;
 	if (e->started) {
-		pthread_mutex_lock(&e->lock);
+		loop_lock(e);
 		e->stop = true;
 		pthread_mutex_unlock(&e->lock);
+		/* Its last batch, and the join, wait for no idle CPU. */
+		if (e->cfg.sched == EVENTS_SCHED_IDLE)
+			(void)set_policy(e->thread, SCHED_OTHER);
 		pthread_join(e->thread, NULL);
 	}
 	if (e->pub)
@@ -876,14 +911,14 @@ struct events *events_free(struct events *e)
 
 void events_tick(struct events *e)
 {
-	pthread_mutex_lock(&e->lock);
+	loop_lock(e);
 	raise_if_behind(e);
 	pthread_mutex_unlock(&e->lock);
 }
 
 void events_get_stats(struct events *e, struct events_stats *out)
 {
-	pthread_mutex_lock(&e->lock);
+	loop_lock(e);
 	*out = (struct events_stats){ .batches = e->batches, .events = e->events,
 				      .dropped = e->dropped, .replays = e->replays,
 				      .seq = e->next_seq, .queued = e->qlen,
