@@ -34,19 +34,21 @@ static enum events_medium medium_of(const struct dpool *p, uint32_t level)
 }
 
 /*
- * What the subscribers were told (docs/events.md, "one block, two levels"): for each block
- * announced and not removed, how many levels of each medium hold it, and, if this node's store
- * put it in the remote tier, its stamp in the remote ring.  A BlockStored goes out when a
- * medium's count leaves 0, a BlockRemoved when it comes back to 0: so the pool and the host
- * tier (both CPU in host memory), or the swap files and the remote tier (both STORAGE), never
- * announce one block twice or remove it while it is still there.  Open addressing keyed by the
- * announced hash, linear probing, deletion by backward shift; an entry whose counts are all 0
- * is free.
+ * What the subscribers were told (docs/events.md, levels and media): for each block announced
+ * and not removed, the levels that hold it (a bit per level: the pool, the tiers, the remote
+ * tier) and, if this node's store put it in the remote tier, its stamp in the remote ring.  A
+ * BlockStored goes out when the first level of a medium takes the block, a BlockRemoved when
+ * the last one lets it go: so the pool and the host tier (both CPU in host memory), or the
+ * swap files and the remote tier (both STORAGE), never announce one block twice or remove it
+ * while it is still there, and a level that lets go of a block it was never counted for (its
+ * store dropped, or made before its namespace was routed) takes nothing from the others.
+ * Open addressing keyed by the announced hash, linear probing, deletion by backward shift; a
+ * slot with no level is free.
  */
 struct known_block {
 	uint64_t hash;
-	uint32_t remote; /* its stamp in the ring; 0: not in the remote tier as far as we know */
-	uint8_t n[EVENTS_NMEDIA];
+	uint32_t remote; /* its stamp in the ring, 0: none; set iff the remote level's bit is */
+	uint8_t levels;	 /* bit L: level L holds it */
 };
 
 /* A block this node stored in the remote tier, in the order they were stored. */
@@ -59,20 +61,17 @@ struct events_known {
 	struct known_block *t;
 	size_t size, used; /* size: 0 or a power of two */
 	unsigned shift;
-	uint64_t mul; /* odd: a block's home is (hash * mul) >> shift */
+	uint64_t mul;	       /* odd: a block's home is (hash * mul) >> shift */
+	uint8_t media[EVENTS_NMEDIA]; /* each medium's levels, as bits */
+	/*
+	 * The table could not take a block (out of memory): since then a level that lets go of
+	 * a block the table does not know is announced anyway, as before the table.
+	 */
+	bool lossy;
 	struct remote_seen *ring;
 	uint32_t cap, head, len, stamp;
 	uint32_t remote_live; /* entries with a stamp: the remote tier's blocks announced */
-	bool warned;
 };
-
-static bool known_free_slot(const struct known_block *b)
-{
-	for (int m = 0; m < EVENTS_NMEDIA; m++)
-		if (b->n[m])
-			return false;
-	return true;
-}
 
 static size_t known_home(const struct events_known *k, uint64_t hash)
 {
@@ -81,13 +80,19 @@ static size_t known_home(const struct events_known *k, uint64_t hash)
 
 static struct events_known *known_of(struct dpool *p)
 {
-	if (!p->events_known) {
-		p->events_known = calloc(1, sizeof(*p->events_known));
-		if (p->events_known)
-			/* The hashes are a tenant's to choose; a home they cannot aim at. */
-			p->events_known->mul = (XXH3_64bits(&p, sizeof(p)) ^ server_now_ns()) | 1;
-	}
-	return p->events_known;
+	struct events_known *k = p->events_known;
+
+	if (k)
+		return k;
+	k = calloc(1, sizeof(*k));
+	if (!k)
+		return NULL;
+	/* The hashes are a tenant's to choose; a home they cannot aim at. */
+	k->mul = (XXH3_64bits(&k, sizeof(k)) ^ server_now_ns()) | 1;
+	for (uint32_t l = 0; l <= p->ntiers && l < 8; l++)
+		k->media[medium_of(p, l)] |= (uint8_t)(1u << l);
+	p->events_known = k;
+	return k;
 }
 
 static struct known_block *known_find(const struct events_known *k, uint64_t hash, size_t *at)
@@ -95,7 +100,7 @@ static struct known_block *known_find(const struct events_known *k, uint64_t has
 	if (!k || !k->size)
 		return NULL;
 	for (size_t i = known_home(k, hash);; i = (i + 1) & (k->size - 1)) {
-		if (known_free_slot(&k->t[i]))
+		if (!k->t[i].levels)
 			return NULL;
 		if (k->t[i].hash == hash) {
 			*at = i;
@@ -118,9 +123,9 @@ static bool known_grow(struct events_known *k)
 	for (size_t i = 0; i < oldsize; i++) {
 		size_t j;
 
-		if (known_free_slot(&old[i]))
+		if (!old[i].levels)
 			continue;
-		for (j = known_home(k, old[i].hash); !known_free_slot(&t[j]); j = (j + 1) & (size - 1))
+		for (j = known_home(k, old[i].hash); t[j].levels; j = (j + 1) & (size - 1))
 			;
 		t[j] = old[i];
 	}
@@ -128,26 +133,26 @@ static bool known_grow(struct events_known *k)
 	return true;
 }
 
-/* The block's entry, a new one (counts 0) if it has none; NULL: out of memory. */
+/* The block's entry, a new one (no level) if it has none; NULL: out of memory. */
 static struct known_block *known_get(struct dpool *p, uint64_t hash)
 {
 	struct events_known *k = known_of(p);
 	struct known_block *b;
 	size_t i;
 
-	if (!k)
-		return NULL;
 	b = known_find(k, hash, &i);
 	if (b)
 		return b;
-	if (2 * (k->used + 1) > k->size && !known_grow(k)) {
-		if (!k->warned)
-			log_warning("pool %s: out of memory: blocks announced on two levels of one "
-				    "medium may be announced twice", p->cfg->name);
-		k->warned = true;
+	if (!k || (2 * (k->used + 1) > k->size && !known_grow(k))) {
+		if (k && !k->lossy)
+			log_warning("pool %s: out of memory: the event stream may announce a block "
+				    "twice at one medium, or remove it while a level holds it",
+				    p->cfg->name);
+		if (k)
+			k->lossy = true;
 		return NULL;
 	}
-	for (i = known_home(k, hash); !known_free_slot(&k->t[i]); i = (i + 1) & (k->size - 1))
+	for (i = known_home(k, hash); k->t[i].levels; i = (i + 1) & (k->size - 1))
 		;
 	k->used++;
 	k->t[i] = (struct known_block){ .hash = hash };
@@ -159,7 +164,7 @@ static void known_del(struct events_known *k, size_t i)
 {
 	const size_t mask = k->size - 1;
 
-	for (size_t j = (i + 1) & mask; !known_free_slot(&k->t[j]); j = (j + 1) & mask) {
+	for (size_t j = (i + 1) & mask; k->t[j].levels; j = (j + 1) & mask) {
 		const size_t h = known_home(k, k->t[j].hash);
 
 		/* j stays when its home lies cyclically in (i, j]. */
@@ -172,36 +177,50 @@ static void known_del(struct events_known *k, size_t i)
 	k->used--;
 }
 
-static void announce_stored(struct dpool *p, enum events_medium m, uint64_t hash,
-			    uint64_t parent, bool has_parent, const uint32_t *tokens)
+/* Level l holds the block of entry b now (a new one for its medium: announced). */
+static void known_take(struct dpool *p, struct known_block *b, uint32_t l, uint64_t hash,
+		       uint64_t parent, bool has_parent, const uint32_t *tokens)
 {
-	struct known_block *b = known_get(p, hash);
+	const enum events_medium m = medium_of(p, l);
+	const uint8_t had = b ? b->levels & p->events_known->media[m] : 0;
 
-	if (b && b->n[m]++)
-		return; /* announced there already: another level of the same medium */
-	events_add(p->events, EVENTS_STORED, m, hash, parent, has_parent, tokens);
+	if (b)
+		b->levels |= (uint8_t)(1u << l);
+	if (!had)
+		events_add(p->events, EVENTS_STORED, m, hash, parent, has_parent, tokens);
 }
 
-/* One level of medium m no longer holds the block of entry i. */
-static void known_drop(struct dpool *p, size_t i, enum events_medium m)
+/* Level l no longer holds the block of entry i (if it did). */
+static void known_let_go(struct dpool *p, size_t i, uint32_t l)
 {
 	struct events_known *k = p->events_known;
+	struct known_block *b = &k->t[i];
+	const enum events_medium m = medium_of(p, l);
 
-	if (--k->t[i].n[m])
+	if (!(b->levels & (1u << l)))
 		return;
-	events_add(p->events, EVENTS_REMOVED, m, k->t[i].hash, 0, false, NULL);
-	if (known_free_slot(&k->t[i]))
+	b->levels &= (uint8_t)~(1u << l);
+	if (!(b->levels & k->media[m]))
+		events_add(p->events, EVENTS_REMOVED, m, b->hash, 0, false, NULL);
+	if (!b->levels)
 		known_del(k, i);
 }
 
-static void announce_removed(struct dpool *p, enum events_medium m, uint64_t hash)
+static void announce_stored(struct dpool *p, uint32_t l, uint64_t hash, uint64_t parent,
+			    bool has_parent, const uint32_t *tokens)
 {
-	size_t i;
-	struct known_block *b = known_find(p->events_known, hash, &i);
+	known_take(p, known_get(p, hash), l, hash, parent, has_parent, tokens);
+}
 
-	/* Never announced there (stored in a queue that was full, or before it was routed). */
-	if (b && b->n[m])
-		known_drop(p, i, m);
+static void announce_removed(struct dpool *p, uint32_t l, uint64_t hash)
+{
+	struct events_known *k = p->events_known;
+	size_t i;
+
+	if (known_find(k, hash, &i))
+		known_let_go(p, i, l);
+	else if (k && k->lossy)
+		events_add(p->events, EVENTS_REMOVED, medium_of(p, l), hash, 0, false, NULL);
 }
 
 /* Everything forgotten: after an AllBlocksCleared, nothing is known to be anywhere. */
@@ -215,6 +234,15 @@ static void known_clear(struct dpool *p)
 	k->t = NULL;
 	k->size = k->used = 0;
 	k->head = k->len = k->remote_live = 0;
+	k->lossy = false;
+}
+
+/* The block of entry i is gone from the remote tier as far as this node knows. */
+static void remote_forget(struct dpool *p, size_t i)
+{
+	p->events_known->t[i].remote = 0;
+	p->events_known->remote_live--;
+	known_let_go(p, i, p->remote_level);
 }
 
 /* The oldest block this node stored in the remote tier is taken as gone from it. */
@@ -228,11 +256,8 @@ static void remote_pop(struct dpool *p)
 	k->head = (k->head + 1) % k->cap;
 	k->len--;
 	b = known_find(k, r.hash, &i);
-	if (b && b->remote == r.stamp) { /* not stored again since, nor found gone */
-		b->remote = 0;
-		k->remote_live--;
-		known_drop(p, i, EVENTS_STORAGE);
-	}
+	if (b && b->remote == r.stamp) /* not stored again since, nor found gone */
+		remote_forget(p, i);
 }
 
 /* remote_tier_ttl_ms: the blocks stored longer ago than that are gone from Redis. */
@@ -251,7 +276,6 @@ void dpool_events_remote_stored(struct dpool *p, uint64_t salt, uint64_t hash, u
 	const uint64_t now = server_now_ns();
 	struct events_known *k;
 	struct known_block *b;
-	uint32_t was;
 
 	if (!p->events || !p->cfg->events_remote_blocks || !routed(p, salt) || !(k = known_of(p)))
 		return;
@@ -265,20 +289,22 @@ void dpool_events_remote_stored(struct dpool *p, uint64_t salt, uint64_t hash, u
 		k->cap = p->cfg->events_remote_blocks;
 	}
 	remote_expire(p, now);
+	/*
+	 * events_remote_blocks: the oldest is forgotten, as gone.  (A block stored again leaves
+	 * its older entry in the ring, stale: it takes room until it comes out, ignored.)
+	 */
 	if (k->len == k->cap)
-		remote_pop(p); /* events_remote_blocks: the oldest is forgotten, as gone */
+		remote_pop(p);
 	b = known_get(p, hash);
 	if (!b)
-		return;
+		return; /* not announced: nothing could take it back */
 	if (!++k->stamp)
 		k->stamp = 1;
 	k->ring[(k->head + k->len++) % k->cap] =
 		(struct remote_seen){ .hash = hash, .at_ns = now, .stamp = k->stamp };
-	was = b->remote;
+	k->remote_live += !b->remote;
 	b->remote = k->stamp;
-	k->remote_live += !was;
-	if (!was && !b->n[EVENTS_STORAGE]++)
-		events_add(p->events, EVENTS_STORED, EVENTS_STORAGE, hash, parent, has_parent, tokens);
+	known_take(p, b, p->remote_level, hash, parent, has_parent, tokens);
 }
 
 void dpool_events_remote_gone(struct dpool *p, uint64_t hash)
@@ -286,11 +312,8 @@ void dpool_events_remote_gone(struct dpool *p, uint64_t hash)
 	size_t i;
 	struct known_block *b = p->events ? known_find(p->events_known, hash, &i) : NULL;
 
-	if (b && b->remote) {
-		b->remote = 0;
-		p->events_known->remote_live--;
-		known_drop(p, i, EVENTS_STORAGE);
-	}
+	if (b && b->remote)
+		remote_forget(p, i);
 }
 
 void dpool_events_tick(struct dpool *p)
@@ -310,7 +333,7 @@ void dpool_events_stats(const struct dpool *p, struct events_stats *out)
 struct held_event {
 	uint64_t hash, parent;
 	bool has_parent, sent;
-	uint8_t medium;
+	uint8_t level;
 };
 
 /*
@@ -343,7 +366,7 @@ static bool hold_room(struct dpool *p)
 }
 
 /* One block stored while holding: kept, tokens and all, up to events_queue of them. */
-static void hold(struct dpool *p, enum events_medium m, uint64_t hash, uint64_t parent,
+static void hold(struct dpool *p, uint32_t l, uint64_t hash, uint64_t parent,
 		 bool has_parent, const uint32_t *tokens)
 {
 	const size_t bt = p->cfg->block_tokens;
@@ -353,7 +376,7 @@ static void hold(struct dpool *p, enum events_medium m, uint64_t hash, uint64_t 
 		return;
 	}
 	p->events_held[p->n_events_held] = (struct held_event){
-		.hash = hash, .parent = parent, .has_parent = has_parent, .medium = (uint8_t)m
+		.hash = hash, .parent = parent, .has_parent = has_parent, .level = (uint8_t)l
 	};
 	memcpy(p->events_held_tokens + p->n_events_held * bt, tokens, bt * sizeof(*tokens));
 	p->n_events_held++;
@@ -421,8 +444,8 @@ void dpool_events_release(struct dpool *p)
 		while (len--) {
 			const struct held_event *e = &h[chain[len]];
 
-			announce_stored(p, (enum events_medium)e->medium, e->hash, e->parent,
-					e->has_parent, p->events_held_tokens + chain[len] * bt);
+			announce_stored(p, e->level, e->hash, e->parent, e->has_parent,
+					p->events_held_tokens + chain[len] * bt);
 		}
 	}
 out:
@@ -445,7 +468,7 @@ static void observe(void *ctx, const struct core_event *ev)
 	if (!p->events || !routed(p, ev->salt))
 		return;
 	if (ev->kind == CORE_EVENT_REMOVED) {
-		announce_removed(p, medium_of(p, ev->level), ev->hash.lo);
+		announce_removed(p, ev->level, ev->hash.lo);
 		return;
 	}
 	/* Demoted from the host tier: its slot, still intact, has the tokens. */
@@ -456,10 +479,10 @@ static void observe(void *ctx, const struct core_event *ev)
 	if (!tokens)
 		return; /* nowhere to read them: not announced (cannot happen with these levels) */
 	if (p->events_holding) {
-		hold(p, medium_of(p, ev->level), ev->hash.lo, ev->parent.lo, has_parent, tokens);
+		hold(p, ev->level, ev->hash.lo, ev->parent.lo, has_parent, tokens);
 		return;
 	}
-	announce_stored(p, medium_of(p, ev->level), ev->hash.lo, ev->parent.lo, has_parent, tokens);
+	announce_stored(p, ev->level, ev->hash.lo, ev->parent.lo, has_parent, tokens);
 }
 
 static void add_salt(struct dpool *p, uint64_t salt);
