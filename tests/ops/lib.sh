@@ -107,7 +107,7 @@ build_debs() {
 		fail "dpkg-buildpackage"
 	}
 	debs=()
-	for p in kvpaged libkvpaged1 libkvpaged-dev; do
+	for p in kvpaged libkvpaged1 libkvpaged-dev python3-kvpaged; do
 		deb=$(ls "$tmp/out/${p}_${version}-"*.deb 2>/dev/null) || fail "no $p package was built"
 		debs+=("$deb")
 	done

@@ -1,0 +1,19 @@
+# SPDX-License-Identifier: MIT
+"""kvpaged: the client library for Python engines (over libkvpaged.so.1, through ctypes).
+
+    import kvpaged
+    with kvpaged.connect() as c:
+        kv = c.pool.array()            # [block, layer, kv, slot, head, dim], the pool itself
+        with c.open(prompt) as s:      # s.cached tokens are cached, s.table their blocks
+            ...                        # write K/V of the rest into kv[s.table[...]]
+            s.commit(len(prompt))
+
+docs/python.md has the whole API and an engine loop.
+"""
+from kvpaged.client import Client, Pool, Sequence, connect
+from kvpaged.errors import (AccessDenied, Busy, Disconnected, Error, InvalidArgument, NoSpace,
+                            NotFound, ProtocolError, QuotaExceeded, TooBig, TooManySessions)
+
+__all__ = ["connect", "Client", "Pool", "Sequence", "Error", "NotFound", "AccessDenied",
+           "NoSpace", "QuotaExceeded", "Busy", "InvalidArgument", "TooManySessions", "TooBig",
+           "Disconnected", "ProtocolError"]

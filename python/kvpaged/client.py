@@ -1,0 +1,247 @@
+# SPDX-License-Identifier: MIT
+"""A session with the daemon (Client), its pool (Pool) and its sequences (Sequence).
+
+Who owns what: a Client owns its session, the pool's mapping and its sequences.  Arrays from
+Pool.array() are views of the mapping, no copy, and keep the Client alive; Client.close()
+refuses (BufferError) while one exists, as mmap does.  A Client garbage-collected without
+close() disconnects, and the daemon closes every sequence it still had.
+
+Threads: every call on a Client (and its sequences) takes the Client's lock, so two threads
+may share one; their calls run one after the other, each a round trip to the daemon.  Writes
+to the pool's memory take no lock: which thread writes which block is the engine's business.
+"""
+import ctypes
+import threading
+import weakref
+from typing import Iterable, Optional, Sequence as Seq
+
+import numpy as np
+
+from kvpaged._native import ConnectOptions, PoolInfo, Table, Retention, lib, u32, u64
+from kvpaged.errors import error
+
+_DTYPES = {4: np.float32, 2: np.float16, 1: np.uint8}
+
+
+def _tokens(tokens: Iterable[int]):
+    a = np.ascontiguousarray(np.asarray(tokens, dtype=np.uint32).reshape(-1))
+    return a, a.ctypes.data_as(ctypes.POINTER(u32)), len(a)
+
+
+class Pool:
+    """The pool's geometry and layout (kvp_pool_info), and its memory as arrays.
+
+    The byte offset of (block b, layer l, kv k (0 K, 1 V), slot s, head h) is
+    b*block_stride + l*layer_stride + k*kv_stride + s*slot_stride + h*head_stride, then
+    head_dim elements of element_bytes each: array() has that as its shape and strides.
+    """
+
+    def __init__(self, client: "Client", info: PoolInfo):
+        self._client = client
+        self.name: str = info.name.decode()
+        self.backend: str = info.backend.decode()
+        for f in ("layers", "kv_heads", "head_dim", "element_bytes", "block_tokens",
+                  "capacity_blocks", "max_seq_tokens", "vocab_size", "bytes_per_token",
+                  "block_bytes", "pool_bytes", "block_stride", "layer_stride", "kv_stride",
+                  "slot_stride", "head_stride", "window"):
+            setattr(self, f, int(getattr(info, f)))
+
+    @property
+    def shape(self) -> tuple:
+        """(capacity_blocks, layers, 2, block_tokens, kv_heads, head_dim)."""
+        return (self.capacity_blocks, self.layers, 2, self.block_tokens, self.kv_heads,
+                self.head_dim)
+
+    @property
+    def strides(self) -> tuple:
+        """The byte strides of shape's dimensions (the last: element_bytes)."""
+        return (self.block_stride, self.layer_stride, self.kv_stride, self.slot_stride,
+                self.head_stride, self.element_bytes)
+
+    def array(self, dtype=None) -> np.ndarray:
+        """The mapped pool as a NumPy array of shape and strides above: no copy.
+
+        dtype defaults to float32 for 4-byte elements, float16 for 2 (a bfloat16 pool: take
+        np.uint16 and convert, or view the bits), uint8 for 1; another dtype must have the
+        element's size.  Valid while the Client is open (the array keeps it alive).
+        """
+        dt = np.dtype(dtype if dtype is not None else _DTYPES.get(self.element_bytes))
+        if dt.itemsize != self.element_bytes:
+            raise ValueError("a %d-byte dtype for %d-byte elements" %
+                             (dt.itemsize, self.element_bytes))
+        return self._client._array(dt, self.shape, self.strides)
+
+
+class Sequence:
+    """One sequence of the daemon's: its id, the tokens cached at open, its block table.
+
+    table is a NumPy uint32 array of block ids (a copy, updated by each call that changes
+    it).  A context manager: it closes itself.
+    """
+
+    def __init__(self, client: "Client", seq: int, cached: int, table: Table):
+        self._client = client
+        self.id: int = seq
+        self.cached: int = cached
+        self._table = table
+        self.closed = False
+
+    @property
+    def table(self) -> np.ndarray:
+        t = self._table
+        return np.ctypeslib.as_array(t.blocks, (t.len,)).copy() if t.len else \
+            np.zeros(0, dtype=np.uint32)
+
+    def append(self, tokens: Iterable[int]) -> None:
+        """Gives len(tokens) more tokens slots; the table grows to hold them."""
+        a, p, n = _tokens(tokens)
+        self._client._call(lib.kvp_append, self.id, p, n, ctypes.byref(self._table))
+
+    def commit(self, ntokens: int) -> int:
+        """Marks the first ntokens tokens written: full blocks become findable by others.
+        Returns how many table entries were replaced by an equal block committed first."""
+        return self._client._call(lib.kvp_commit, self.id, ntokens, ctypes.byref(self._table))
+
+    def fork(self) -> "Sequence":
+        """A new sequence sharing every block; a write into a shared block copies it first."""
+        child, t = u64(), Table()
+        self._client._call(lib.kvp_fork, self.id, ctypes.byref(child), ctypes.byref(t))
+        return Sequence(self._client, child.value, 0, t)
+
+    def park(self) -> None:
+        """Parks it: its blocks may go under memory pressure; its tokens are kept."""
+        self._client._call(lib.kvp_park, self.id)
+
+    def resume(self) -> int:
+        """Makes it active again: returns how many trailing tokens to compute again."""
+        rec = u32()
+        self._client._call(lib.kvp_resume, self.id, ctypes.byref(rec), ctypes.byref(self._table))
+        return rec.value
+
+    def info(self) -> tuple:
+        """(tokens with a slot, tokens committed); the table is refreshed too."""
+        n, c = u32(), u32()
+        self._client._call(lib.kvp_seq_info, self.id, ctypes.byref(n), ctypes.byref(c),
+                           ctypes.byref(self._table))
+        return n.value, c.value
+
+    def close(self) -> None:
+        """Closes it in the daemon (idempotent)."""
+        if not self.closed:
+            self.closed = True
+            try:
+                if self._client._c:
+                    self._client._call(lib.kvp_close, self.id)
+            finally:
+                lib.kvp_table_free(ctypes.byref(self._table))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        # Not closed: the daemon keeps it until the Client goes; only the table is freed here
+        # (no call from a finalizer, which may run in a thread that holds the Client's lock).
+        if not getattr(self, "closed", True):
+            lib.kvp_table_free(ctypes.byref(self._table))
+
+
+class Client:
+    """A session with the daemon: kvp_connect(), until close() (kvp_disconnect())."""
+
+    def __init__(self, socket: Optional[str] = None, pool: Optional[str] = None,
+                 namespace: Optional[str] = None, name: str = "python"):
+        err = ctypes.create_string_buffer(512)
+        o = ConnectOptions(size=ctypes.sizeof(ConnectOptions),
+                           socket_path=socket.encode() if socket else None,
+                           pool=pool.encode() if pool else None,
+                           ns=namespace.encode() if namespace else None,
+                           client_name=name.encode(),
+                           error_buf=ctypes.cast(err, ctypes.c_void_p), error_len=len(err))
+        c = ctypes.c_void_p()
+        self._c = None
+        self._lock = threading.Lock()
+        self._exports = []  # weak references to the buffers arrays were made over
+        r = lib.kvp_connect(ctypes.byref(o), ctypes.byref(c))
+        if r < 0:
+            raise error(-r, err.value.decode(errors="replace"))
+        self._c = c
+        self.pool = Pool(self, lib.kvp_pool(c).contents)
+
+    @property
+    def namespace(self) -> str:
+        """The namespace the daemon assigned, e.g. "uid:1000/tenant-a"."""
+        return lib.kvp_namespace(self._c).decode()
+
+    def _call(self, fn, *args) -> int:
+        with self._lock:
+            if not self._c:
+                raise ValueError("the client is closed")
+            r = fn(self._c, *args)
+            if r < 0:
+                raise error(-r, lib.kvp_last_error(self._c).decode(errors="replace"))
+            return r
+
+    def _array(self, dt, shape, strides) -> np.ndarray:
+        with self._lock:
+            if not self._c:
+                raise ValueError("the client is closed")
+            base = lib.kvp_pool_base(self._c)
+            if not base:
+                raise ValueError("the pool is not in this process's memory (a GPU pool)")
+            buf = (ctypes.c_char * self.pool.pool_bytes).from_address(base)
+            buf._kvpaged_client = self  # the mapping lives as long as the array
+            self._exports = [w for w in self._exports if w() is not None]
+            self._exports.append(weakref.ref(buf))
+            return np.ndarray(shape, dtype=dt, buffer=buf, strides=strides)
+
+    def open(self, tokens: Seq[int], extra_key: int = 0, flags: int = 0) -> Sequence:
+        """Opens a sequence for a prompt: .cached leading tokens already have their K/V."""
+        a, p, n = _tokens(tokens)
+        seq, cached, t = u64(), u32(), Table()
+        self._call(lib.kvp_open_retained, p, n, extra_key, flags, None, ctypes.byref(seq),
+                   ctypes.byref(cached), ctypes.byref(t))
+        return Sequence(self, seq.value, cached.value, t)
+
+    def lookup(self, tokens: Seq[int], extra_key: int = 0, flags: int = 0) -> int:
+        """How many leading tokens of a prompt are cached, opening nothing."""
+        a, p, n = _tokens(tokens)
+        cached = u32()
+        self._call(lib.kvp_lookup, p, n, extra_key, flags, ctypes.byref(cached))
+        return cached.value
+
+    def set_wait(self, ms: int) -> None:
+        """How long open, append and resume wait for memory (0: fail at once, NoSpace)."""
+        with self._lock:
+            lib.kvp_set_wait(self._c, ms)
+
+    def close(self) -> None:
+        """Disconnects (the daemon closes the sequences left).  BufferError while an array
+        of the pool exists; idempotent otherwise."""
+        with self._lock:
+            if not self._c:
+                return
+            if any(w() is not None for w in self._exports):
+                raise BufferError("arrays of the pool still exist: delete them first")
+            lib.kvp_disconnect(self._c)
+            self._c = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        if getattr(self, "_c", None):
+            lib.kvp_disconnect(self._c)
+            self._c = None
+
+
+def connect(socket: Optional[str] = None, pool: Optional[str] = None,
+            namespace: Optional[str] = None, name: str = "python") -> Client:
+    """A Client: socket defaults to $KVPAGED_SOCKET, then the daemon's default; pool to the
+    daemon's first; namespace narrows the one the daemon assigns."""
+    return Client(socket=socket, pool=pool, namespace=namespace, name=name)

@@ -1,0 +1,151 @@
+# SPDX-License-Identifier: MIT
+"""kvpaged's Python binding against the real daemon (conftest.py starts one per test)."""
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+import kvpaged
+
+BT = 16
+
+
+def prompt(n, base=1000):
+    return [base + 7 * i for i in range(n)]
+
+
+def test_pool_geometry_and_namespace(daemon):
+    with kvpaged.connect(daemon.sock) as c:
+        p = c.pool
+        assert (p.name, p.backend) == ("main", "host")
+        assert (p.layers, p.kv_heads, p.head_dim, p.element_bytes, p.block_tokens,
+                p.capacity_blocks) == (2, 2, 4, 4, BT, 64)
+        assert p.shape == (64, 2, 2, BT, 2, 4)
+        assert p.strides[0] == p.block_stride and p.strides[-1] == 4
+        assert p.pool_bytes >= 64 * p.block_bytes
+        assert c.namespace == "shared"
+    with kvpaged.connect(daemon.sock, namespace="tenant-a") as c:
+        assert c.namespace == "shared/tenant-a"
+
+
+def test_array_aliases_the_pool_across_clients(daemon):
+    with kvpaged.connect(daemon.sock) as a, kvpaged.connect(daemon.sock) as b:
+        x, y = a.pool.array(), b.pool.array()
+        assert x.dtype == np.float32 and x.shape == a.pool.shape
+        assert x.ctypes.data != 0 and not x.flags.owndata
+        x[3, 1, 1, 5, 1, :] = [1.5, 2.5, 3.5, 4.5]
+        assert list(y[3, 1, 1, 5, 1]) == [1.5, 2.5, 3.5, 4.5]
+        # The layout: the same element at the byte offset the strides give.
+        p = a.pool
+        off = 3 * p.block_stride + p.layer_stride + p.kv_stride + 5 * p.slot_stride + \
+            p.head_stride
+        flat = np.ndarray((p.pool_bytes,), np.uint8, buffer=y.base)
+        assert flat[off:off + 16].view(np.float32).tolist() == [1.5, 2.5, 3.5, 4.5]
+        with pytest.raises(ValueError):
+            a.pool.array(np.float16)
+        del x, y, flat
+
+
+def test_close_refuses_while_an_array_lives(daemon):
+    c = kvpaged.connect(daemon.sock)
+    x = c.pool.array()
+    v = x[1:3]
+    del x
+    with pytest.raises(BufferError):
+        c.close()
+    del v
+    gc.collect()
+    c.close()
+    c.close()  # idempotent
+    with pytest.raises(ValueError):
+        c.lookup(prompt(BT))
+
+
+def test_sequences_open_commit_hit_fork_park_resume(daemon):
+    t = prompt(3 * BT + 5)
+    with kvpaged.connect(daemon.sock) as a, kvpaged.connect(daemon.sock) as b:
+        with a.open(t) as s:
+            assert s.cached == 0 and len(s.table) == 4
+            kv = a.pool.array()
+            for i, blk in enumerate(s.table):
+                kv[blk] = i + 1
+            assert s.commit(len(t)) == 0
+            assert s.info() == (len(t), len(t))
+            first = s.table.copy()
+        # Another process's session finds the three full blocks, with their K/V.
+        assert b.lookup(t) == 3 * BT
+        with b.open(t) as s2:
+            assert s2.cached == 3 * BT
+            assert list(s2.table[:3]) == list(first[:3])
+            kv2 = b.pool.array()
+            assert (kv2[s2.table[1]] == 2).all()
+            s2.append(prompt(BT, 9000))
+            assert len(s2.table) == 5
+            with s2.fork() as child:
+                assert list(child.table) == list(s2.table)
+            s2.park()
+            with pytest.raises(kvpaged.Busy):
+                s2.append([1])
+            assert s2.resume() == 0
+            assert s2.info()[0] == len(t) + BT
+        del kv, kv2
+
+
+def test_errors_map_to_exceptions(tmp_path, small):
+    with pytest.raises(kvpaged.NotFound) as e:
+        kvpaged.connect(str(tmp_path / "nothing.sock"))
+    assert e.value.errno == 2 and isinstance(e.value, OSError)
+    with kvpaged.connect(small.sock) as c, kvpaged.connect(small.sock) as other:
+        with pytest.raises(kvpaged.QuotaExceeded) as e:
+            c.open(prompt(8 * BT))  # more than the session may hold (the pool's 4 blocks)
+        assert e.value.errno == 122 and "max_blocks" in e.value.strerror
+        with other.open(prompt(4 * BT, 7000)):
+            with pytest.raises(kvpaged.NoSpace) as e:
+                c.open(prompt(BT))
+        assert e.value.errno == 28 and e.value.strerror
+        with pytest.raises(kvpaged.InvalidArgument):
+            c.open([])
+        s = c.open(prompt(BT))
+        s.close()
+        with pytest.raises(kvpaged.NotFound):
+            c._call(kvpaged.client.lib.kvp_close, s.id)
+
+
+def test_a_client_collected_without_close_releases_its_sequences(small):
+    c = kvpaged.connect(small.sock)
+    c.open(prompt(4 * BT))  # every block of the pool
+    with kvpaged.connect(small.sock) as other:
+        with pytest.raises(kvpaged.NoSpace):
+            other.open(prompt(BT, 5000))
+        del c
+        gc.collect()
+        for _ in range(100):  # the daemon closes the session's sequences as it sees it go
+            try:
+                other.open(prompt(BT, 5000)).close()
+                break
+            except kvpaged.NoSpace:
+                threading.Event().wait(0.02)
+        else:
+            pytest.fail("the collected client's blocks were never released")
+
+
+def test_two_threads_share_a_client(daemon):
+    errors = []
+    with kvpaged.connect(daemon.sock) as c:
+        def work(base):
+            try:
+                for i in range(15):  # 60 blocks in all: the pool's 64 keep every one
+                    with c.open(prompt(2 * BT, base + 100 * i)) as s:
+                        s.commit(2 * BT)
+            except Exception as ex:  # noqa: BLE001 -- reported below
+                errors.append(ex)
+        th = [threading.Thread(target=work, args=(b,)) for b in (10000, 20000)]
+        for x in th:
+            x.start()
+        for x in th:
+            x.join()
+        assert not errors
+        for base in (10000, 20000):
+            for i in range(15):
+                assert c.lookup(prompt(2 * BT, base + 100 * i)) == 2 * BT
