@@ -60,6 +60,8 @@ def _load():
         "kvp_park": (ctypes.c_int, [client, u64]),
         "kvp_resume": (ctypes.c_int, [client, u64, P(u32), P(Table)]),
         "kvp_set_wait": (None, [client, u32]),
+        "kvp_report_scores": (ctypes.c_int, [client, u64, u32, P(ctypes.c_float), u32]),
+        "kvp_seq_packed": (ctypes.c_int, [client, u64, P(Table), P(Table)]),
     }
     for name, (res, args) in protos.items():
         f = getattr(lib, name)

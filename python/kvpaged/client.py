@@ -17,10 +17,57 @@ from typing import Iterable, Optional, Sequence as Seq
 
 import numpy as np
 
-from kvpaged._native import ConnectOptions, PoolInfo, Table, Retention, lib, u32, u64
+from kvpaged._native import ConnectOptions, PoolInfo, Table, lib, u32, u64
+from kvpaged._native import Retention as Retention_c
 from kvpaged.errors import error
 
 _DTYPES = {4: np.float32, 2: np.float16, 1: np.uint8}
+
+#: A table entry a retention policy released (kvp.h's KVP_TABLE_HOLE): no block there.
+HOLE = 0xFFFFFFFF
+#: first for Sequence.report_scores: the weights are for the packed slots, all of them.
+PACKED = 0xFFFFFFFF
+
+
+class Retention:
+    """What a sequence keeps (docs/retention.md); Retention.sinks() or Retention.h2o().
+
+    sinks: the first n_sink tokens and the last recent.  h2o: the first n_sink, the last
+    recent and, up to budget tokens in all, the blocks (granularity "blocks") or tokens
+    ("tokens") with the most attention reported (Sequence.report_scores), scores multiplied
+    by decay at each report.
+    """
+
+    _POLICIES = {"full": 0, "sinks": 1, "h2o": 2}
+    _GRANULARITY = {"blocks": 0, "tokens": 1}
+
+    def __init__(self, policy: str = "full", n_sink: int = 0, recent: int = 0,
+                 budget: int = 0, granularity: str = "blocks", decay: float = 0.0):
+        if policy not in self._POLICIES or granularity not in self._GRANULARITY:
+            raise ValueError("policy: full, sinks or h2o; granularity: blocks or tokens")
+        self.policy, self.n_sink, self.recent, self.budget = policy, n_sink, recent, budget
+        self.granularity, self.decay = granularity, decay
+
+    @classmethod
+    def sinks(cls, n_sink: int, recent: int) -> "Retention":
+        return cls("sinks", n_sink=n_sink, recent=recent)
+
+    @classmethod
+    def h2o(cls, recent: int, budget: int, n_sink: int = 0, granularity: str = "blocks",
+            decay: float = 0.0) -> "Retention":
+        return cls("h2o", n_sink=n_sink, recent=recent, budget=budget,
+                   granularity=granularity, decay=decay)
+
+    def _c(self) -> Retention_c:
+        return Retention_c(size=ctypes.sizeof(Retention_c), policy=self._POLICIES[self.policy],
+                           n_sink=self.n_sink, recent=self.recent, budget=self.budget,
+                           granularity=self._GRANULARITY[self.granularity], decay=self.decay)
+
+
+def _array_of(t: Table) -> np.ndarray:
+    if not t.len:
+        return np.zeros(0, dtype=np.uint32)
+    return np.ctypeslib.as_array(t.blocks, (t.len,)).copy()
 
 
 def _tokens(tokens: Iterable[int]):
@@ -88,9 +135,28 @@ class Sequence:
 
     @property
     def table(self) -> np.ndarray:
-        t = self._table
-        return np.ctypeslib.as_array(t.blocks, (t.len,)).copy() if t.len else \
-            np.zeros(0, dtype=np.uint32)
+        """The block table, a copy: entry i holds tokens [i*block_tokens, (i+1)*block_tokens);
+        HOLE where a retention policy released the block."""
+        return _array_of(self._table)
+
+    def report_scores(self, first: int, weights) -> None:
+        """h2o: one decode step's attention to positions [first, first + len(weights)) (summed
+        over heads and layers); first=PACKED: to the packed slots, in order, all of them."""
+        w = np.ascontiguousarray(np.asarray(weights, dtype=np.float32).reshape(-1))
+        self._client._call(lib.kvp_report_scores, self.id, first,
+                           w.ctypes.data_as(ctypes.POINTER(ctypes.c_float)), len(w))
+
+    def packed(self) -> tuple:
+        """h2o at token granularity: (the packed blocks, the original position each packed
+        slot holds), two uint32 arrays; slot k is slot k % block_tokens of block
+        blocks[k // block_tokens]."""
+        b, pos = Table(), Table()
+        try:
+            self._client._call(lib.kvp_seq_packed, self.id, ctypes.byref(b), ctypes.byref(pos))
+            return _array_of(b), _array_of(pos)
+        finally:
+            lib.kvp_table_free(ctypes.byref(b))
+            lib.kvp_table_free(ctypes.byref(pos))
 
     def append(self, tokens: Iterable[int]) -> None:
         """Gives len(tokens) more tokens slots; the table grows to hold them."""
@@ -197,11 +263,14 @@ class Client:
             self._exports.append(weakref.ref(buf))
             return np.ndarray(shape, dtype=dt, buffer=buf, strides=strides)
 
-    def open(self, tokens: Seq[int], extra_key: int = 0, flags: int = 0) -> Sequence:
-        """Opens a sequence for a prompt: .cached leading tokens already have their K/V."""
+    def open(self, tokens: Seq[int], extra_key: int = 0, flags: int = 0,
+             retention: Optional[Retention] = None) -> Sequence:
+        """Opens a sequence for a prompt: .cached leading tokens already have their K/V.
+        retention: what it keeps (Retention.sinks(), Retention.h2o()); None: everything."""
         a, p, n = _tokens(tokens)
         seq, cached, t = u64(), u32(), Table()
-        self._call(lib.kvp_open_retained, p, n, extra_key, flags, None, ctypes.byref(seq),
+        r = ctypes.byref(retention._c()) if retention is not None else None
+        self._call(lib.kvp_open_retained, p, n, extra_key, flags, r, ctypes.byref(seq),
                    ctypes.byref(cached), ctypes.byref(t))
         return Sequence(self, seq.value, cached.value, t)
 

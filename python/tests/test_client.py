@@ -149,3 +149,59 @@ def test_two_threads_share_a_client(daemon):
         for base in (10000, 20000):
             for i in range(15):
                 assert c.lookup(prompt(2 * BT, base + 100 * i)) == 2 * BT
+
+
+def test_retention_h2o_blocks_scores_and_errors(daemon):
+    """Block 1 gets the attention: with budget 32 (the last 16 always kept) blocks 0 and 2 go."""
+    with kvpaged.connect(daemon.sock) as c:
+        keep = kvpaged.Retention.h2o(recent=16, budget=32)
+        with c.open(prompt(64, 1), retention=keep) as s:
+            for b in range(4):
+                s.report_scores(b * 16, [1.0 if b == 1 else 0.01] * 16)
+            s.commit(64)
+            s.info()
+            t = s.table
+            assert [i for i, blk in enumerate(t) if blk == kvpaged.HOLE] == [0, 2]
+            with pytest.raises(kvpaged.InvalidArgument) as e:
+                s.report_scores(0, [1.0] * 4)  # a block it no longer holds
+            assert "does not hold" in e.value.strerror
+        with pytest.raises(kvpaged.InvalidArgument) as e:
+            c.open(prompt(64, 1), retention=kvpaged.Retention.h2o(recent=16, budget=8))
+        assert "budget below recent" in e.value.strerror
+        with pytest.raises(ValueError):
+            kvpaged.Retention("lru")
+
+
+def test_retention_sinks_keep_a_bounded_table(daemon):
+    with kvpaged.connect(daemon.sock) as c:
+        with c.open([1], retention=kvpaged.Retention.sinks(n_sink=4, recent=16)) as s:
+            for i in range(2, 200):
+                s.append([i])
+                s.commit(i)
+            held = [blk for blk in s.table if blk != kvpaged.HOLE]
+            assert 0 < len(held) <= 1 + 1 + 1  # ceil(4/16) + ceil(16/16) + 1 (docs/retention.md)
+            assert len(s.table) == (199 + BT - 1) // BT  # holes keep every position's entry
+
+
+def test_retention_h2o_tokens_packed_map(daemon):
+    """Every 7th position of 0..47 gets the attention, the last 16 are kept: the 16 survivors
+    of 0..47 are packed, and each packed slot holds its position's K/V."""
+    with kvpaged.connect(daemon.sock) as c:
+        kv = c.pool.array()
+        keep = kvpaged.Retention.h2o(recent=16, budget=32, granularity="tokens")
+        with c.open(prompt(64, 1), retention=keep) as s:
+            t = s.table
+            for q in range(64):
+                kv[t[q // BT], :, :, q % BT] = q
+            for b in range(4):
+                s.report_scores(b * 16, [1.0 if b * 16 + i >= 48 else
+                                         10.0 if (b * 16 + i) % 7 == 0 else 0.01
+                                         for i in range(16)])
+            s.commit(64)
+            blocks, pos = s.packed()
+            assert len(blocks) == 1 and len(pos) == 16
+            want = set(range(0, 48, 7)) | (set(range(38, 48)) - {42})
+            assert set(pos.tolist()) == want
+            for k, q in enumerate(pos):
+                assert (kv[blocks[k // BT], :, :, k % BT] == q).all()
+        del kv
