@@ -21,7 +21,8 @@ def start(tmp_path, pool_conf: str):
         time.sleep(0.01)
     if p.poll() is not None:
         raise RuntimeError("kvpaged did not start: " + (tmp_path / "kvpaged.log").read_text())
-    return SimpleNamespace(proc=p, sock=str(tmp_path / "kvpaged.sock"), log=log,
+    return SimpleNamespace(proc=p, sock=str(tmp_path / "kvpaged.sock"),
+                           admin=str(tmp_path / "admin.sock"), log=log,
                            logfile=tmp_path / "kvpaged.log")
 
 

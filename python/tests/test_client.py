@@ -205,3 +205,51 @@ def test_retention_h2o_tokens_packed_map(daemon):
             for k, q in enumerate(pos):
                 assert (kv[blocks[k // BT], :, :, k % BT] == q).all()
         del kv
+
+
+def test_admin_returns_kvpagedctls_json(daemon):
+    admin = kvpaged.Admin(daemon.admin)
+    with kvpaged.connect(daemon.sock, name="py-admin-test") as c:
+        with c.open(prompt(2 * BT)) as s:
+            s.commit(2 * BT)
+            st = admin.status()
+            assert st["sessions"] >= 1 and st["version"]
+            assert [p["name"] for p in admin.pools()] == ["main"]
+            assert "py-admin-test" in str(admin.sessions())
+            assert len(admin.sequences()) == 1
+    assert admin.verify()["ok"] is True
+    assert admin.stats()["pools"][0]["pool"] == "main"
+    assert admin.drop_cache()["freed_blocks"] == 2
+    assert "kvpaged_" in admin.metrics()
+    with pytest.raises(kvpaged.NotFound) as e:
+        kvpaged.Admin(daemon.admin + ".nothing").status()
+    assert "cannot connect" in e.value.strerror
+
+
+def test_events_subscriber_decodes_the_stream(tmp_path):
+    from conftest import GEOMETRY, start, stop
+
+    ep = "ipc://%s/events" % tmp_path
+    d = start(tmp_path, GEOMETRY + "capacity_blocks = 8\nevents_endpoint = %s\n"
+              "events_namespaces = shared\nevents_topic = kv@py@test\nevents_batch_ms = 5\n"
+              % ep)
+    try:
+        with kvpaged.events.Subscriber(ep) as sub, kvpaged.connect(d.sock) as c:
+            threading.Event().wait(0.3)  # a SUB's subscription reaches the PUB after its connect
+            t = prompt(2 * BT + 3)
+            with c.open(t) as s:
+                s.commit(len(t))
+            stored = []
+            while not stored:
+                b = sub.receive(5000)
+                assert b is not None, "no batch in 5 s"
+                assert b.topic == b"kv@py@test" and not b.gap
+                stored = [e for e in b.events if e.type == "BlockStored"]
+            (e,) = stored
+            assert len(e.block_hashes) == 2 and e.parent_block_hash is None
+            assert e.token_ids == t[:2 * BT] and e.block_size == BT and e.medium == "CPU"
+    finally:
+        stop(d)
+    assert kvpaged.events.decode_event(["BlockRemoved", [5], "GPU"]).block_hashes == [5]
+    with pytest.raises(ValueError):
+        kvpaged.events.decode_event({"type": "BlockEaten"})
