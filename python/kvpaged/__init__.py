@@ -12,10 +12,12 @@ docs/python.md has the whole API and an engine loop.
 """
 from kvpaged import events
 from kvpaged.admin import Admin
-from kvpaged.client import HOLE, PACKED, Client, Pool, Retention, Sequence, connect
+from kvpaged.client import (HOLE, OPEN_RECOMPUTE_LAST, PACKED, Client, Pool, Retention,
+                            Sequence, connect)
 from kvpaged.errors import (AccessDenied, Busy, Disconnected, Error, InvalidArgument, NoSpace,
                             NotFound, ProtocolError, QuotaExceeded, TooBig, TooManySessions)
 
-__all__ = ["connect", "Admin", "events", "Client", "Pool", "Sequence", "Retention", "HOLE", "PACKED", "Error", "NotFound", "AccessDenied",
-           "NoSpace", "QuotaExceeded", "Busy", "InvalidArgument", "TooManySessions", "TooBig",
+__all__ = ["connect", "Admin", "events", "Client", "Pool", "Sequence", "Retention", "HOLE",
+           "PACKED", "OPEN_RECOMPUTE_LAST", "Error", "NotFound", "AccessDenied", "NoSpace",
+           "QuotaExceeded", "Busy", "InvalidArgument", "TooManySessions", "TooBig",
            "Disconnected", "ProtocolError"]

@@ -25,6 +25,8 @@ _DTYPES = {4: np.float32, 2: np.float16, 1: np.uint8}
 
 #: A table entry a retention policy released (kvp.h's KVP_TABLE_HOLE): no block there.
 HOLE = 0xFFFFFFFF
+#: Client.open flag: at least the last token is left uncached, so its logits can be computed.
+OPEN_RECOMPUTE_LAST = 1 << 0
 #: first for Sequence.report_scores: the weights are for the packed slots, all of them.
 PACKED = 0xFFFFFFFF
 

@@ -80,7 +80,7 @@ static uint32_t sample(const float *logits, float *probs, uint32_t n, float temp
 			max_val = probs[i];
 	}
 	for (uint32_t i = 0; i < n; i++) {
-		probs[i] = expf(probs[i] - max_val);
+		probs[i] = llama_expf(probs[i] - max_val);
 		sum += probs[i];
 	}
 	coin = (float)(rng_u32(rng) >> 8) / 16777216.0f;

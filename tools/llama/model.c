@@ -3,6 +3,8 @@
  * kvpaged-llama: checkpoint loading and the forward pass.  The arithmetic follows llama2.c's
  * run.c operation for operation (the same sums in the same order, float throughout), so its
  * published outputs are reproduced; the build turns off FMA contraction for the same reason.
+ * One exception: e^x is llama_expf(), not libm's expf, so that another engine can compute it
+ * bit for bit (model.h).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -218,6 +220,32 @@ void llama_state_free(struct llama_state *s)
 	*s = (struct llama_state){ 0 };
 }
 
+float llama_expf(float x)
+{
+	/* log2(e); ln 2 = ln2_hi + ln2_lo, 9 significant bits in ln2_hi: k * ln2_hi is exact. */
+	const float log2e = 0x1.715476p+0f, ln2_hi = 0x1.63p-1f, ln2_lo = -0x1.bd0106p-13f;
+	float k, r, p;
+
+	if (x != x)
+		return x;
+	if (x < -104.0f)
+		return 0.0f;
+	if (x > 89.0f)
+		return INFINITY;
+	k = rintf(x * log2e);
+	r = x - k * ln2_hi;
+	r = r - k * ln2_lo;
+	p = 1.0f / 5040.0f;
+	p = p * r + 1.0f / 720.0f;
+	p = p * r + 1.0f / 120.0f;
+	p = p * r + 1.0f / 24.0f;
+	p = p * r + 1.0f / 6.0f;
+	p = p * r + 0.5f;
+	p = p * r + 1.0f;
+	p = p * r + 1.0f;
+	return ldexpf(p, (int)k);
+}
+
 static void rmsnorm(float *o, const float *x, const float *weight, uint32_t size)
 {
 	float ss = 0.0f;
@@ -239,7 +267,7 @@ static void softmax(float *x, uint32_t size)
 		if (x[i] > max_val)
 			max_val = x[i];
 	for (uint32_t i = 0; i < size; i++) {
-		x[i] = expf(x[i] - max_val);
+		x[i] = llama_expf(x[i] - max_val);
 		sum += x[i];
 	}
 	for (uint32_t i = 0; i < size; i++)
@@ -404,7 +432,7 @@ const float *llama_forward(const struct llama_model *m, struct llama_state *s,
 			float val = s->hb[i];
 
 			/* SwiGLU: silu(w1 x) * (w3 x) */
-			val *= (1.0f / (1.0f + expf(-val)));
+			val *= (1.0f / (1.0f + llama_expf(-val)));
 			val *= s->hb2[i];
 			s->hb[i] = val;
 		}

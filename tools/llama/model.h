@@ -116,6 +116,19 @@ static inline unsigned llama_mask_spans(const struct llama_mask *mask, uint32_t 
 	return n;
 }
 
+/*
+ * e^x for the forward pass and sampling, made of IEEE basic operations only (products, sums,
+ * rintf and ldexpf, each rounded to nearest; the build turns FMA contraction off), so that an
+ * engine in another language computes it bit for bit: python/examples/llama.py does, with
+ * NumPy, and the two engines' K/V and logits agree bitwise.  libm's expf would not allow that
+ * (its rounding is its own, and differs between implementations).  x = k ln 2 + r with k the
+ * nearest integer to x / ln 2 (ln 2 in two parts, Cody and Waite), |r| <= ln 2 / 2, then
+ * e^r by its Taylor polynomial of degree 7 (truncation below 6e-9 relative) and 2^k exactly:
+ * within 2 ulp of e^x.  Below -104 it is 0 (e^-104 is under half the least subnormal), above
+ * 89 infinity, and NaN stays NaN.
+ */
+float llama_expf(float x);
+
 /* Scratch buffers of the forward pass; one set serves any number of sequences in turn. */
 struct llama_state {
 	float *x, *xb, *xb2, *hb, *hb2, *q, *k, *v, *att, *logits;
