@@ -67,6 +67,8 @@ struct kvp_client {
 
 	/* rings */
 	int ring_fd, sq_efd, cq_efd;
+	int cq_epfd;   /* kvp_completion_fd(): made on first use, -1 until then */
+	bool cq_armed; /* kvp_complete_arm() left the daemon's wake-up asked for */
 	void *ring_mem;
 	uint64_t ring_bytes;
 	struct kvp_ring_indices *sq, *cq;

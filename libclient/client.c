@@ -443,7 +443,7 @@ KVP_EXPORT int kvp_connect(const struct kvp_connect_options *opts, struct kvp_cl
 			snprintf(o.error_buf, o.error_len, "kvp_connect: no memory for a client");
 		return -ENOMEM;
 	}
-	c->fd = c->pool_fd = c->ring_fd = c->sq_efd = c->cq_efd = -1;
+	c->fd = c->pool_fd = c->ring_fd = c->sq_efd = c->cq_efd = c->cq_epfd = -1;
 	c->spin_us = o.spin_us;
 	/*
 	 * secure_getenv: a setuid or setgid program (or one with file capabilities) linking us

@@ -9,6 +9,7 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -98,6 +99,8 @@ void client_ring_done(struct kvp_client *c)
 		close(c->sq_efd);
 	if (c->cq_efd >= 0)
 		close(c->cq_efd);
+	if (c->cq_epfd >= 0)
+		close(c->cq_epfd);
 	free(c->slots);
 }
 
@@ -257,6 +260,11 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 		return client_fail(c, -ENOTSUP, "connected without rings");
 	if (min > max)
 		min = max;
+	if (c->cq_armed) {
+		/* The event loop's wait is over: no more wake-ups until it arms again. */
+		kvp_ring_store_release(&c->cq->flags, 0);
+		c->cq_armed = false;
+	}
 	for (;;) {
 		got += reap(c, out + got, max - got);
 		if (got >= min)
@@ -302,4 +310,60 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 		}
 		kvp_ring_store_release(&c->cq->flags, 0);
 	}
+}
+
+/*
+ * An epoll set of the completion eventfd and the session's socket, level-triggered: readable
+ * while the daemon's wake-up is unread or the daemon has closed the session.  One fd, so an
+ * event loop watches one thing.
+ */
+KVP_EXPORT int kvp_completion_fd(struct kvp_client *c)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	int fd;
+
+	if (!c)
+		return -EINVAL;
+	if (!c->ring_mem)
+		return client_fail(c, -ENOTSUP, "connected without rings");
+	if (c->cq_epfd >= 0)
+		return c->cq_epfd;
+	fd = epoll_create1(EPOLL_CLOEXEC);
+	if (fd < 0)
+		return client_fail(c, -errno, "epoll_create1");
+	if (epoll_ctl(fd, EPOLL_CTL_ADD, c->cq_efd, &ev) < 0 ||
+	    (ev.events = EPOLLIN | EPOLLRDHUP, epoll_ctl(fd, EPOLL_CTL_ADD, c->fd, &ev) < 0)) {
+		int r = -errno;
+
+		close(fd);
+		return client_fail(c, r, "epoll_ctl");
+	}
+	c->cq_epfd = fd;
+	return fd;
+}
+
+KVP_EXPORT int kvp_complete_arm(struct kvp_client *c)
+{
+	struct pollfd p;
+	uint64_t v;
+
+	if (!c)
+		return -EINVAL;
+	if (!c->ring_mem)
+		return client_fail(c, -ENOTSUP, "connected without rings");
+	/* A wake-up already read about (the eventfd is non-blocking): forget it. */
+	(void)!read(c->cq_efd, &v, sizeof(v));
+	/* As kvp_complete() before it sleeps: raise the flag, then look once more. */
+	kvp_ring_store_release(&c->cq->flags, KVP_CQ_NEED_WAKEUP);
+	kvp_ring_fence();
+	if (kvp_ring_load_acquire(&c->cq->tail) != c->cq_head) {
+		kvp_ring_store_release(&c->cq->flags, 0);
+		c->cq_armed = false;
+		return 1;
+	}
+	c->cq_armed = true;
+	p = (struct pollfd){ .fd = c->fd, .events = POLLIN };
+	if (poll(&p, 1, 0) > 0 && (p.revents & (POLLIN | POLLHUP | POLLERR)))
+		return client_fail(c, -ECONNRESET, "the daemon closed the session");
+	return 0;
 }

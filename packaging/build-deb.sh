@@ -2,7 +2,7 @@
 # Builds the Debian packages kvpaged, libkvpaged1 and libkvpaged-dev from a release tarball
 # (make dist) or an unpacked release tree, with packaging/debian as debian/:
 #
-#   packaging/build-deb.sh kvpaged-0.2.0.tar.gz [OUTDIR]
+#   packaging/build-deb.sh kvpaged-0.3.0.tar.gz [OUTDIR]
 #
 # The .deb, .changes and .buildinfo files land in OUTDIR (default: the current directory).
 # Needs dpkg-dev, debhelper and the Build-Depends of packaging/debian/control (scripts/deps.sh

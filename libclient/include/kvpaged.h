@@ -388,6 +388,29 @@ KVP_EXPORT int kvp_submit(struct kvp_client *c, const struct kvp_op *ops, unsign
 KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, unsigned max,
 			    unsigned min, int timeout_ms);
 
+/*
+ * Completions in an event loop (epoll, asyncio, libuv) instead of a blocking kvp_complete():
+ *
+ *	fd = kvp_completion_fd(c);          once; watch it for reading
+ *	loop:
+ *		n = kvp_complete(c, out, max, 0, 0);   reap what is there
+ *		if (more wanted && kvp_complete_arm(c) == 0)
+ *			wait until fd is readable, then loop
+ *
+ * kvp_completion_fd() returns a descriptor (the client's, closed by kvp_disconnect(); never
+ * read from it) that polls readable once the daemon has posted a completion after
+ * kvp_complete_arm(), or when the daemon has closed the session; it may also wake for
+ * nothing, which the next kvp_complete() finds.  -ENOTSUP without rings.
+ *
+ * kvp_complete_arm() asks the daemon to signal the descriptor at its next completion, as
+ * kvp_complete() does before it sleeps.  Returns 0 (armed: wait), 1 (completions are there
+ * already: reap them, nothing armed), -ECONNRESET (the daemon closed the session and nothing
+ * is left to reap), -ENOTSUP or -EINVAL.  The next kvp_complete() disarms.  Neither is
+ * thread-safe with other calls on c.  Since 0.3.0.
+ */
+KVP_EXPORT int kvp_completion_fd(struct kvp_client *c);
+KVP_EXPORT int kvp_complete_arm(struct kvp_client *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,6 +5,7 @@
  * remote tier in kvpagedctl and the metrics.  (Other users: test-users; what needs the test
  * hooks: test-hooks.)
  */
+#include <poll.h>
 #include <sys/mman.h>
 
 #include "tests/integration/harness.h"
@@ -437,6 +438,60 @@ START_TEST(test_socket_served_while_polling)
 }
 END_TEST
 
+/*
+ * Completions in an event loop: kvp_completion_fd() stays quiet until a completion arrives
+ * after kvp_complete_arm(), and again once kvp_complete() has reaped it and the loop armed it
+ * anew; arming with completions waiting says so (1); a session ended by the daemon makes it
+ * readable, and arming then says -ECONNRESET.  Without rings both are -ENOTSUP.
+ */
+START_TEST(test_completion_fd)
+{
+	struct kvp_op nop = { .opcode = KVP_NOP, .user_data = 5 };
+	struct kvp_completion comp[4];
+	struct kvp_client *r, *plain;
+	struct pollfd p = { .events = POLLIN };
+	int fd, armed;
+
+	daemon_start(&d, NULL);
+	plain = connect_ns(NULL, 0);
+	ck_assert_int_eq(kvp_completion_fd(plain), -ENOTSUP);
+	ck_assert_int_eq(kvp_complete_arm(plain), -ENOTSUP);
+	r = connect_ns(NULL, 16);
+	fd = kvp_completion_fd(r);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(kvp_completion_fd(r), fd);
+	p.fd = fd;
+	ck_assert_int_eq(kvp_complete_arm(r), 0);
+	ck_assert_int_eq(poll(&p, 1, 50), 0);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(kvp_submit(r, &nop, 1), 1);
+		ck_assert_int_eq(poll(&p, 1, 5000), 1);
+		ck_assert_int_eq(kvp_complete(r, comp, 4, 0, 0), 1);
+		ck_assert_uint_eq(comp[0].user_data, 5);
+		ck_assert_int_eq(kvp_complete_arm(r), 0);
+		ck_assert_int_eq(poll(&p, 1, 0), 0);
+	}
+	/* Submitted, then armed until the completion is there: arming says 1 and waits for none. */
+	ck_assert_int_eq(kvp_submit(r, &nop, 1), 1);
+	while ((armed = kvp_complete_arm(r)) == 0)
+		ck_assert_int_eq(poll(&p, 1, 5000), 1);
+	ck_assert_int_eq(armed, 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 4, 0, 0), 1);
+	ck_assert_int_eq(kvp_complete(r, comp, 4, 0, 0), 0);
+
+	/* The daemon goes: the descriptor turns readable, and nothing is left to reap. */
+	ck_assert_int_eq(kvp_complete_arm(r), 0);
+	kill(d.pid, SIGTERM);
+	ck_assert_int_eq(poll(&p, 1, 5000), 1);
+	daemon_wait_stopped(&d);
+	ck_assert_int_eq(kvp_complete(r, comp, 4, 0, 0), 0);
+	ck_assert_int_eq(kvp_complete_arm(r), -ECONNRESET);
+	ck_assert_ptr_nonnull(strstr(kvp_last_error(r), "closed"));
+	kvp_disconnect(r);
+	kvp_disconnect(plain);
+}
+END_TEST
+
 START_TEST(test_rings)
 {
 	ring_scenario(NULL);
@@ -767,6 +822,7 @@ int main(void)
 	tcase_add_test(tc, test_namespaces_never_share);
 	tcase_add_test(tc, test_rings);
 	tcase_add_test(tc, test_rings_polled);
+	tcase_add_test(tc, test_completion_fd);
 	tcase_add_test(tc, test_socket_served_while_polling);
 	tcase_add_test(tc, test_ring_data_area);
 	tcase_add_test(tc, test_park_drop_resume);

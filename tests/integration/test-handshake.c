@@ -90,6 +90,11 @@ START_TEST(test_symbol_versions)
 	ck_assert_ptr_nonnull(dlvsym(RTLD_DEFAULT, "kvp_complete", "LIBKVPAGED_0.1"));
 	ck_assert_ptr_eq(dlvsym(RTLD_DEFAULT, "kvp_version", "LIBKVPAGED_0.2"), (void *)kvp_version);
 	ck_assert_ptr_null(dlvsym(RTLD_DEFAULT, "kvp_version", "LIBKVPAGED_0.1"));
+	ck_assert_ptr_eq(dlvsym(RTLD_DEFAULT, "kvp_completion_fd", "LIBKVPAGED_0.3"),
+			 (void *)kvp_completion_fd);
+	ck_assert_ptr_eq(dlvsym(RTLD_DEFAULT, "kvp_complete_arm", "LIBKVPAGED_0.3"),
+			 (void *)kvp_complete_arm);
+	ck_assert_ptr_null(dlvsym(RTLD_DEFAULT, "kvp_completion_fd", "LIBKVPAGED_0.2"));
 }
 END_TEST
 
