@@ -10,6 +10,7 @@ packages=(
 	redis-server libhiredis-dev libssl-dev # the remote tier (tests run their own redis-servers)
 	libzmq3-dev libmsgpack-dev python3-zmq python3-msgpack # the event stream, and its tests' subscriber
 	python3-numpy python3-pytest # the Python binding (python/) and its tests
+	python3-torch # pool.tensor() and its tests (a large package: about 600 MB installed)
 	libsystemd-dev systemd man-db debhelper dpkg-dev lintian
 	prometheus # promtool, and a real server (tests/ops/metrics.test, prometheus.test)
 	debootstrap systemd-container # a Debian 12 root booted under systemd (tests/ops/boot.test)

@@ -14,10 +14,13 @@ from kvpaged import events
 from kvpaged.admin import Admin
 from kvpaged.client import (HOLE, OPEN_RECOMPUTE_LAST, PACKED, Client, Pool, Retention,
                             Sequence, connect)
+from kvpaged.rings import COMPLETION_DTYPE, OP_DTYPE, TRUNCATED, Completion, Op
 from kvpaged.errors import (AccessDenied, Busy, Disconnected, Error, InvalidArgument, NoSpace,
-                            NotFound, ProtocolError, QuotaExceeded, TooBig, TooManySessions)
+                            NotFound, ProtocolError, QuotaExceeded, TimedOut, TooBig,
+                            TooManySessions)
 
 __all__ = ["connect", "Admin", "events", "Client", "Pool", "Sequence", "Retention", "HOLE",
-           "PACKED", "OPEN_RECOMPUTE_LAST", "Error", "NotFound", "AccessDenied", "NoSpace",
+           "PACKED", "OPEN_RECOMPUTE_LAST", "Op", "Completion", "OP_DTYPE", "COMPLETION_DTYPE",
+           "TRUNCATED", "Error", "NotFound", "AccessDenied", "NoSpace",
            "QuotaExceeded", "Busy", "InvalidArgument", "TooManySessions", "TooBig",
-           "Disconnected", "ProtocolError"]
+           "Disconnected", "ProtocolError", "TimedOut"]

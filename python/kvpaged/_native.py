@@ -37,6 +37,17 @@ class Retention(ctypes.Structure):
                 ("budget", u32), ("granularity", u32), ("decay", ctypes.c_float)]
 
 
+class Op(ctypes.Structure):
+    _fields_ = [("opcode", u32), ("arg", u32), ("user_data", u64), ("seq", u64),
+                ("extra_key", u64), ("tokens", P(u32)), ("ntokens", u32), ("table_cap", u32),
+                ("table_out", P(u32))]
+
+
+class Completion(ctypes.Structure):
+    _fields_ = [("user_data", u64), ("res", i32), ("flags", u32), ("value", u64), ("aux", u32),
+                ("table_len", u32)]
+
+
 def _load():
     path = os.environ.get("KVPAGED_LIBRARY") or "libkvpaged.so.1"
     lib = ctypes.CDLL(path, use_errno=True)
@@ -62,11 +73,28 @@ def _load():
         "kvp_set_wait": (None, [client, u32]),
         "kvp_report_scores": (ctypes.c_int, [client, u64, u32, P(ctypes.c_float), u32]),
         "kvp_seq_packed": (ctypes.c_int, [client, u64, P(Table), P(Table)]),
+        "kvp_submit": (ctypes.c_int, [client, ctypes.c_void_p, ctypes.c_uint]),
+        "kvp_complete": (ctypes.c_int, [client, ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint,
+                                        ctypes.c_int]),
+        # Since 0.3.0: absent from an older library, where Client.completion_fd() says so.
+        "kvp_completion_fd": (ctypes.c_int, [client]),
+        "kvp_complete_arm": (ctypes.c_int, [client]),
     }
     for name, (res, args) in protos.items():
-        f = getattr(lib, name)
-        f.restype, f.argtypes = res, args
+        f = getattr(lib, name, None)
+        if f is not None:
+            f.restype, f.argtypes = res, args
     return lib
 
 
+def _load_libc():
+    libc = ctypes.CDLL(None)
+    libc.realloc.restype = ctypes.c_void_p
+    libc.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    return libc
+
+
 lib = _load()
+#: the process's malloc family, the library's too: a table filled from a ring completion is
+#: grown with realloc, as libkvpaged grows it, and freed by kvp_table_free().
+libc = _load_libc()

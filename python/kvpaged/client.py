@@ -20,6 +20,7 @@ import numpy as np
 from kvpaged._native import ConnectOptions, PoolInfo, Table, lib, u32, u64
 from kvpaged._native import Retention as Retention_c
 from kvpaged.errors import error
+from kvpaged.rings import COMPLETION_DTYPE, OP_DTYPE, Op, Rings
 
 _DTYPES = {4: np.float32, 2: np.float16, 1: np.uint8}
 
@@ -120,6 +121,25 @@ class Pool:
                              (dt.itemsize, self.element_bytes))
         return self._client._array(dt, self.shape, self.strides)
 
+    def tensor(self, dtype=None):
+        """array() as a torch.Tensor sharing the mapped memory (torch.from_numpy: no copy),
+        when torch is importable (Debian's python3-torch); ImportError otherwise.
+
+        dtype: a torch dtype of the element's size, default float32 for 4-byte elements and
+        float16 for 2; torch.bfloat16 views a bfloat16 pool's bits as what they are.  The
+        tensor keeps the Client alive, and Client.close() refuses while it exists.
+        """
+        import torch
+
+        if dtype is None:
+            dtype = {4: torch.float32, 2: torch.float16, 1: torch.uint8}.get(self.element_bytes)
+        size = torch.tensor([], dtype=dtype).element_size()
+        if size != self.element_bytes:
+            raise ValueError("a %d-byte dtype for %d-byte elements" % (size,
+                                                                       self.element_bytes))
+        raw = {4: np.int32, 2: np.int16, 1: np.uint8}[size]
+        return torch.from_numpy(self.array(raw)).view(dtype)
+
 
 class Sequence:
     """One sequence of the daemon's: its id, the tokens cached at open, its block table.
@@ -134,11 +154,14 @@ class Sequence:
         self.cached: int = cached
         self._table = table
         self.closed = False
+        self._stale = False  # a ring completion's table was truncated: fetch it
 
     @property
     def table(self) -> np.ndarray:
         """The block table, a copy: entry i holds tokens [i*block_tokens, (i+1)*block_tokens);
         HOLE where a retention policy released the block."""
+        if self._stale:
+            self.info()
         return _array_of(self._table)
 
     def report_scores(self, first: int, weights) -> None:
@@ -191,7 +214,13 @@ class Sequence:
         n, c = u32(), u32()
         self._client._call(lib.kvp_seq_info, self.id, ctypes.byref(n), ctypes.byref(c),
                            ctypes.byref(self._table))
+        self._stale = False
         return n.value, c.value
+
+    def _closed_by_ring(self) -> None:
+        if not self.closed:
+            self.closed = True
+            lib.kvp_table_free(ctypes.byref(self._table))
 
     def close(self) -> None:
         """Closes it in the daemon (idempotent)."""
@@ -220,13 +249,17 @@ class Client:
     """A session with the daemon: kvp_connect(), until close() (kvp_disconnect())."""
 
     def __init__(self, socket: Optional[str] = None, pool: Optional[str] = None,
-                 namespace: Optional[str] = None, name: str = "python"):
+                 namespace: Optional[str] = None, name: str = "python", ring_entries: int = 0,
+                 ring_data_bytes: int = 0, spin_us: int = 0):
         err = ctypes.create_string_buffer(512)
+        if ring_entries and not ring_data_bytes:
+            ring_data_bytes = 1 << 20
         o = ConnectOptions(size=ctypes.sizeof(ConnectOptions),
                            socket_path=socket.encode() if socket else None,
                            pool=pool.encode() if pool else None,
                            ns=namespace.encode() if namespace else None,
-                           client_name=name.encode(),
+                           client_name=name.encode(), ring_entries=ring_entries,
+                           ring_data_bytes=ring_data_bytes, spin_us=spin_us,
                            error_buf=ctypes.cast(err, ctypes.c_void_p), error_len=len(err))
         c = ctypes.c_void_p()
         self._c = None
@@ -237,6 +270,7 @@ class Client:
             raise error(-r, err.value.decode(errors="replace"))
         self._c = c
         self.pool = Pool(self, lib.kvp_pool(c).contents)
+        self._rings = Rings(self)
 
     @property
     def namespace(self) -> str:
@@ -283,6 +317,76 @@ class Client:
         self._call(lib.kvp_lookup, p, n, extra_key, flags, ctypes.byref(cached))
         return cached.value
 
+    # ------------------------------------------------------------------------ rings
+
+    def _check(self, r: int) -> int:
+        if r < 0:
+            raise error(-r, lib.kvp_last_error(self._c).decode(errors="replace"))
+        return r
+
+    def _open_c(self):
+        if not self._c:
+            raise ValueError("the client is closed")
+        return self._c
+
+    def submit(self, ops: Iterable[Op]) -> int:
+        """Queues operations (Op.append(), Op.commit(), ...) in one kvp_submit(): returns how
+        many were queued, fewer when the ring or its data area is full (complete some, then
+        submit the rest).  Needs a Client connected with ring_entries."""
+        with self._lock:
+            return self._rings.submit(self._open_c(), ops)
+
+    def complete(self, min: int = 1, max: int = 64, timeout: Optional[float] = None) -> list:
+        """Reaps up to max Completions, waiting for at least min (timeout in seconds, None:
+        for ever; TimedOut when it runs out with none reaped)."""
+        ms = -1 if timeout is None else int(timeout * 1000)
+        with self._lock:
+            return self._rings.complete(self._open_c(), min, max, ms)
+
+    async def complete_async(self, min: int = 1, max: int = 64) -> list:
+        """complete() for asyncio: waits on completion_fd() in the running loop, never
+        blocking it.  Disconnected if the daemon closes the session."""
+        return await self._rings.complete_async(min, max)
+
+    def submit_raw(self, ops: np.ndarray, n: Optional[int] = None) -> int:
+        """Queues the first n (default: all) entries of an OP_DTYPE array as they are (struct
+        kvp_op); returns how many were queued.  The caller keeps the tokens and tables their
+        addresses point to alive until complete_raw() has reaped them."""
+        if ops.dtype != OP_DTYPE or not ops.flags.c_contiguous:
+            raise ValueError("a C-contiguous array of kvpaged.OP_DTYPE")
+        n = len(ops) if n is None else n
+        with self._lock:
+            if self._rings.inflight:
+                raise ValueError("Op objects are in flight: complete() them first")
+            r = self._check(lib.kvp_submit(self._open_c(), ops.ctypes.data, n))
+            self._rings.raw_inflight += r
+            return r
+
+    def complete_raw(self, out: np.ndarray, min: int = 1,
+                     timeout: Optional[float] = None) -> int:
+        """Reaps into a COMPLETION_DTYPE array (struct kvp_completion) up to len(out)
+        completions, waiting for at least min; returns how many."""
+        if out.dtype != COMPLETION_DTYPE or not out.flags.c_contiguous or not out.flags.writeable:
+            raise ValueError("a writable C-contiguous array of kvpaged.COMPLETION_DTYPE")
+        ms = -1 if timeout is None else int(timeout * 1000)
+        with self._lock:
+            r = self._check(lib.kvp_complete(self._open_c(), out.ctypes.data, len(out), min, ms))
+            self._rings.raw_inflight -= r
+            return r
+
+    def completion_fd(self) -> int:
+        """A descriptor that polls readable when completions may be waiting (after the
+        binding armed it) or the daemon has closed the session: kvp_completion_fd().  The
+        client's: do not close or read it."""
+        if not hasattr(lib, "kvp_completion_fd"):
+            raise NotImplementedError("libkvpaged before 0.3.0 has no completion fd")
+        with self._lock:
+            return self._check(lib.kvp_completion_fd(self._open_c()))
+
+    def _arm(self) -> int:
+        with self._lock:
+            return self._check(lib.kvp_complete_arm(self._open_c()))
+
     def set_wait(self, ms: int) -> None:
         """How long open, append and resume wait for memory (0: fail at once, NoSpace)."""
         with self._lock:
@@ -312,7 +416,11 @@ class Client:
 
 
 def connect(socket: Optional[str] = None, pool: Optional[str] = None,
-            namespace: Optional[str] = None, name: str = "python") -> Client:
+            namespace: Optional[str] = None, name: str = "python", ring_entries: int = 0,
+            ring_data_bytes: int = 0, spin_us: int = 0) -> Client:
     """A Client: socket defaults to $KVPAGED_SOCKET, then the daemon's default; pool to the
-    daemon's first; namespace narrows the one the daemon assigns."""
-    return Client(socket=socket, pool=pool, namespace=namespace, name=name)
+    daemon's first; namespace narrows the one the daemon assigns.  ring_entries (a power of
+    two; 0: none) asks for the shared-memory rings, with ring_data_bytes of data area
+    (default 1 MiB) and complete() spinning spin_us before it sleeps."""
+    return Client(socket=socket, pool=pool, namespace=namespace, name=name,
+                  ring_entries=ring_entries, ring_data_bytes=ring_data_bytes, spin_us=spin_us)

@@ -43,6 +43,10 @@ class Disconnected(Error):
     """ECONNRESET or EPIPE: the daemon went away."""
 
 
+class TimedOut(Error, TimeoutError):
+    """ETIMEDOUT: Client.complete() waited its timeout for too few completions."""
+
+
 class ProtocolError(Error):
     """EPROTO: the daemon spoke something else."""
 
@@ -51,7 +55,7 @@ _BY_ERRNO = {
     _errno.ENOENT: NotFound, _errno.EACCES: AccessDenied, _errno.ENOSPC: NoSpace,
     _errno.EDQUOT: QuotaExceeded, _errno.EBUSY: Busy, _errno.EINVAL: InvalidArgument,
     _errno.EUSERS: TooManySessions, _errno.E2BIG: TooBig, _errno.ECONNRESET: Disconnected,
-    _errno.EPIPE: Disconnected, _errno.EPROTO: ProtocolError,
+    _errno.EPIPE: Disconnected, _errno.EPROTO: ProtocolError, _errno.ETIMEDOUT: TimedOut,
 }
 
 

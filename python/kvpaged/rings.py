@@ -1,0 +1,292 @@
+# SPDX-License-Identifier: MIT
+"""The shared-memory rings (docs/client.md "Rings"): operations queued without a system call,
+completions reaped the same way, in batches, and awaited in asyncio.
+
+Two levels, on a Client connected with ring_entries:
+
+- Op objects: Client.submit([Op.append(seq, [t]), Op.commit(seq, n), ...]) queues them in one
+  kvp_submit() (one doorbell at most), and Client.complete() returns Completion objects.  A
+  Sequence given to an Op has its block table kept up to date by the completion, as the
+  socket calls do; OPEN and FORK completions carry the new Sequence.  The binding keeps every
+  buffer alive until the operation completes.
+- Arrays, for hot loops: Client.submit_raw(ops) takes a NumPy array of OP_DTYPE (struct
+  kvp_op, field for field; tokens and table_out are addresses) and Client.complete_raw(out)
+  fills one of COMPLETION_DTYPE.  The caller keeps the tokens and tables alive until their
+  completions are reaped, and sees user_data as it set it.  On one Client, use one level or
+  the other while operations are in flight.
+
+Threads: submit and complete take the Client's lock; a blocking complete() holds it while it
+waits, so let one thread drive a Client's rings (or use complete_async()).
+"""
+import asyncio
+import ctypes
+import os
+from typing import Iterable, List, Optional
+
+import numpy as np
+
+from kvpaged import _native
+from kvpaged._native import Table, lib, libc, u32
+
+NOP, OPEN, APPEND, COMMIT, FORK, CLOSE, LOOKUP, SEQ_INFO, PARK, RESUME, SCORES, PACKED = range(12)
+#: Completion.flags: the table did not fit table_cap (the Sequence's table is then fetched
+#: over the socket the next time it is read).
+TRUNCATED = 1
+
+OP_DTYPE = np.dtype([("opcode", "<u4"), ("arg", "<u4"), ("user_data", "<u8"), ("seq", "<u8"),
+                     ("extra_key", "<u8"), ("tokens", "<u8"), ("ntokens", "<u4"),
+                     ("table_cap", "<u4"), ("table_out", "<u8")])
+COMPLETION_DTYPE = np.dtype([("user_data", "<u8"), ("res", "<i4"), ("flags", "<u4"),
+                             ("value", "<u8"), ("aux", "<u4"), ("table_len", "<u4")])
+assert OP_DTYPE.itemsize == ctypes.sizeof(_native.Op)
+assert COMPLETION_DTYPE.itemsize == ctypes.sizeof(_native.Completion)
+
+_NAMES = ["NOP", "OPEN", "APPEND", "COMMIT", "FORK", "CLOSE", "LOOKUP", "SEQ_INFO", "PARK",
+          "RESUME", "SCORES", "PACKED"]
+
+
+def _u32(tokens) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(tokens, dtype=np.uint32).reshape(-1))
+
+
+def table_assign(t: Table, first: int, entries: np.ndarray) -> None:
+    """Makes t entries [0, first) as they were, then entries (libkvpaged's own update)."""
+    first = min(first, t.len)
+    n = first + len(entries)
+    if n > t.cap:
+        p = libc.realloc(ctypes.cast(t.blocks, ctypes.c_void_p), max(n, 1) * 4)
+        if not p:
+            raise MemoryError("growing a block table")
+        t.blocks = ctypes.cast(p, ctypes.POINTER(u32))
+        t.cap = n
+    if len(entries):
+        ctypes.memmove(ctypes.addressof(t.blocks.contents) + 4 * first, entries.ctypes.data,
+                       4 * len(entries))
+    t.len = n
+
+
+class Op:
+    """One operation for Client.submit(); made by the class methods below.
+
+    seq is a Sequence (its table follows the completion) or a sequence id.  table_cap: the
+    table entries room is made for (None: what the operation needs, as far as the binding
+    knows).  user_data: anything; the Completion hands it back.
+    """
+
+    __slots__ = ("opcode", "seq", "arg", "extra_key", "tokens", "table_cap", "user_data",
+                 "_out")
+
+    def __init__(self, opcode: int, seq=None, arg: int = 0, extra_key: int = 0, tokens=None,
+                 table_cap: Optional[int] = 0, user_data=None):
+        self.opcode, self.seq, self.arg, self.extra_key = opcode, seq, arg, extra_key
+        self.tokens = _u32(tokens) if tokens is not None else None
+        self.table_cap, self.user_data, self._out = table_cap, user_data, None
+
+    def __repr__(self) -> str:
+        return "Op.%s(seq=%r)" % (_NAMES[self.opcode].lower(), _seq_id(self.seq))
+
+    @classmethod
+    def nop(cls, user_data=None) -> "Op":
+        return cls(NOP, user_data=user_data)
+
+    @classmethod
+    def open(cls, tokens, extra_key: int = 0, flags: int = 0, table_cap=None,
+             user_data=None) -> "Op":
+        """Client.open over the rings; Completion.sequence is the new Sequence."""
+        return cls(OPEN, arg=flags, extra_key=extra_key, tokens=tokens, table_cap=table_cap,
+                   user_data=user_data)
+
+    @classmethod
+    def append(cls, seq, tokens, table_cap=None, user_data=None) -> "Op":
+        return cls(APPEND, seq, tokens=tokens, table_cap=table_cap, user_data=user_data)
+
+    @classmethod
+    def commit(cls, seq, ntokens: int, table_cap=None, user_data=None) -> "Op":
+        return cls(COMMIT, seq, arg=ntokens, table_cap=table_cap, user_data=user_data)
+
+    @classmethod
+    def fork(cls, seq, table_cap=None, user_data=None) -> "Op":
+        """Sequence.fork over the rings; Completion.sequence is the child."""
+        return cls(FORK, seq, table_cap=table_cap, user_data=user_data)
+
+    @classmethod
+    def close(cls, seq, user_data=None) -> "Op":
+        return cls(CLOSE, seq, user_data=user_data)
+
+    @classmethod
+    def lookup(cls, tokens, extra_key: int = 0, flags: int = 0, user_data=None) -> "Op":
+        """Completion.aux: how many leading tokens are cached."""
+        return cls(LOOKUP, arg=flags, extra_key=extra_key, tokens=tokens, user_data=user_data)
+
+    @classmethod
+    def seq_info(cls, seq, table_cap=None, user_data=None) -> "Op":
+        """Completion.value: tokens << 32 | committed."""
+        return cls(SEQ_INFO, seq, table_cap=table_cap, user_data=user_data)
+
+    @classmethod
+    def park(cls, seq, user_data=None) -> "Op":
+        return cls(PARK, seq, user_data=user_data)
+
+    @classmethod
+    def resume(cls, seq, table_cap=None, user_data=None) -> "Op":
+        """Completion.aux: the trailing tokens to compute again."""
+        return cls(RESUME, seq, table_cap=table_cap, user_data=user_data)
+
+    @classmethod
+    def scores(cls, seq, first: int, weights, user_data=None) -> "Op":
+        """Sequence.report_scores over the rings."""
+        w = np.ascontiguousarray(np.asarray(weights, dtype=np.float32).reshape(-1))
+        return cls(SCORES, seq, arg=first, tokens=w.view(np.uint32), user_data=user_data)
+
+    @classmethod
+    def packed(cls, seq, table_cap: int, user_data=None) -> "Op":
+        """Completion.table: the aux packed blocks, then the position each packed slot holds."""
+        return cls(PACKED, seq, table_cap=table_cap, user_data=user_data)
+
+
+def _seq_id(seq) -> int:
+    if seq is None:
+        return 0
+    return seq if isinstance(seq, int) else seq.id
+
+
+class Completion:
+    """What one operation did: res (0 or -errno), error (the exception res stands for, or
+    None), value, aux and table (as struct kvp_completion says, table a uint32 array), flags
+    (TRUNCATED), the Op and its user_data; for OPEN and FORK, sequence (a Sequence)."""
+
+    __slots__ = ("op", "user_data", "res", "flags", "value", "aux", "table", "error",
+                 "sequence")
+
+    def __repr__(self) -> str:
+        return "Completion(%s, res=%d, value=%d, aux=%d)" % (self.op, self.res, self.value,
+                                                              self.aux)
+
+    @property
+    def truncated(self) -> bool:
+        return bool(self.flags & TRUNCATED)
+
+
+def _default_cap(client, op: Op) -> int:
+    """Table room for op: its whole table (OPEN: the prompt's blocks; a Sequence: its table's
+    length and a block more), else the longest table the pool allows."""
+    bt = client.pool.block_tokens
+    if op.opcode == OPEN:
+        return (len(op.tokens) + bt - 1) // bt + 1
+    if op.opcode == APPEND:
+        return (len(op.tokens) + bt - 1) // bt + 2
+    if not isinstance(op.seq, int) and op.seq is not None:
+        return op.seq._table.len + 2
+    return (client.pool.max_seq_tokens or 65536) // bt + 2
+
+
+def _needs_table(opcode: int) -> bool:
+    return opcode in (OPEN, APPEND, COMMIT, FORK, SEQ_INFO, RESUME, PACKED)
+
+
+class Rings:
+    """The ring state of one Client (its _rings); the Client's methods call these under its
+    lock."""
+
+    def __init__(self, client):
+        self.client = client
+        self.inflight = {}
+        self.next_id = 1
+        self.raw_inflight = 0
+        self.cbuf = None
+
+    def submit(self, c, ops: Iterable[Op]) -> int:
+        from kvpaged.errors import error
+
+        ops = list(ops)
+        if not ops:
+            return 0
+        if self.raw_inflight:
+            raise ValueError("raw operations are in flight: complete_raw() them first")
+        arr = (_native.Op * len(ops))()
+        ids = []
+        for i, op in enumerate(ops):
+            e = arr[i]
+            e.opcode, e.arg, e.seq, e.extra_key = op.opcode, op.arg, _seq_id(op.seq), op.extra_key
+            if op.tokens is not None:
+                e.tokens = op.tokens.ctypes.data_as(ctypes.POINTER(u32))
+                e.ntokens = len(op.tokens)
+            if _needs_table(op.opcode):
+                cap = op.table_cap if op.table_cap is not None else _default_cap(self.client, op)
+                op._out = np.empty(max(cap, 1), dtype=np.uint32)
+                e.table_cap = cap
+                e.table_out = op._out.ctypes.data_as(ctypes.POINTER(u32))
+            e.user_data = self.next_id
+            ids.append(self.next_id)
+            self.next_id += 1
+        r = lib.kvp_submit(c, ctypes.byref(arr), len(ops))
+        if r < 0:
+            raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
+        for i in range(r):
+            self.inflight[ids[i]] = ops[i]
+        return r
+
+    def complete(self, c, min_: int, max_: int, timeout_ms: int) -> List[Completion]:
+        from kvpaged.errors import error
+
+        if self.cbuf is None or len(self.cbuf) < max_:
+            self.cbuf = (_native.Completion * max(max_, 64))()
+        r = lib.kvp_complete(c, ctypes.byref(self.cbuf), max_, min_, timeout_ms)
+        if r < 0:
+            raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
+        return [self._finish(self.cbuf[i]) for i in range(r)]
+
+    def _finish(self, e) -> Completion:
+        from kvpaged.client import Sequence
+        from kvpaged.errors import error
+
+        op = self.inflight.pop(e.user_data)
+        d = Completion()
+        d.op, d.user_data, d.res, d.flags = op, op.user_data, e.res, e.flags
+        d.value, d.aux, d.sequence = e.value, e.aux, None
+        d.table = op._out[:e.table_len].copy() if op._out is not None else \
+            np.zeros(0, np.uint32)
+        d.error = error(-e.res, "%s: %s" % (_NAMES[op.opcode], os.strerror(-e.res))) \
+            if e.res < 0 else None
+        op._out = None
+        if e.res < 0:
+            return d
+        seq = op.seq if op.seq is not None and not isinstance(op.seq, int) else None
+        if op.opcode in (OPEN, FORK):
+            t = Table()
+            table_assign(t, 0, d.table)
+            s = Sequence(self.client, e.value, e.aux if op.opcode == OPEN else 0, t)
+            s._stale = d.truncated
+            d.sequence = s
+        elif seq is not None and op.opcode in (APPEND, COMMIT, SEQ_INFO, RESUME):
+            if d.truncated:
+                seq._stale = True
+            elif op.opcode == APPEND:
+                table_assign(seq._table, e.aux, d.table)
+            elif op.opcode != COMMIT or e.table_len or e.aux or e.value:
+                table_assign(seq._table, 0, d.table)
+        elif seq is not None and op.opcode == CLOSE:
+            seq._closed_by_ring()
+        return d
+
+    async def complete_async(self, min_: int, max_: int) -> List[Completion]:
+        cl = self.client
+        loop = asyncio.get_running_loop()
+        fd = cl.completion_fd()
+        got: List[Completion] = []
+        while True:
+            got += cl.complete(min=0, max=max_ - len(got), timeout=0)
+            if len(got) >= min_:
+                return got
+            if cl._arm() == 1:
+                continue
+            ready = loop.create_future()
+
+            def wake(f=ready):
+                if not f.done():
+                    f.set_result(None)
+            loop.add_reader(fd, wake)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(fd)
