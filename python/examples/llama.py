@@ -34,6 +34,8 @@ import time
 import numpy as np
 
 import kvpaged
+import kvpaged.rings
+from kvpaged import Op
 
 F = np.float32
 F0, F1 = F(0), F(1)
@@ -304,6 +306,12 @@ class Contiguous:
         c.k, c.v = self.k.copy(), self.v.copy()
         return c
 
+    def step(self, commit_ntokens: int, token: int, ntokens: int) -> None:
+        pass
+
+    def commit(self, ntokens: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -311,13 +319,19 @@ class Contiguous:
 class Paged:
     """A sequence in the pool: position p is slot p % block_tokens of block table[p //
     block_tokens], [block, layer, kv, slot, head, dim] in pool.array().  Positions below
-    readonly_below are cached (someone else's too): checked against the pool, never written."""
+    readonly_below are cached (someone else's too): checked against the pool, never written.
 
-    def __init__(self, pool: np.ndarray, seq: "kvpaged.Sequence", readonly_below: int):
-        self.pool, self.seq = pool, seq
-        self.bt = pool.shape[3]
+    With the client's rings a decode step's commit and append go in one submission; with
+    defer, a step whose token lands in a block the sequence already holds does not wait for
+    them (the forward pass writes the slot meanwhile), and they are reaped, and checked to
+    have changed nothing, before the next call (tools/llama/engine.c does the same)."""
+
+    def __init__(self, engine, seq: "kvpaged.Sequence", readonly_below: int):
+        self.engine, self.pool, self.seq = engine, engine.pool, seq
+        self.bt = self.pool.shape[3]
         self.readonly_below = readonly_below
         self.compared = self.mismatched = 0
+        self.inflight = self.inflight_len = 0
         self.refresh()
 
     def refresh(self) -> None:
@@ -325,6 +339,48 @@ class Paged:
         self.table = self.seq.table
         if self.table.size and int(self.table.max()) >= self.pool.shape[0]:
             fail("the daemon returned a block table that does not fit the pool")
+
+    def settle(self) -> None:
+        """Reaps a deferred step's operations: they must have changed nothing."""
+        if not self.inflight:
+            return
+        n, self.inflight = self.inflight, 0
+        for d in self.engine.client.complete(min=n, max=n):
+            if d.error:
+                raise d.error
+            if (d.aux != 0 if d.op.opcode == kvpaged.rings.COMMIT
+                    else d.aux != self.inflight_len or len(d.table)):
+                fail("the daemon changed the block table in a step that needed no block")
+
+    def step(self, commit_ntokens: int, token: int, ntokens: int) -> None:
+        """Commits the first commit_ntokens tokens (none: 0), then gives token the slot after
+        the ntokens the sequence holds."""
+        e = self.engine
+        self.settle()
+        if not e.rings:
+            if commit_ntokens:
+                self.seq.commit(commit_ntokens)
+            self.seq.append([token])
+            self.refresh()
+            return
+        ops = [Op.commit(self.seq, commit_ntokens)] if commit_ntokens else []
+        ops.append(Op.append(self.seq, [token]))
+        if e.client.submit(ops) != len(ops):
+            fail("the rings took only part of a step")
+        # A token starting a block needs it allocated, and the commit with it completes the
+        # previous block, which the daemon may switch to an equal one: wait for those.
+        if e.defer and ntokens % self.bt and len(self.table) * self.bt > ntokens:
+            self.inflight, self.inflight_len = len(ops), len(self.table)
+            return
+        for d in e.client.complete(min=len(ops), max=len(ops)):
+            if d.error:
+                raise d.error
+        self.refresh()
+
+    def commit(self, ntokens: int) -> None:
+        self.settle()
+        self.seq.commit(ntokens)
+        self.refresh()
 
     def store(self, layer: int, pos: int, k: np.ndarray, v: np.ndarray) -> None:
         b, s = self.table[pos // self.bt], pos % self.bt
@@ -344,9 +400,21 @@ class Paged:
         return kv[:, 0].reshape(shape)[:n], kv[:, 1].reshape(shape)[:n]
 
     def fork(self, ntokens: int) -> "Paged":
-        return Paged(self.pool, self.seq.fork(), ntokens)
+        self.settle()
+        return Paged(self.engine, self.seq.fork(), ntokens)
+
+    def park(self) -> None:
+        self.settle()
+        self.seq.park()
+
+    def resume(self) -> int:
+        recompute = self.seq.resume()
+        self.refresh()
+        self.readonly_below = 0
+        return recompute
 
     def close(self) -> None:
+        self.settle()
         self.seq.close()
 
 
@@ -425,9 +493,11 @@ class Engine:
         self.m = Model(args.model or os.path.join(DATA, "stories260K.bin"))
         self.tok = Tokenizer(args.tokenizer or os.path.join(DATA, "tok512.bin"), self.m.vocab)
         self.client = self.pool = None
+        self.rings = not args.contiguous and not args.no_rings
+        self.defer = self.rings and not args.no_defer
         if not args.contiguous:
             self.client = kvpaged.connect(socket=args.socket, pool=args.pool,
-                                          name="llama.py")
+                                          name="llama.py", ring_entries=16 if self.rings else 0)
             p = self.client.pool
             m = self.m
             if (p.layers, p.kv_heads, p.head_dim, p.element_bytes) != \
@@ -449,7 +519,7 @@ class Engine:
         s = self.client.open(tokens, extra_key=self.m.fingerprint, flags=flags)
         if s.cached > len(tokens):
             fail("the daemon says %d of %d tokens are cached" % (s.cached, len(tokens)))
-        return Paged(self.pool, s, s.cached), s.cached
+        return Paged(self, s, s.cached), s.cached
 
     def close(self) -> None:
         self.pool = None
@@ -458,18 +528,6 @@ class Engine:
                 self.client.close()
             except BufferError:
                 pass  # a failed run's frames still hold arrays: the exit disconnects
-
-
-def commit(kv, ntokens: int) -> None:
-    if isinstance(kv, Paged):
-        kv.seq.commit(ntokens)
-        kv.refresh()
-
-
-def append(kv, token: int) -> None:
-    if isinstance(kv, Paged):
-        kv.seq.append([token])
-        kv.refresh()
 
 
 def wait_for_file(path: str) -> None:
@@ -485,15 +543,13 @@ def park_and_resume(e: Engine, c: dict, history: list, args) -> int:
     are run again, and the last one's logits must be bitwise those before the park."""
     kv = c["kv"]
     if c["uncommitted"]:
-        commit(kv, c["uncommitted"])
+        kv.commit(c["uncommitted"])
         c["uncommitted"] = 0
-    kv.seq.park()
+    kv.park()
     print("parked: %d tokens, %d generated" % (c["ntokens"], c["generated"]), flush=True)
     if args.park_wait:
         wait_for_file(args.park_wait)
-    recompute = kv.seq.resume()
-    kv.refresh()
-    kv.readonly_below = 0
+    recompute = kv.resume()
     logits = None
     for pos in range(c["ntokens"] - recompute, c["ntokens"]):
         logits = forward(e.m, kv, history[pos], pos)
@@ -501,7 +557,7 @@ def park_and_resume(e: Engine, c: dict, history: list, args) -> int:
         fail("resume: the last token's logits, recomputed over the blocks that came back, "
              "differ from before the park")
     if recompute:
-        commit(kv, c["ntokens"])
+        kv.commit(c["ntokens"])
     print("resumed: %d of %d tokens recomputed" % (recompute, c["ntokens"]), flush=True)
     return recompute
 
@@ -522,6 +578,8 @@ def generate(e: Engine, args) -> None:
     if args.park_at is not None and (args.fork != 1 or not e.client):
         fail("--park-at parks one paged sequence")
     temperature = F(args.temperature)
+    # Forks share their last block until copy-on-write: their steps always wait.
+    e.defer = e.rings and not args.no_defer and args.fork == 1
     history = list(tokens)
     t_start = time.monotonic()
     kv, cached = e.open(tokens, kvpaged.OPEN_RECOMPUTE_LAST)
@@ -530,7 +588,7 @@ def generate(e: Engine, args) -> None:
              "be left to recompute" % n)
     for pos in range(cached, n):
         logits = forward(m, kv, tokens[pos], pos)
-    commit(kv, n)
+    kv.commit(n)
     t_prefilled = time.monotonic()
 
     conts = []
@@ -540,8 +598,6 @@ def generate(e: Engine, args) -> None:
              "text": b"".join(text_piece(e.tok, tokens[p - 1], tokens[p]) for p in range(1, n)),
              "generated": 0, "uncommitted": 0, "done": False,
              "dump": dump_open(args.dump_logits, i, args.fork)}
-        if i:
-            c["kv"].refresh()
         conts.append(c)
 
     forwards, t_first, t_parked, recompute, parked = 0, None, 0.0, 0, False
@@ -567,9 +623,7 @@ def generate(e: Engine, args) -> None:
             c["generated"] += 1
             if step + 1 == steps:
                 continue
-            if c["uncommitted"]:
-                commit(c["kv"], c["uncommitted"])
-            append(c["kv"], nxt)
+            c["kv"].step(c["uncommitted"], nxt, c["ntokens"])
             history.append(nxt)
             c["logits"] = forward(m, c["kv"], nxt, c["ntokens"])
             c["ntokens"] += 1
@@ -577,7 +631,7 @@ def generate(e: Engine, args) -> None:
             forwards += 1
     for c in conts:
         if c["uncommitted"]:
-            commit(c["kv"], c["uncommitted"])
+            c["kv"].commit(c["uncommitted"])
         if c["dump"]:
             c["dump"].close()
     t_end = time.monotonic()
@@ -637,7 +691,7 @@ def perplexity(e: Engine, args) -> None:
             total += nll(logits, tokens[pos + 1])
             if dump:
                 dump.write(logits.tobytes())
-        commit(kv, len(tokens) - 1)
+        kv.commit(len(tokens) - 1)
         if isinstance(kv, Paged):
             if kv.mismatched:
                 fail("story %d: %d of %d cached K/V rows differ from ours" %
@@ -678,6 +732,8 @@ def main(argv=None) -> None:
     ap.add_argument("--socket")
     ap.add_argument("--pool")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-rings", action="store_true", help="socket calls only")
+    ap.add_argument("--no-defer", action="store_true", help="every decode step waits")
     ap.add_argument("--park-at", type=int, metavar="N")
     ap.add_argument("--park-wait", metavar="FILE")
     args = ap.parse_args(argv)

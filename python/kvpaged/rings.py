@@ -45,14 +45,23 @@ _NAMES = ["NOP", "OPEN", "APPEND", "COMMIT", "FORK", "CLOSE", "LOOKUP", "SEQ_INF
           "RESUME", "SCORES", "PACKED"]
 
 
-def _u32(tokens) -> np.ndarray:
-    return np.ascontiguousarray(np.asarray(tokens, dtype=np.uint32).reshape(-1))
+_EMPTY = np.zeros(0, np.uint32)
+_EMPTY.flags.writeable = False
+
+
+def _u32(tokens) -> list:
+    """Token ids as a list of ints (what submit() packs into the batch's one buffer)."""
+    if isinstance(tokens, np.ndarray):
+        return tokens.astype(np.uint32, copy=False).reshape(-1).tolist()
+    return [int(t) & 0xFFFFFFFF for t in tokens]
 
 
 def table_assign(t: Table, first: int, entries: np.ndarray) -> None:
     """Makes t entries [0, first) as they were, then entries (libkvpaged's own update)."""
     first = min(first, t.len)
     n = first + len(entries)
+    if n == t.len and not len(entries):
+        return
     if n > t.cap:
         p = libc.realloc(ctypes.cast(t.blocks, ctypes.c_void_p), max(n, 1) * 4)
         if not p:
@@ -203,69 +212,80 @@ class Rings:
             return 0
         if self.raw_inflight:
             raise ValueError("raw operations are in flight: complete_raw() them first")
-        arr = (_native.Op * len(ops))()
-        ids = []
-        for i, op in enumerate(ops):
-            e = arr[i]
-            e.opcode, e.arg, e.seq, e.extra_key = op.opcode, op.arg, _seq_id(op.seq), op.extra_key
+        # The batch's tokens in one buffer and its tables in another: two allocations, and
+        # the entries made in one conversion, whatever the batch's length.
+        flat, caps, offs = [], [], []
+        for op in ops:
+            offs.append(len(flat))
             if op.tokens is not None:
-                e.tokens = op.tokens.ctypes.data_as(ctypes.POINTER(u32))
-                e.ntokens = len(op.tokens)
+                flat.extend(op.tokens)
             if _needs_table(op.opcode):
-                cap = op.table_cap if op.table_cap is not None else _default_cap(self.client, op)
-                op._out = np.empty(max(cap, 1), dtype=np.uint32)
-                e.table_cap = cap
-                e.table_out = op._out.ctypes.data_as(ctypes.POINTER(u32))
-            e.user_data = self.next_id
-            ids.append(self.next_id)
-            self.next_id += 1
-        r = lib.kvp_submit(c, ctypes.byref(arr), len(ops))
+                caps.append(op.table_cap if op.table_cap is not None
+                            else _default_cap(self.client, op))
+            else:
+                caps.append(0)
+        toks = np.array(flat, dtype=np.uint32)
+        out = np.empty(max(sum(caps), 1), dtype=np.uint32)
+        tbase = toks.__array_interface__["data"][0]
+        obase = out.__array_interface__["data"][0]
+        first, entries, ooff = self.next_id, [], 0
+        for i, op in enumerate(ops):
+            nt = len(op.tokens) if op.tokens is not None else 0
+            entries.append((op.opcode, op.arg, first + i, _seq_id(op.seq), op.extra_key,
+                            tbase + 4 * offs[i] if nt else 0, nt, caps[i],
+                            obase + 4 * ooff if caps[i] else 0))
+            op._out = out[ooff:ooff + caps[i]] if caps[i] else None
+            ooff += caps[i]
+        arr = np.array(entries, dtype=OP_DTYPE)
+        r = lib.kvp_submit(c, arr.ctypes.data, len(ops))
         if r < 0:
             raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
+        self.next_id += len(ops)
         for i in range(r):
-            self.inflight[ids[i]] = ops[i]
+            self.inflight[first + i] = ops[i]
         return r
 
     def complete(self, c, min_: int, max_: int, timeout_ms: int) -> List[Completion]:
         from kvpaged.errors import error
 
         if self.cbuf is None or len(self.cbuf) < max_:
-            self.cbuf = (_native.Completion * max(max_, 64))()
-        r = lib.kvp_complete(c, ctypes.byref(self.cbuf), max_, min_, timeout_ms)
+            self.cbuf = np.zeros(max(max_, 64), dtype=COMPLETION_DTYPE)
+        r = lib.kvp_complete(c, self.cbuf.ctypes.data, max_, min_, timeout_ms)
         if r < 0:
             raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
-        return [self._finish(self.cbuf[i]) for i in range(r)]
+        return [self._finish(*e) for e in self.cbuf[:r].tolist()]
 
-    def _finish(self, e) -> Completion:
-        from kvpaged.client import Sequence
-        from kvpaged.errors import error
-
-        op = self.inflight.pop(e.user_data)
+    def _finish(self, user_data, res, flags, value, aux, table_len) -> Completion:
+        op = self.inflight.pop(user_data)
         d = Completion()
-        d.op, d.user_data, d.res, d.flags = op, op.user_data, e.res, e.flags
-        d.value, d.aux, d.sequence = e.value, e.aux, None
-        d.table = op._out[:e.table_len].copy() if op._out is not None else \
-            np.zeros(0, np.uint32)
-        d.error = error(-e.res, "%s: %s" % (_NAMES[op.opcode], os.strerror(-e.res))) \
-            if e.res < 0 else None
+        d.op, d.user_data, d.res, d.flags = op, op.user_data, res, flags
+        d.value, d.aux, d.sequence, d.error = value, aux, None, None
+        d.table = op._out[:table_len] if op._out is not None else _EMPTY
         op._out = None
-        if e.res < 0:
+        if res < 0:
+            from kvpaged.errors import error
+
+            d.error = error(-res, "%s: %s" % (_NAMES[op.opcode], os.strerror(-res)))
             return d
+        opcode = op.opcode
         seq = op.seq if op.seq is not None and not isinstance(op.seq, int) else None
-        if op.opcode in (OPEN, FORK):
+        if opcode == OPEN or opcode == FORK:
+            from kvpaged.client import Sequence
+
             t = Table()
             table_assign(t, 0, d.table)
-            s = Sequence(self.client, e.value, e.aux if op.opcode == OPEN else 0, t)
+            s = Sequence(self.client, value, aux if opcode == OPEN else 0, t)
             s._stale = d.truncated
             d.sequence = s
-        elif seq is not None and op.opcode in (APPEND, COMMIT, SEQ_INFO, RESUME):
-            if d.truncated:
+        elif seq is not None and opcode in (APPEND, COMMIT, SEQ_INFO, RESUME):
+            if flags & TRUNCATED:
                 seq._stale = True
-            elif op.opcode == APPEND:
-                table_assign(seq._table, e.aux, d.table)
-            elif op.opcode != COMMIT or e.table_len or e.aux or e.value:
+            elif opcode == APPEND:
+                if table_len:
+                    table_assign(seq._table, aux, d.table)
+            elif opcode != COMMIT or table_len or aux or value:
                 table_assign(seq._table, 0, d.table)
-        elif seq is not None and op.opcode == CLOSE:
+        elif seq is not None and opcode == CLOSE:
             seq._closed_by_ring()
         return d
 

@@ -94,6 +94,11 @@ def test_the_two_engines_reuse_each_others_prefixes(pool, tmp_path):
     warm = py(pool, "--prompt", PROMPT, "--steps", "48", "--dump-logits", t + "/warm")
     assert (warm["reused"], warm["prefilled"]) == (32, 9), warm
     assert same(t + "/ref", t + "/warm") and warm["texts"] == cold["texts"]
+    # Every way of talking to the daemon: steps over the rings that wait, socket calls (the
+    # default defers steps that need no new block).
+    for how in ("--no-defer", "--no-rings"):
+        out = py(pool, how, "--prompt", PROMPT, "--steps", "48", "--dump-logits", t + "/how")
+        assert out["reused"] == 32 and same(t + "/ref", t + "/how"), (how, out)
     # The C engine over the Python engine's blocks, and its logits are the same.
     cc = c(pool, "--prompt", PROMPT, "--steps", "48", "--dump-logits", t + "/c")
     assert cc["reused"] == 32 and same(t + "/ref", t + "/c"), cc
