@@ -261,9 +261,15 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
 	if (min > max)
 		min = max;
 	if (c->cq_armed) {
-		/* The event loop's wait is over: no more wake-ups until it arms again. */
+		uint64_t v;
+
+		/*
+		 * The event loop's wait is over: no more wake-ups until it arms again, and the one
+		 * it had is read, so that a descriptor still watched stops polling readable.
+		 */
 		kvp_ring_store_release(&c->cq->flags, 0);
 		c->cq_armed = false;
+		(void)!read(c->cq_efd, &v, sizeof(v));
 	}
 	for (;;) {
 		got += reap(c, out + got, max - got);

@@ -405,7 +405,8 @@ KVP_EXPORT int kvp_complete(struct kvp_client *c, struct kvp_completion *out, un
  * kvp_complete_arm() asks the daemon to signal the descriptor at its next completion, as
  * kvp_complete() does before it sleeps.  Returns 0 (armed: wait), 1 (completions are there
  * already: reap them, nothing armed), -ECONNRESET (the daemon closed the session and nothing
- * is left to reap), -ENOTSUP or -EINVAL.  The next kvp_complete() disarms.  Neither is
+ * is left to reap), -ENOTSUP or -EINVAL.  The next kvp_complete() disarms (and reads the
+ * descriptor's wake-up, so a descriptor still watched turns quiet).  Neither is
  * thread-safe with other calls on c.  Since 0.3.0.
  */
 KVP_EXPORT int kvp_completion_fd(struct kvp_client *c);

@@ -348,7 +348,7 @@ class Paged:
         for d in self.engine.client.complete(min=n, max=n):
             if d.error:
                 raise d.error
-            if (d.aux != 0 if d.op.opcode == kvpaged.rings.COMMIT
+            if (d.aux != 0 or d.value != 0 if d.op.opcode == kvpaged.rings.COMMIT
                     else d.aux != self.inflight_len or len(d.table)):
                 fail("the daemon changed the block table in a step that needed no block")
 
@@ -506,6 +506,10 @@ class Engine:
                      "the model needs %u x %u x %u x 4 (float32)" %
                      (p.name, p.layers, p.kv_heads, p.head_dim, p.element_bytes, m.layers,
                       m.kv_heads, m.head_size))
+            if p.window:
+                fail("pool '%s' has a sliding window of %u tokens: this engine attends to "
+                     "every position (the C engine's --window does bounded attention)" %
+                     (p.name, p.window))
             self.pool = p.array(np.float32)
 
     @property

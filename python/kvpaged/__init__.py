@@ -8,7 +8,11 @@
             ...                        # write K/V of the rest into kv[s.table[...]]
             s.commit(len(prompt))
 
-docs/python.md has the whole API and an engine loop.
+The rings: kvpaged.connect(ring_entries=64), then client.submit([kvpaged.Op.append(s, [t]),
+...]) and client.complete() (or await client.complete_async()); the raw arrays
+(submit_raw/complete_raw over OP_DTYPE) for hot loops.  pool.tensor() is the pool as a
+torch.Tensor.  docs/python.md has the whole API and an engine loop; python/examples/llama.py
+is a real engine on it.
 """
 from kvpaged import events
 from kvpaged.admin import Admin

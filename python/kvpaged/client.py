@@ -355,6 +355,8 @@ class Client:
         if ops.dtype != OP_DTYPE or not ops.flags.c_contiguous:
             raise ValueError("a C-contiguous array of kvpaged.OP_DTYPE")
         n = len(ops) if n is None else n
+        if not 0 <= n <= len(ops):
+            raise ValueError("n: 0 to len(ops)")
         with self._lock:
             if self._rings.inflight:
                 raise ValueError("Op objects are in flight: complete() them first")
@@ -370,6 +372,8 @@ class Client:
             raise ValueError("a writable C-contiguous array of kvpaged.COMPLETION_DTYPE")
         ms = -1 if timeout is None else int(timeout * 1000)
         with self._lock:
+            if self._rings.inflight or self._rings.carry:
+                raise ValueError("Op objects are in flight: complete() them")
             r = self._check(lib.kvp_complete(self._open_c(), out.ctypes.data, len(out), min, ms))
             self._rings.raw_inflight -= r
             return r

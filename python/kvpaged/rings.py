@@ -20,6 +20,7 @@ waits, so let one thread drive a Client's rings (or use complete_async()).
 """
 import asyncio
 import ctypes
+import errno
 import os
 from typing import Iterable, List, Optional
 
@@ -63,11 +64,12 @@ def table_assign(t: Table, first: int, entries: np.ndarray) -> None:
     if n == t.len and not len(entries):
         return
     if n > t.cap:
-        p = libc.realloc(ctypes.cast(t.blocks, ctypes.c_void_p), max(n, 1) * 4)
+        cap = max(n + 16, 2 * t.cap)
+        p = libc.realloc(ctypes.cast(t.blocks, ctypes.c_void_p), cap * 4)
         if not p:
             raise MemoryError("growing a block table")
         t.blocks = ctypes.cast(p, ctypes.POINTER(u32))
-        t.cap = n
+        t.cap = cap
     if len(entries):
         ctypes.memmove(ctypes.addressof(t.blocks.contents) + 4 * first, entries.ctypes.data,
                        4 * len(entries))
@@ -83,13 +85,13 @@ class Op:
     """
 
     __slots__ = ("opcode", "seq", "arg", "extra_key", "tokens", "table_cap", "user_data",
-                 "_out")
+                 "_queued")
 
     def __init__(self, opcode: int, seq=None, arg: int = 0, extra_key: int = 0, tokens=None,
                  table_cap: Optional[int] = 0, user_data=None):
         self.opcode, self.seq, self.arg, self.extra_key = opcode, seq, arg, extra_key
         self.tokens = _u32(tokens) if tokens is not None else None
-        self.table_cap, self.user_data, self._out = table_cap, user_data, None
+        self.table_cap, self.user_data, self._queued = table_cap, user_data, False
 
     def __repr__(self) -> str:
         return "Op.%s(seq=%r)" % (_NAMES[self.opcode].lower(), _seq_id(self.seq))
@@ -203,6 +205,7 @@ class Rings:
         self.next_id = 1
         self.raw_inflight = 0
         self.cbuf = None
+        self.carry: List[Completion] = []  # reaped, not yet returned (an await cancelled)
 
     def submit(self, c, ops: Iterable[Op]) -> int:
         from kvpaged.errors import error
@@ -212,6 +215,8 @@ class Rings:
             return 0
         if self.raw_inflight:
             raise ValueError("raw operations are in flight: complete_raw() them first")
+        if len(set(map(id, ops))) != len(ops) or any(op._queued for op in ops):
+            raise ValueError("an Op is in flight already: make a new one")
         # The batch's tokens in one buffer and its tables in another: two allocations, and
         # the entries made in one conversion, whatever the batch's length.
         flat, caps, offs = [], [], []
@@ -228,40 +233,63 @@ class Rings:
         out = np.empty(max(sum(caps), 1), dtype=np.uint32)
         tbase = toks.__array_interface__["data"][0]
         obase = out.__array_interface__["data"][0]
-        first, entries, ooff = self.next_id, [], 0
+        first, entries, views, ooff = self.next_id, [], [], 0
         for i, op in enumerate(ops):
             nt = len(op.tokens) if op.tokens is not None else 0
             entries.append((op.opcode, op.arg, first + i, _seq_id(op.seq), op.extra_key,
                             tbase + 4 * offs[i] if nt else 0, nt, caps[i],
                             obase + 4 * ooff if caps[i] else 0))
-            op._out = out[ooff:ooff + caps[i]] if caps[i] else None
+            views.append(out[ooff:ooff + caps[i]] if caps[i] else None)
             ooff += caps[i]
         arr = np.array(entries, dtype=OP_DTYPE)
         r = lib.kvp_submit(c, arr.ctypes.data, len(ops))
         if r < 0:
             raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
         self.next_id += len(ops)
+        # Each queued op keeps its table's view (and so the buffer the library copies the
+        # table into when it reaps the completion) until then.
         for i in range(r):
-            self.inflight[first + i] = ops[i]
+            ops[i]._queued = True
+            self.inflight[first + i] = (ops[i], views[i])
         return r
 
     def complete(self, c, min_: int, max_: int, timeout_ms: int) -> List[Completion]:
         from kvpaged.errors import error
 
+        if self.raw_inflight:
+            raise ValueError("raw operations are in flight: complete_raw() them")
+        max_ = max(max_, 1)
+        got, self.carry = self.carry[:max_], self.carry[max_:]
+        if len(got) >= min_ and got:
+            return got
         if self.cbuf is None or len(self.cbuf) < max_:
             self.cbuf = np.zeros(max(max_, 64), dtype=COMPLETION_DTYPE)
-        r = lib.kvp_complete(c, self.cbuf.ctypes.data, max_, min_, timeout_ms)
+        want = max_ - len(got)
+        r = lib.kvp_complete(c, self.cbuf.ctypes.data, want, max(min_ - len(got), 0),
+                             timeout_ms)
         if r < 0:
+            if got:
+                return got
             raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
-        return [self._finish(*e) for e in self.cbuf[:r].tolist()]
+        reaped = [(self.inflight.pop(e[0]),) + tuple(e) for e in self.cbuf[:r].tolist()]
+        for (op, view), *e in reaped:
+            try:
+                got.append(self._finish(op, view, *e))
+            except Exception as ex:  # the rest of the batch is still handed back
+                d = Completion()
+                d.op, d.user_data, d.res, d.flags, d.value, d.aux = op, op.user_data, \
+                    -errno.EIO, 0, 0, 0
+                d.table, d.sequence, d.error = _EMPTY, None, ex
+                got.append(d)
+        return got
 
-    def _finish(self, user_data, res, flags, value, aux, table_len) -> Completion:
-        op = self.inflight.pop(user_data)
+    def _finish(self, op: Op, view, user_data, res, flags, value, aux,
+                table_len) -> Completion:
+        op._queued = False
         d = Completion()
         d.op, d.user_data, d.res, d.flags = op, op.user_data, res, flags
         d.value, d.aux, d.sequence, d.error = value, aux, None, None
-        d.table = op._out[:table_len] if op._out is not None else _EMPTY
-        op._out = None
+        d.table = view[:table_len] if view is not None else _EMPTY
         if res < 0:
             from kvpaged.errors import error
 
@@ -269,6 +297,8 @@ class Rings:
             return d
         opcode = op.opcode
         seq = op.seq if op.seq is not None and not isinstance(op.seq, int) else None
+        if seq is not None and seq.closed:
+            seq = None  # closed meanwhile (over the socket): nothing to keep current
         if opcode == OPEN or opcode == FORK:
             from kvpaged.client import Sequence
 
@@ -285,6 +315,7 @@ class Rings:
                     table_assign(seq._table, aux, d.table)
             elif opcode != COMMIT or table_len or aux or value:
                 table_assign(seq._table, 0, d.table)
+                seq._stale = False
         elif seq is not None and opcode == CLOSE:
             seq._closed_by_ring()
         return d
@@ -293,20 +324,27 @@ class Rings:
         cl = self.client
         loop = asyncio.get_running_loop()
         fd = cl.completion_fd()
+        max_ = max(max_, 1)
+        min_ = min(min_, max_)
         got: List[Completion] = []
-        while True:
-            got += cl.complete(min=0, max=max_ - len(got), timeout=0)
-            if len(got) >= min_:
-                return got
-            if cl._arm() == 1:
-                continue
-            ready = loop.create_future()
+        try:
+            while True:
+                got += cl.complete(min=0, max=max_ - len(got), timeout=0)
+                if len(got) >= min_:
+                    done, got = got, []
+                    return done
+                if cl._arm() == 1:
+                    continue
+                ready = loop.create_future()
 
-            def wake(f=ready):
-                if not f.done():
-                    f.set_result(None)
-            loop.add_reader(fd, wake)
-            try:
-                await ready
-            finally:
-                loop.remove_reader(fd)
+                def wake(f=ready):
+                    if not f.done():
+                        f.set_result(None)
+                loop.add_reader(fd, wake)
+                try:
+                    await ready
+                finally:
+                    loop.remove_reader(fd)
+        finally:
+            # Cancelled, or the daemon went: what was reaped is returned by the next call.
+            self.carry = got + self.carry

@@ -138,6 +138,38 @@ def test_asyncio_waits_on_the_completion_fd(daemon):
         daemon.proc.wait(10)
 
 
+def test_misuse_is_refused_and_loses_nothing(daemon):
+    with kvpaged.connect(daemon.sock, ring_entries=16) as c:
+        s = c.open(prompt(3))
+        op = Op.append(s, [4])
+        with pytest.raises(ValueError):
+            c.submit([op, op])
+        assert c.submit([op]) == 1
+        with pytest.raises(ValueError):
+            c.submit([op])  # in flight: its table buffer is still the library's to fill
+        ops = np.zeros(2, dtype=kvpaged.OP_DTYPE)
+        with pytest.raises(ValueError):
+            c.submit_raw(ops)  # objects in flight
+        with pytest.raises(ValueError):
+            c.complete_raw(np.zeros(2, dtype=kvpaged.COMPLETION_DTYPE))
+        (d,) = c.complete()
+        assert d.res == 0 and s.info()[0] == 4
+        with pytest.raises(ValueError):
+            c.submit_raw(ops, 3)
+        with pytest.raises(ValueError):
+            c.submit_raw(ops, -1)
+        assert c.submit_raw(ops) == 2  # two NOPs
+        with pytest.raises(ValueError):
+            c.complete()
+        out = np.zeros(2, dtype=kvpaged.COMPLETION_DTYPE)
+        assert c.complete_raw(out, min=2) == 2
+        # min above max: as many as max, never a loop that does not yield.
+        c.submit([Op.nop(), Op.nop()])
+        done = asyncio.run(asyncio.wait_for(c.complete_async(min=5, max=2), 5))
+        assert len(done) == 2
+        s.close()
+
+
 def test_without_rings(daemon):
     with kvpaged.connect(daemon.sock) as c:
         for call in (lambda: c.submit([Op.nop()]), lambda: c.complete(timeout=0),
