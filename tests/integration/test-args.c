@@ -57,7 +57,7 @@ static const char *const covered[] = {
 	"kvp_park",	 "kvp_pool",	   "kvp_pool_base",	  "kvp_pool_device_ptr",
 	"kvp_report_scores", "kvp_resume", "kvp_seq_info",	  "kvp_seq_packed",
 	"kvp_set_wait",	 "kvp_submit",	   "kvp_table_free",  "kvp_probe",
-	"kvp_version",
+	"kvp_version",	 "kvp_completion_fd", "kvp_complete_arm",
 };
 
 START_TEST(test_every_export_covered)
@@ -111,6 +111,8 @@ START_TEST(test_null_client)
 	ck_assert_int_eq(kvp_resume(NULL, 1, &u, &t), -EINVAL);
 	ck_assert_int_eq(kvp_submit(NULL, &op, 1), -EINVAL);
 	ck_assert_int_eq(kvp_complete(NULL, cq, 1, 0, 0), -EINVAL);
+	ck_assert_int_eq(kvp_completion_fd(NULL), -EINVAL);
+	ck_assert_int_eq(kvp_complete_arm(NULL), -EINVAL);
 	ck_assert_int_eq(kvp_probe(NULL, &probe), -EINVAL);
 	/* Outputs untouched. */
 	ck_assert_uint_eq(seq, 9);
