@@ -281,10 +281,7 @@ class Client:
         with self._lock:
             if not self._c:
                 raise ValueError("the client is closed")
-            r = fn(self._c, *args)
-            if r < 0:
-                raise error(-r, lib.kvp_last_error(self._c).decode(errors="replace"))
-            return r
+            return self._check(fn(self._c, *args))
 
     def _array(self, dt, shape, strides) -> np.ndarray:
         with self._lock:
@@ -320,6 +317,7 @@ class Client:
     # ------------------------------------------------------------------------ rings
 
     def _check(self, r: int) -> int:
+        """r, or the exception for -errno r with the library's reason (kvp_last_error)."""
         if r < 0:
             raise error(-r, lib.kvp_last_error(self._c).decode(errors="replace"))
         return r

@@ -208,8 +208,6 @@ class Rings:
         self.carry: List[Completion] = []  # reaped, not yet returned (an await cancelled)
 
     def submit(self, c, ops: Iterable[Op]) -> int:
-        from kvpaged.errors import error
-
         ops = list(ops)
         if not ops:
             return 0
@@ -242,9 +240,7 @@ class Rings:
             views.append(out[ooff:ooff + caps[i]] if caps[i] else None)
             ooff += caps[i]
         arr = np.array(entries, dtype=OP_DTYPE)
-        r = lib.kvp_submit(c, arr.ctypes.data, len(ops))
-        if r < 0:
-            raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
+        r = self.client._check(lib.kvp_submit(c, arr.ctypes.data, len(ops)))
         self.next_id += len(ops)
         # Each queued op keeps its table's view (and so the buffer the library copies the
         # table into when it reaps the completion) until then.
@@ -254,8 +250,6 @@ class Rings:
         return r
 
     def complete(self, c, min_: int, max_: int, timeout_ms: int) -> List[Completion]:
-        from kvpaged.errors import error
-
         if self.raw_inflight:
             raise ValueError("raw operations are in flight: complete_raw() them")
         max_ = max(max_, 1)
@@ -267,10 +261,9 @@ class Rings:
         want = max_ - len(got)
         r = lib.kvp_complete(c, self.cbuf.ctypes.data, want, max(min_ - len(got), 0),
                              timeout_ms)
-        if r < 0:
-            if got:
-                return got
-            raise error(-r, lib.kvp_last_error(c).decode(errors="replace"))
+        if r < 0 and got:
+            return got  # reaped before the error: the caller's; a lasting one comes again
+        self.client._check(r)
         reaped = [(self.inflight.pop(e[0]),) + tuple(e) for e in self.cbuf[:r].tolist()]
         for (op, view), *e in reaped:
             try:
