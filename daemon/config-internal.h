@@ -22,6 +22,7 @@ enum config_type {
 	TYPE_GROUP,     /* a group name or gid; aux_offset is the bool saying it is set */
 	TYPE_NAMESPACE, /* enum kvpd_namespace_mode */
 	TYPE_POLICY,    /* enum kvpd_policy */
+	TYPE_EVICTION,  /* enum kvpd_eviction */
 	TYPE_BACKEND,   /* enum kvpd_backend */
 	TYPE_UIDS,      /* user names or uids; aux_offset is the size_t count */
 	TYPE_GIDS,      /* group names or gids; aux_offset is the size_t count */

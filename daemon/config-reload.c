@@ -79,6 +79,8 @@ static bool key_equal(const struct config_key *key, const void *a, const void *b
 		return *(const enum kvpd_namespace_mode *)fa == *(const enum kvpd_namespace_mode *)fb;
 	case TYPE_POLICY:
 		return *(const enum kvpd_policy *)fa == *(const enum kvpd_policy *)fb;
+	case TYPE_EVICTION:
+		return *(const enum kvpd_eviction *)fa == *(const enum kvpd_eviction *)fb;
 	case TYPE_BACKEND:
 		return *(const enum kvpd_backend *)fa == *(const enum kvpd_backend *)fb;
 	case TYPE_REMOTE_WRITE:
@@ -146,6 +148,9 @@ static void take_value(const struct config_key *key, void *live, void *next)
 		break;
 	case TYPE_POLICY:
 		*(enum kvpd_policy *)fl = *(const enum kvpd_policy *)fn;
+		break;
+	case TYPE_EVICTION:
+		*(enum kvpd_eviction *)fl = *(const enum kvpd_eviction *)fn;
 		break;
 	case TYPE_BACKEND:
 		*(enum kvpd_backend *)fl = *(const enum kvpd_backend *)fn;

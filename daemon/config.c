@@ -211,6 +211,9 @@ static const struct config_key schema[] = {
 	  .offset = offsetof(struct kvpd_pool_config, namespace_mode) },
 	{ .name = "policy", .section = SECTION_POOL, .type = TYPE_POLICY, .def = KVPD_POLICY_LRU,
 	  .offset = offsetof(struct kvpd_pool_config, policy) },
+	{ .name = "eviction", .section = SECTION_POOL, .type = TYPE_EVICTION,
+	  .def = KVPD_EVICT_LRU, .offset = offsetof(struct kvpd_pool_config, eviction) },
+	POOL_NUMBER(TYPE_U32, value_records, 0, 64, 1u << 24, 0),
 	POOL_NUMBER(TYPE_U64, namespace_seed, 0, 0, UINT64_MAX, 0),
 	{ .name = "backend", .section = SECTION_POOL, .type = TYPE_BACKEND, .def = KVPD_BACKEND_HOST,
 	  .offset = offsetof(struct kvpd_pool_config, backend) },
@@ -304,6 +307,8 @@ static const char *const namespace_names[] = {
 	[KVPD_NS_GID] = "gid",
 	[KVPD_NS_SHARED] = "shared",
 };
+
+static const char *const eviction_names[] = { "lru", "value" };
 
 static const char *const policy_names[] = {
 	[KVPD_POLICY_LRU] = "lru",
@@ -600,6 +605,9 @@ static int apply_defaults(enum config_section section, void *base)
 			break;
 		case TYPE_POLICY:
 			*(enum kvpd_policy *)field = (enum kvpd_policy)key->def;
+			break;
+		case TYPE_EVICTION:
+			*(enum kvpd_eviction *)field = (enum kvpd_eviction)key->def;
 			break;
 		case TYPE_BACKEND:
 			*(enum kvpd_backend *)field = (enum kvpd_backend)key->def;
@@ -1144,6 +1152,13 @@ static int set_value(struct parse *p, const struct config_key *key, const char *
 				return 0;
 			}
 		return fail_key(p, key->name, "'%s' is not one of lru, priority, cost", value);
+	case TYPE_EVICTION:
+		for (size_t i = 0; i < sizeof(eviction_names) / sizeof(eviction_names[0]); i++)
+			if (!strcmp(value, eviction_names[i])) {
+				*(enum kvpd_eviction *)field = (enum kvpd_eviction)i;
+				return 0;
+			}
+		return fail_key(p, key->name, "'%s' is not one of lru, value", value);
 	case TYPE_BACKEND:
 		for (size_t i = 0; i < sizeof(backend_names) / sizeof(backend_names[0]); i++)
 			if (!strcmp(value, backend_names[i])) {
@@ -1497,6 +1512,10 @@ static int check_tiers(struct parse *p, size_t i, uint64_t block_bytes)
 		return fail_at(p, -EINVAL, st->key_line[blocking],
 			       "[pool %s] file_tier_blocking_reads: there is no file tier",
 			       pc->name);
+	if (pc->value_records && pc->eviction != KVPD_EVICT_VALUE)
+		return fail_at(p, -EINVAL, st->key_line[find_key(SECTION_POOL, "value_records")],
+			       "[pool %s] value_records: only the value policy keeps records (set "
+			       "eviction = value)", pc->name);
 	r = check_remote(p, i);
 	if (r < 0)
 		return r;
@@ -1925,6 +1944,10 @@ static void print_section(FILE *f, enum config_section section, const void *base
 			fprintf(f, "%s = %s\n", key->name,
 				policy_names[*(const enum kvpd_policy *)field]);
 			break;
+		case TYPE_EVICTION:
+			fprintf(f, "%s = %s\n", key->name,
+				eviction_names[*(const enum kvpd_eviction *)field]);
+			break;
 		case TYPE_BACKEND:
 			fprintf(f, "%s = %s\n", key->name,
 				backend_names[*(const enum kvpd_backend *)field]);
@@ -1982,6 +2005,9 @@ const char *config_format_value(const struct config_key *key, const void *base, 
 		break;
 	case TYPE_POLICY:
 		snprintf(buf, len, "%s", policy_names[*(const enum kvpd_policy *)field]);
+		break;
+	case TYPE_EVICTION:
+		snprintf(buf, len, "%s", eviction_names[*(const enum kvpd_eviction *)field]);
 		break;
 	case TYPE_BACKEND:
 		snprintf(buf, len, "%s", backend_names[*(const enum kvpd_backend *)field]);

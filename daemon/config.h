@@ -19,6 +19,8 @@
 /* How a client's namespace (the salt of its prefix cache) follows from its credentials. */
 /* The same order as daemon/core's enum core_policy. */
 enum kvpd_policy { KVPD_POLICY_LRU, KVPD_POLICY_PRIORITY, KVPD_POLICY_COST };
+/* The same order as daemon/core's enum core_eviction (docs/policy.md). */
+enum kvpd_eviction { KVPD_EVICT_LRU, KVPD_EVICT_VALUE };
 
 /* Where a pool's memory lives (docs/cuda.md). */
 enum kvpd_backend {
@@ -48,6 +50,8 @@ struct kvpd_pool_config {
 	uint32_t vocab_size;     /* token ids must be below this; 0 accepts any id */
 	enum kvpd_namespace_mode namespace_mode;
 	enum kvpd_policy policy; /* which parked sequences are dropped first */
+	enum kvpd_eviction eviction; /* which cached block is reused first */
+	uint32_t value_records;      /* eviction = value: closed chains remembered (0: capacity) */
 	enum kvpd_backend backend;
 	char *backend_module; /* the shared object backend = cuda or auto loads */
 	uint32_t device;      /* the GPU (an ordinal) of a cuda or auto pool; 0 for host pools */

@@ -10,6 +10,7 @@
 #include "daemon/core/core.h"
 #include "daemon/core/index.h"
 #include "daemon/core/pool.h"
+#include "daemon/core/value.h"
 
 #define CORE_MAX_SEQUENCES (UINT32_C(1) << 24)
 
@@ -56,6 +57,7 @@ struct core_seq {
 	uint32_t nloads, load_nhit;
 	bool load_resume;
 	bool probed;            /* CORE_OPEN_PROBED */
+	double opened;          /* core_set_now's time at its open, fork or resume */
 };
 
 /* One tier below the pool: slots with the same metadata, free list, LRU and index as blocks. */
@@ -100,6 +102,8 @@ struct core {
 	uint32_t ngather;
 	struct core_preemption log[CORE_PREEMPTION_LOG];
 	uint32_t nlog; /* preemptions recorded in all; the newest is log[(nlog - 1) % size] */
+	struct value *value; /* CORE_EVICT_VALUE; NULL: LRU */
+	double now;          /* core_set_now */
 };
 
 struct victim {
@@ -198,11 +202,31 @@ static inline uint64_t block_extra(const struct core *c, uint64_t extra, uint64_
  * Releases every block a table holds, back to front: a child becomes cached before its parent,
  * which keeps the LRU list leaf-first (see pool_alloc).
  */
+/* The leading committed, findable blocks of s's table: its chain, as the value policy sees it. */
+static inline uint32_t chain_blocks(const struct core *c, const struct core_seq *s)
+{
+	uint32_t n = 0;
+
+	while (n < s->nblocks && s->table[n] != CORE_NONE &&
+	       (c->pool.blocks[s->table[n]].flags & CORE_BLOCK_INDEXED))
+		n++;
+	return n;
+}
+
+/* Releases a closing or dropped sequence's table, last block first (leaf-first). */
 static inline void release_table(struct core *c, struct core_seq *s)
 {
-	for (uint32_t i = s->nblocks; i-- > 0;)
-		if (s->table[i] != CORE_NONE)
-			pool_unref(&c->pool, s->table[i]);
+	if (c->value)
+		value_release_begin(c->value, s->table, chain_blocks(c, s), s->opened);
+	for (uint32_t i = s->nblocks; i-- > 0;) {
+		if (s->table[i] == CORE_NONE)
+			continue;
+		if (c->value)
+			value_release_hint(c->value, i ? s->table[i - 1] : CORE_NONE);
+		pool_unref(&c->pool, s->table[i]);
+	}
+	if (c->value)
+		value_release_end(c->value);
 }
 
 /* tier.c */

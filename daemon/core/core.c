@@ -25,7 +25,7 @@ static void on_evict(void *ctx, uint32_t b)
 
 static int config_check(const struct core_config *cfg)
 {
-	if (cfg->policy > CORE_POLICY_COST)
+	if (cfg->policy > CORE_POLICY_COST || cfg->eviction > CORE_EVICT_VALUE)
 		return -EINVAL;
 	if (cfg->capacity_blocks == 0 || cfg->block_tokens == 0 ||
 	    cfg->block_tokens > CORE_MAX_BLOCK_TOKENS || cfg->max_sequences == 0 ||
@@ -79,6 +79,13 @@ int core_new(const struct core_config *cfg, struct core **ret)
 	r = tiers_init(c);
 	if (r < 0)
 		goto fail;
+	if (cfg->eviction == CORE_EVICT_VALUE) {
+		r = value_new(cfg->capacity_blocks, cfg->block_tokens, cfg->value_records, c->pool.blocks, &c->index,
+			      &c->value);
+		if (r < 0)
+			goto fail;
+		c->pool.value = c->value;
+	}
 	r = -ENOMEM;
 	c->tokens = calloc((size_t)cfg->capacity_blocks * cfg->block_tokens, sizeof(uint32_t));
 	/* No sequence can hold more blocks than the pool has. */
@@ -131,6 +138,7 @@ struct core *core_free(struct core *c)
 		}
 	pool_done(&c->pool);
 	index_done(&c->index);
+	value_free(c->value);
 	tiers_done(c);
 	free(c->tokens);
 	free(c->walk);
@@ -359,6 +367,7 @@ int core_seq_open(struct core *c, const struct core_open *o, uint64_t *ret_seq,
 	s->state = CORE_SEQ_ACTIVE;
 	s->priority = o->priority;
 	s->last_use = ++c->tick;
+	s->opened = c->now;
 	s->salt = o->salt;
 	s->extra = o->extra;
 	s->table = table;
@@ -622,6 +631,7 @@ int core_seq_fork(struct core *c, uint64_t id, uint64_t *ret_child)
 	child->state = CORE_SEQ_ACTIVE;
 	child->priority = s->priority;
 	child->last_use = s->last_use = ++c->tick;
+	child->opened = c->now;
 	child->salt = s->salt;
 	child->extra = s->extra;
 	child->table = table;
@@ -729,6 +739,7 @@ int core_seq_resume_flags(struct core *c, uint64_t id, uint32_t flags, uint32_t 
 	s->load_nhit = ready;
 	s->load_resume = true;
 	s->last_use = ++c->tick;
+	s->opened = c->now;
 	if (ret_recompute)
 		*ret_recompute = s->ntokens - s->ncommitted;
 	return 0;
@@ -854,6 +865,21 @@ uint32_t core_get_preemptions(const struct core *c, struct core_preemption *ret,
 	for (uint32_t i = 0; i < n; i++)
 		ret[i] = c->log[(c->nlog - 1 - i) % CORE_PREEMPTION_LOG];
 	return n;
+}
+
+void core_set_now(struct core *c, double now)
+{
+	c->now = now;
+	if (c->value)
+		value_set_now(c->value, now);
+}
+
+int core_get_value_stats(const struct core *c, struct value_stats *ret)
+{
+	if (!c->value)
+		return -ENOENT;
+	value_get_stats(c->value, ret);
+	return 0;
 }
 
 const uint32_t *core_block_tokens(const struct core *c, uint32_t b)

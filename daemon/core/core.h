@@ -39,6 +39,16 @@ enum core_policy {
 };
 
 /*
+ * Which cached block an allocation reuses when no block is free (docs/policy.md).  Either way a
+ * parent goes only after its cached children (leaf-first), and referenced blocks never.
+ */
+enum core_eviction {
+	CORE_EVICT_LRU = 0, /* the least recently released */
+	CORE_EVICT_VALUE,   /* the lowest predicted hits per block and unit of cache time, learned
+			       online from the pool's own history (needs core_set_now) */
+};
+
+/*
  * Has the whole content of block src copied into block dst (copy-on-write).  The core reads
  * neither block's bytes, so the copy need not be done on return: only ordered before anything
  * that later reads or writes dst or src.  The daemon queues it on the pool's backend queue and
@@ -247,6 +257,9 @@ struct core_config {
 	 * tokens (0: no window).  See core_open.retention for what is kept and when.
 	 */
 	uint32_t window;
+	uint32_t eviction;      /* enum core_eviction */
+	uint32_t value_records; /* CORE_EVICT_VALUE: closed chains remembered (0: the capacity,
+				   at most 65536); about 250 bytes each */
 };
 
 struct core_stats {
@@ -619,6 +632,17 @@ struct core_persist_pass {
  * over), or -EINVAL (no such tier, or pass NULL).
  */
 int core_tier_persist(struct core *c, uint32_t to, uint32_t max, struct core_persist_pass *pass);
+
+/*
+ * The time, in seconds from any origin, never going back: the daemon passes its monotonic
+ * clock before each call, a replay the trace's timestamps.  Only CORE_EVICT_VALUE uses it (to
+ * age blocks and to learn when chains come back); the core never reads a clock itself.
+ */
+void core_set_now(struct core *c, double now);
+
+/* What CORE_EVICT_VALUE has learned (value.h); -ENOENT for an LRU pool. */
+struct value_stats;
+int core_get_value_stats(const struct core *c, struct value_stats *ret);
 
 /* Token ids in the slots of block b (block_tokens of them; meaningful where written). */
 const uint32_t *core_block_tokens(const struct core *c, uint32_t b);

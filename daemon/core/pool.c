@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "daemon/core/pool.h"
+#include "daemon/core/value.h"
 
 /* Metadata is allocated in one array; keep the product within what calloc can index. */
 #define POOL_MAX_BLOCKS (UINT32_C(1) << 30)
@@ -58,6 +59,8 @@ static void lru_unlink(struct pool *p, uint32_t b)
 	blk->prev = blk->next = CORE_NONE;
 	blk->flags &= ~CORE_BLOCK_ON_LRU;
 	p->ncached--;
+	if (p->value)
+		value_uncached(p->value, b);
 }
 
 static void lru_push_newest(struct pool *p, uint32_t b)
@@ -73,12 +76,16 @@ static void lru_push_newest(struct pool *p, uint32_t b)
 	p->lru_tail = b;
 	blk->flags |= CORE_BLOCK_ON_LRU;
 	p->ncached++;
+	if (p->value)
+		value_cached(p->value, b);
 }
 
 static void push_free(struct pool *p, uint32_t b)
 {
 	struct core_block *blk = &p->blocks[b];
 
+	if (p->value)
+		value_freed(p->value, b);
 	*blk = (struct core_block){
 		.next = p->free_head,
 		.prev = CORE_NONE,
@@ -107,11 +114,13 @@ uint32_t pool_alloc(struct pool *p)
 		 * core_verify() checks this ordering.  (Blocks a retention policy released, or
 		 * a store held past their children, are the exceptions: PRUNED, LATE.)
 		 */
-		b = p->lru_head;
+		b = p->value ? value_victim(p->value, p->lru_head) : p->lru_head;
 		if (b == CORE_NONE)
 			return CORE_NONE;
 		lru_unlink(p, b);
 		p->evict(p->evict_ctx, b);
+		if (p->value)
+			value_freed(p->value, b);
 		p->reused++;
 	}
 	p->blocks[b] = (struct core_block){
@@ -188,6 +197,8 @@ void pool_unref_before(struct pool *p, uint32_t b, uint32_t older_than)
 	next->prev = b;
 	blk->flags |= CORE_BLOCK_ON_LRU;
 	p->ncached++;
+	if (p->value)
+		value_cached(p->value, b);
 }
 
 void pool_evict(struct pool *p, uint32_t b)

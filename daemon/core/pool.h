@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The block pool: metadata for every physical block, an O(1) free list, refcounts and the
- * intrusive LRU list of cached blocks (refcount 0, indexed).  No I/O, no policy beyond LRU.
+ * intrusive LRU list of cached blocks (refcount 0, indexed).  No I/O.  Which cached block an
+ * allocation reuses is the LRU list's oldest, or what the value policy (value.h) picks when one
+ * is attached; the LRU list is kept either way (persist passes and cache drops walk it).
  */
 #pragma once
 
@@ -9,6 +11,8 @@
 #include <stdint.h>
 
 #include "daemon/core/block.h"
+
+struct value;
 
 /* Called for a cached block just before its memory is reused; it must drop it from the index. */
 typedef void (*pool_evict_fn)(void *ctx, uint32_t block);
@@ -24,6 +28,7 @@ struct pool {
 	uint64_t reused;   /* cached blocks taken by pool_alloc (evictions) */
 	pool_evict_fn evict;
 	void *evict_ctx;
+	struct value *value; /* the value policy, told of every change to the cached set; NULL: LRU */
 };
 
 /* Returns 0 or -EINVAL (capacity 0 or too large) / -ENOMEM. */
@@ -42,7 +47,8 @@ static inline uint32_t pool_in_use(const struct pool *p)
 }
 
 /*
- * Takes a free block, or else reuses the oldest cached block (calling the evict hook first).
+ * Takes a free block, or else reuses the oldest cached block, or the value policy's victim
+ * (calling the evict hook first).
  * The block comes back FILLING with refcount 1.  Returns CORE_NONE when nothing is left.
  */
 uint32_t pool_alloc(struct pool *p);

@@ -318,6 +318,8 @@ int core_verify(const struct core *c, char *why, size_t why_len)
 		r = check_index(&v, nindexed);
 	if (r == 0)
 		r = tiers_verify(c, why, why_len);
+	if (r == 0 && c->value)
+		r = value_verify(c->value, c->pool.capacity, why, why_len);
 	if (r == 0 && why && why_len)
 		why[0] = '\0';
 out:

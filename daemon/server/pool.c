@@ -371,6 +371,8 @@ int dpool_init(struct dpool *p, const struct kvpd_pool_config *cfg)
 		.copy_slots = dpool_copy_slots,
 		.copy_ctx = p,
 		.policy = (enum core_policy)cfg->policy,
+		.eviction = (uint32_t)cfg->eviction,
+		.value_records = cfg->value_records,
 		.on_drop = on_drop,
 		.drop_ctx = p,
 		.window = cfg->window,

@@ -47,6 +47,17 @@ uint64_t server_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/*
+ * The block managers take time as an input (docs/policy.md): the loop's clock, once a pass,
+ * for the pools whose eviction policy ages blocks.
+ */
+static void set_clocks(struct server *srv, uint64_t now)
+{
+	for (size_t i = 0; i < srv->npools; i++)
+		if (srv->pools[i].cfg->eviction == KVPD_EVICT_VALUE)
+			core_set_now(srv->pools[i].core, (double)now / 1e9);
+}
+
 /* An SQE, submitting what is queued when the submission ring is full. */
 struct io_uring_sqe *server_sqe(struct server *srv)
 {
@@ -1147,6 +1158,7 @@ int server_run(struct server *srv)
 			if (io_uring_sq_ready(&srv->ring) ||
 			    (IO_URING_READ_ONCE(*srv->ring.sq.kflags) & IORING_SQ_TASKRUN))
 				io_uring_submit_and_get_events(&srv->ring);
+			set_clocks(srv, now);
 			if (ring_poll_all(srv, expired))
 				srv->poll_until_ns = now + srv->cfg->ring_poll_us * 1000ull;
 			else if (expired)
@@ -1173,6 +1185,7 @@ int server_run(struct server *srv)
 				io_uring_submit(&srv->ring);
 			}
 		}
+		set_clocks(srv, server_now_ns());
 		io_uring_for_each_cqe(&srv->ring, head, cqe) {
 			handle(srv, cqe);
 			n++;

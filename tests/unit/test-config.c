@@ -1028,6 +1028,23 @@ START_TEST(test_namespace)
 			  "shared");
 	expect_pool_error("namespace = UID", "'UID' is not one of");
 	expect_pool_error("policy = fifo", "policy: 'fifo' is not one of lru, priority, cost");
+	/* The eviction policy and its records (docs/policy.md). */
+	struct kvpd_config c;
+
+	load_ok(POOL_MAIN, &c);
+	ck_assert_int_eq(c.pools[0].eviction, KVPD_EVICT_LRU);
+	ck_assert_uint_eq(c.pools[0].value_records, 0);
+	config_free(&c);
+	load_ok(POOL_MAIN "eviction = value\nvalue_records = 4096\n", &c);
+	ck_assert_int_eq(c.pools[0].eviction, KVPD_EVICT_VALUE);
+	ck_assert_uint_eq(c.pools[0].value_records, 4096);
+	config_free(&c);
+	expect_pool_error("eviction = mru",
+			  "kvpaged.conf:8: [pool main] eviction: 'mru' is not one of lru, value");
+	expect_pool_error("value_records = 100",
+			  "kvpaged.conf:8: [pool main] value_records: only the value policy keeps "
+			  "records (set eviction = value)");
+	expect_pool_error("eviction = value\nvalue_records = 10", "value_records");
 }
 END_TEST
 

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "daemon/core/core-internal.h"
+#include "daemon/core/value.h"
 #include "tests/unit/testutil.h"
 
 #define MAX_SEQS 24
@@ -55,6 +56,8 @@ struct run {
 	struct fake_tier tiers[CORE_MAX_TIERS + 1]; /* by level; [0] unused: the pool */
 	uint32_t ntiers;
 	uint32_t tier_loads, tier_faults;
+	uint32_t eviction; /* enum core_eviction */
+	double now;        /* core_set_now */
 	struct core *c;
 	struct fake_mem mem;
 	struct model_seq seqs[MAX_SEQS];
@@ -474,6 +477,7 @@ static struct core *new_tiered_core(struct run *r, uint32_t capacity, uint32_t h
 		.max_seq_tokens = MAX_TOKENS,
 		.copy_block = fake_copy,
 		.copy_ctx = &r->mem,
+		.eviction = r->eviction,
 	};
 	struct core *c = NULL;
 
@@ -501,8 +505,8 @@ static struct core *new_tiered_core(struct run *r, uint32_t capacity, uint32_t h
 
 enum { PLAIN, LOSSLESS, FAULTY };
 
-static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool exact, int mode,
-			    uint32_t host, uint32_t file)
+static void run_model_policy(uint64_t seed, uint32_t B, uint32_t capacity, bool exact, int mode,
+			     uint32_t host, uint32_t file, uint32_t eviction)
 {
 	struct run *r = calloc(1, sizeof(*r));
 	char why[256];
@@ -519,11 +523,17 @@ static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool e
 			r->docs[d][i] = (uint32_t)rnd(r) % 50000;
 	r->lossless = mode == LOSSLESS;
 	r->faulty = mode == FAULTY;
-	r->c = host || file ? new_tiered_core(r, capacity, host, file)
-			    : new_core(&r->mem, capacity, B, MAX_SEQS, MAX_TOKENS);
+	r->eviction = eviction;
+	r->c = host || file || eviction ? new_tiered_core(r, capacity, host, file)
+					: new_core(&r->mem, capacity, B, MAX_SEQS, MAX_TOKENS);
 
 	for (r->ops_done = 0; r->ops_done < OPS_PER_RUN; r->ops_done++) {
 		uint32_t op = rnd_below(r, 100);
+
+		/* Time moves in uneven steps, sometimes not at all. */
+		if (rnd_below(r, 4))
+			r->now += rnd_below(r, 8) * 0.25;
+		core_set_now(r->c, r->now);
 
 		if (op < 22)
 			op_open(r);
@@ -591,6 +601,18 @@ static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool e
 		       (unsigned long long)ts[2].demotions, (unsigned long long)ts[2].promotions,
 		       r->tier_faults);
 	}
+	if (eviction == CORE_EVICT_VALUE) {
+		struct value_stats vs;
+
+		ck_assert_int_eq(core_get_value_stats(r->c, &vs), 0);
+		/* The policy chose the victims, and never a block with cached children. */
+		model_assert(r, vs.decisions > 0 && vs.records > 0, "value policy unused");
+		model_assert(r, vs.parent_first == 0, "%llu victims had cached children",
+			     (unsigned long long)vs.parent_first);
+		printf("  value: %llu decisions, %llu passed over, %llu LRU fallbacks, %llu records\n",
+		       (unsigned long long)vs.decisions, (unsigned long long)vs.passed_over,
+		       (unsigned long long)vs.lru_fallbacks, (unsigned long long)vs.records);
+	}
 	printf("model seed %" PRIu64 " B=%u capacity=%u: %u opens, %u cached tokens, %u ENOSPC, "
 	       "%llu dropped, %u resumed\n", seed, B, capacity, r->opens, r->hits_total, r->enospc,
 	       (unsigned long long)st.preemptions, r->resumes);
@@ -603,6 +625,12 @@ static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool e
 	free(r->prefixes);
 	core_free(r->c);
 	free(r);
+}
+
+static void run_model_tiers(uint64_t seed, uint32_t B, uint32_t capacity, bool exact, int mode,
+			    uint32_t host, uint32_t file)
+{
+	run_model_policy(seed, B, capacity, exact, mode, host, file, CORE_EVICT_LRU);
 }
 
 static void run_model(uint64_t seed, uint32_t B, uint32_t capacity, bool exact)
@@ -655,6 +683,22 @@ START_TEST(test_model_tiers_faulty)
 }
 END_TEST
 
+/* The value policy under pressure: every invariant, and leaf-first, after every batch. */
+START_TEST(test_model_value_pressure)
+{
+	run_model_policy(seed_for(_i) + 400, 1 + (uint32_t)(_i % 2) * 15, 90, false, PLAIN, 0, 0,
+			 CORE_EVICT_VALUE);
+}
+END_TEST
+
+/* The value policy over faulty tiers: what it evicts is demoted, and content stays right. */
+START_TEST(test_model_value_tiers)
+{
+	run_model_policy(seed_for(_i) + 500, 1 + (uint32_t)(_i % 2) * 3, 60, false, FAULTY, 20, 64,
+			 CORE_EVICT_VALUE);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("core-model");
@@ -665,6 +709,8 @@ int main(void)
 	tcase_add_loop_test(tc, test_model_pressure, 0, 4);
 	tcase_add_loop_test(tc, test_model_tiers_lossless, 0, 4);
 	tcase_add_loop_test(tc, test_model_tiers_faulty, 0, 4);
+	tcase_add_loop_test(tc, test_model_value_pressure, 0, 4);
+	tcase_add_loop_test(tc, test_model_value_tiers, 0, 4);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }

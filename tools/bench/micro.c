@@ -11,8 +11,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "daemon/core/core.h"
+#include "daemon/core/core-internal.h"
 #include "daemon/core/pool.h"
+#include "daemon/core/value.h"
 #include "tools/bench/bench.h"
 
 #define MAX_SIZES 8
@@ -369,6 +370,120 @@ static double bench_retention_one(uint32_t B, int kind, uint32_t budget)
 	return med;
 }
 
+/*
+ * A pool full of cached chains of many kinds, as a serving pool is: conversations that come
+ * back turn after turn (each turn its chain plus a block), documents of 1 to 128 blocks asked
+ * about once or again, all at a request per time unit.  Every value class gets blocks.
+ */
+static void warm_pool(struct core *c, uint32_t B, uint32_t capacity, uint32_t *buf,
+		      uint64_t *rng, double *now)
+{
+	enum { CONVS = 256, MAX_TURN_BLOCKS = 48 };
+	static uint32_t turns[CONVS];
+	static uint64_t stream[CONVS];
+
+	for (uint32_t i = 0; i < 4 * capacity / 8; i++) {
+		uint64_t x = *rng = *rng * 6364136223846793005ull + 1442695040888963407ull;
+		uint32_t kind = (uint32_t)(x >> 60) % 3, nb;
+		uint64_t id;
+
+		if (kind == 0) { /* a conversation's next turn */
+			uint32_t k = (uint32_t)(x >> 32) % CONVS;
+
+			if (turns[k] == 0 || turns[k] >= MAX_TURN_BLOCKS)
+				stream[k] = x, turns[k] = 0;
+			nb = ++turns[k];
+			id = stream[k];
+		} else { /* a document: a new one, or one of the last few again */
+			nb = 1u << ((x >> 40) % 8);
+			id = kind == 1 ? x : (x >> 20) % 16;
+		}
+		for (size_t t = 0; t < (size_t)nb * B; t++)
+			buf[t] = token_of(id | 1, t);
+		struct core_open o = { .tokens = buf, .ntokens = nb * B };
+		uint64_t seq;
+
+		core_set_now(c, ++*now);
+		if (core_seq_open(c, &o, &seq, NULL) < 0 || core_seq_commit(c, seq, nb * B) < 0)
+			abort();
+		core_seq_close(c, seq);
+	}
+}
+
+/*
+ * One eviction: a fresh one-block prompt opened and closed in a full pool, under LRU and under
+ * the value policy; and the value policy's decision alone (value_victim on the same warm pool,
+ * undone after each call).  The target for a decision is 100 ns.
+ */
+static void bench_evict(uint32_t B)
+{
+	enum { BATCH = 4096 };
+	const uint32_t capacity = B >= 256 ? 8192 : 65536;
+	uint64_t *lru = calloc(repeat, sizeof(uint64_t)), *val = calloc(repeat, sizeof(uint64_t));
+	uint64_t *dec = calloc(repeat, sizeof(uint64_t));
+	uint32_t *buf = malloc((size_t)128 * B * sizeof(uint32_t));
+
+	for (uint32_t e = CORE_EVICT_LRU; e <= CORE_EVICT_VALUE; e++) {
+		struct core_config cfg = { .capacity_blocks = capacity, .block_tokens = B,
+					   .max_sequences = 64, .max_seq_tokens = 128 * B,
+					   .copy_block = no_copy, .eviction = e };
+		uint64_t rng = 42, next = UINT64_C(1) << 40;
+		double now = 0;
+		struct core *c;
+
+		if (core_new(&cfg, &c) < 0)
+			abort();
+		warm_pool(c, B, capacity, buf, &rng, &now);
+		for (uint32_t r = 0; r < repeat; r++) {
+			uint64_t t = now_ns();
+
+			for (uint32_t i = 0; i < BATCH; i++) {
+				struct core_open o = { .tokens = buf, .ntokens = B };
+				uint64_t seq;
+
+				for (uint32_t k = 0; k < B; k++)
+					buf[k] = token_of(next, k);
+				next++;
+				core_set_now(c, ++now);
+				if (core_seq_open(c, &o, &seq, NULL) < 0 ||
+				    core_seq_commit(c, seq, B) < 0)
+					abort();
+				core_seq_close(c, seq);
+			}
+			(e == CORE_EVICT_LRU ? lru : val)[r] = (now_ns() - t) * 1000 / BATCH;
+			/* Back to a pool of many kinds for the next batch. */
+			warm_pool(c, B, capacity / 8, buf, &rng, &now);
+		}
+		if (e == CORE_EVICT_VALUE) {
+			struct value *v = c->value;
+			struct value_stats st;
+
+			value_get_stats(v, &st);
+			for (uint32_t r = 0; r < repeat; r++) {
+				uint64_t t = now_ns();
+
+				for (uint32_t i = 0; i < BATCH; i++) {
+					value_set_now(v, now + i);
+					sink += value_victim(v, c->pool.lru_head);
+				}
+				dec[r] = (now_ns() - t) * 1000 / BATCH;
+			}
+			/* Every class had blocks: the scan saw every segment. */
+			for (uint32_t k = 1; k < st.nclasses; k++)
+				if (!json && !st.cls[k].cached)
+					printf("(class %s empty)\n", st.cls[k].name);
+		}
+		core_free(c);
+	}
+	double l = median_u64(lru, repeat) / 1000, vv = median_u64(val, repeat) / 1000;
+	report("evict_value", B, vv, "eviction", "evict_lru", l);
+	report("evict_decision", B, median_u64(dec, repeat) / 1000, "decision", NULL, 0);
+	free(lru);
+	free(val);
+	free(dec);
+	free(buf);
+}
+
 static void bench_retention(uint32_t B)
 {
 	static const char *const names[] = { "full", "sinks", "h2o_blocks", "h2o_tokens" };
@@ -437,6 +552,7 @@ int cmd_micro(int argc, char **argv)
 		bench_lookup(sizes[i]);
 		bench_fork_cow(sizes[i]);
 		bench_hash(sizes[i]);
+		bench_evict(sizes[i]);
 		if (sizes[i] <= 128)
 			bench_retention(sizes[i]);
 	}

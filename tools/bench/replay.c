@@ -6,6 +6,7 @@
  * whatever --block-tokens is.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -87,6 +88,17 @@ int workload_load_trace(const char *path, struct workload *w, uint32_t max_reque
 		}
 		if (!why && workload_add(w, segs, nids, output) < 0)
 			why = "out of memory";
+		/* The arrival in milliseconds (Mooncake), optional: else the request's index. */
+		if (!why && json_object_object_get_ex(obj, "timestamp", &ids)) {
+			double ms = json_object_get_double(ids);
+
+			if (!(json_object_is_type(ids, json_type_int) ||
+			      json_object_is_type(ids, json_type_double)) || !(ms >= 0) ||
+			    (w->nreqs > 1 && ms / 1000.0 < w->reqs[w->nreqs - 2].t))
+				why = "timestamp must be a number of milliseconds, never going back";
+			else
+				w->reqs[w->nreqs - 1].t = ms / 1000.0;
+		}
 		json_object_put(obj);
 		if (why) {
 			fprintf(stderr, "kvpaged-bench: %s:%zu: %s\n", path, lineno, why);
@@ -104,11 +116,82 @@ int workload_load_trace(const char *path, struct workload *w, uint32_t max_reque
 	return r;
 }
 
+static const char *const policy_name[] = { "lru", "value" };
+
+/* Every policy at every capacity, one row each, then Belady's, then the infinite cache. */
+static int replay_policies(const struct workload *w, uint32_t B, const uint32_t *caps,
+			   uint32_t ncaps, uint32_t host, uint32_t file, bool prompt_only,
+			   bool belady, const uint32_t *policies, uint32_t npolicies, bool json,
+			   const char *trace)
+{
+	struct replay_result res, inf = { 0 };
+	int r = 0;
+
+	if (!json) {
+		printf("trace %s: %u requests, block %u tokens%s\n", trace, w->nreqs, B,
+		       prompt_only ? ", prompts only" : "");
+		printf("%-8s", "policy");
+		replay_print_header(false);
+	}
+	for (uint32_t i = 0; i < ncaps && r == 0; i++) {
+		if (caps[i] == 0) {
+			fprintf(stderr, "kvpaged-bench: capacity 0 is not a pool\n");
+			return -EINVAL;
+		}
+		for (uint32_t p = 0; p < npolicies + belady && r == 0; p++) {
+			if (p < npolicies) {
+				r = replay_core_policy(w, B, caps[i], host, file, prompt_only,
+						       policies[p], &res);
+				res.policy = policy_name[policies[p]];
+			} else {
+				/* The same admissions; its own hits in the hit columns. */
+				r = replay_core_policy(w, B, caps[i], 0, 0, prompt_only,
+						       CORE_EVICT_LRU, &res);
+				if (r == 0)
+					r = replay_belady(w, B, caps[i], prompt_only, &res);
+				res.policy = "belady";
+				res.blocks = res.belady_blocks;
+				res.hit_blocks = res.belady_hit_blocks;
+				res.rejected = res.belady_rejected;
+				res.evictions = 0;
+				res.core_ns = res.ops = res.wall_ns = 0;
+				res.tier_capacity[REPLAY_HOST] = res.tier_capacity[REPLAY_FILE] = 0;
+				res.belady_hit_fraction = -1;
+			}
+			if (r < 0) {
+				fprintf(stderr, "kvpaged-bench: replay at capacity %u: %s\n",
+					caps[i], strerror(-r));
+				break;
+			}
+			if (!json)
+				printf("%-8s", res.policy);
+			replay_print(&res, json);
+			fflush(stdout);
+		}
+	}
+	if (r == 0) {
+		replay_infinite(w, B, &inf);
+		inf.policy = "infinite";
+		inf.block_tokens = B;
+		inf.requests = w->nreqs;
+		inf.belady_hit_fraction = -1;
+		if (!json) {
+			printf("%-8s%10s %6u %9u %8" PRIu64 " %8" PRIu64 " %9.4f\n", inf.policy, "inf",
+			       B, inf.requests, inf.blocks, inf.hit_blocks,
+			       inf.blocks ? (double)inf.hit_blocks / (double)inf.blocks : 0);
+		} else {
+			replay_print(&inf, true);
+		}
+	}
+	return r;
+}
+
 static void replay_usage(FILE *f)
 {
 	fputs("usage: kvpaged-bench replay --trace FILE --block-tokens N --capacity-blocks N[,N...]\n"
 	      "                            [--host-tier-blocks N] [--file-tier-blocks N]\n"
 	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
+	      "                            [--policy lru,value]\n"
 	      "       kvpaged-bench replay --trace FILE --block-tokens N --daemon SOCKET\n"
 	      "                            [--daemon SOCKET...]\n"
 	      "                            [--clients N] [--ring [--spin-us US]] [--ordered]\n"
@@ -121,6 +204,9 @@ static void replay_usage(FILE *f)
 	      "--host-tier-blocks and --file-tier-blocks put tiers below the pool (bookkeeping\n"
 	      "only): blocks evicted from the pool are demoted there and promoted on a hit; the\n"
 	      "hit fraction counts hits from every tier, and the split by tier follows.\n"
+	      "--policy runs each eviction policy listed on the same trace, one row each per\n"
+	      "capacity (the core's clock is the trace's timestamps), then the Belady row with\n"
+	      "--reference belady, and once the infinite cache's bound.\n"
 	      "\n"
 	      "With --daemon, N client processes replay it through a running kvpaged (request i\n"
 	      "goes to client i % N), over the socket or the rings; the capacity is the pool's,\n"
@@ -151,6 +237,7 @@ int cmd_replay(int argc, char **argv)
 		{ "ordered", no_argument, NULL, 'o' },
 		{ "host-tier-blocks", required_argument, NULL, 'H' },
 		{ "file-tier-blocks", required_argument, NULL, 'F' },
+		{ "policy", required_argument, NULL, 'P' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
@@ -159,6 +246,7 @@ int cmd_replay(int argc, char **argv)
 	bool clients_given = false, spin_given = false;
 	const char *trace = NULL;
 	bool prompt_only = false, json = false, belady = false;
+	uint32_t policies[4], npolicies = 0;
 	int ncaps = 0, opt, r;
 	struct workload w;
 
@@ -241,6 +329,31 @@ int cmd_replay(int argc, char **argv)
 				return 2;
 			}
 			break;
+		case 'P': {
+			char *list = strdup(optarg), *save = NULL;
+
+			npolicies = 0;
+			for (char *tok = strtok_r(list, ",", &save); tok;
+			     tok = strtok_r(NULL, ",", &save)) {
+				uint32_t e = !strcmp(tok, "lru")     ? CORE_EVICT_LRU
+					     : !strcmp(tok, "value") ? CORE_EVICT_VALUE
+								     : UINT32_MAX;
+
+				if (e == UINT32_MAX || npolicies == 4) {
+					fprintf(stderr, "kvpaged-bench: --policy: expected lru and "
+						"value, comma-separated: %s\n", optarg);
+					free(list);
+					return 2;
+				}
+				policies[npolicies++] = e;
+			}
+			free(list);
+			if (!npolicies) {
+				fprintf(stderr, "kvpaged-bench: --policy: no policy named\n");
+				return 2;
+			}
+			break;
+		}
 		case 'h':
 			replay_usage(stdout);
 			return 0;
@@ -286,6 +399,18 @@ int cmd_replay(int argc, char **argv)
 	if (r < 0) {
 		workload_free(&w);
 		return 1;
+	}
+	if (remote.nodes && npolicies) {
+		fprintf(stderr, "kvpaged-bench: --policy is the daemon's pool setting (eviction) "
+			"with --daemon\n");
+		workload_free(&w);
+		return 2;
+	}
+	if (npolicies) {
+		r = replay_policies(&w, B, caps, (uint32_t)ncaps, host, file, prompt_only, belady,
+				    policies, npolicies, json, trace);
+		workload_free(&w);
+		return r < 0 ? 1 : 0;
 	}
 	if (remote.nodes) {
 		remote.prompt_only = prompt_only;

@@ -87,9 +87,10 @@ int workload_add(struct workload *w, const struct wseg *segs, uint32_t nseg, uin
 		if (r < 0)
 			return r;
 	}
-	w->reqs[w->nreqs++] = (struct wreq){ .seg_off = w->nsegs, .nseg = nseg,
-					     .input_len = (uint32_t)input,
-					     .output_len = output_len };
+	w->reqs[w->nreqs] = (struct wreq){ .seg_off = w->nsegs, .nseg = nseg,
+					   .input_len = (uint32_t)input, .output_len = output_len,
+					   .t = w->nreqs };
+	w->nreqs++;
 	w->nsegs += nseg;
 	if (input + output_len > w->max_tokens)
 		w->max_tokens = (uint32_t)(input + output_len);
@@ -151,12 +152,20 @@ int replay_core(const struct workload *w, uint32_t B, uint32_t capacity, bool pr
 int replay_core_tiers(const struct workload *w, uint32_t B, uint32_t capacity, uint32_t host,
 		      uint32_t file, bool prompt_only, struct replay_result *res)
 {
+	return replay_core_policy(w, B, capacity, host, file, prompt_only, CORE_EVICT_LRU, res);
+}
+
+int replay_core_policy(const struct workload *w, uint32_t B, uint32_t capacity, uint32_t host,
+		       uint32_t file, bool prompt_only, uint32_t eviction,
+		       struct replay_result *res)
+{
 	struct core_config cfg = {
 		.capacity_blocks = capacity,
 		.block_tokens = B,
 		.max_sequences = 4,
 		.max_seq_tokens = w->max_tokens ? w->max_tokens : 1,
 		.copy_block = no_copy,
+		.eviction = eviction,
 	};
 	uint32_t level[REPLAY_LEVELS] = { 0 }; /* each one's level in the core; 0: none */
 	uint64_t t_start = now_ns(), t;
@@ -194,6 +203,7 @@ int replay_core_tiers(const struct workload *w, uint32_t B, uint32_t capacity, u
 
 		workload_prompt(w, i, prompt);
 		t = now_ns();
+		core_set_now(c, q->t);
 		r = core_seq_open(c, &o, &seq, NULL);
 		if (r == -ENOSPC) {
 			res->rejected++;
@@ -246,6 +256,32 @@ out:
 	free(prompt);
 	core_free(c);
 	return r;
+}
+
+void replay_infinite(const struct workload *w, uint32_t B, struct replay_result *res)
+{
+	struct u64map seen;
+	uint64_t total = 0;
+
+	for (uint32_t r = 0; r < w->nreqs; r++)
+		total += w->reqs[r].input_len / B;
+	if (u64map_init(&seen, total / 4 + 16) < 0)
+		abort();
+	res->blocks = res->hit_blocks = 0;
+	for (uint32_t r = 0; r < w->nreqs; r++) {
+		const struct wreq *q = &w->reqs[r];
+		bool chain = true;
+
+		res->blocks += (q->input_len + B - 1) / B;
+		for (uint32_t j = 0; j < q->input_len / B; j++) {
+			int ins;
+
+			u64map_get(&seen, workload_prefix_key(w, r, (j + 1) * B - 1), &ins);
+			chain = chain && !ins;
+			res->hit_blocks += chain;
+		}
+	}
+	u64map_free(&seen);
 }
 
 /* Belady: a max-heap of (next use, depth) with lazy deletion of stale entries. */
@@ -461,6 +497,8 @@ void replay_print(const struct replay_result *res, bool json)
 	if (json) {
 		json_object *o = json_object_new_object();
 
+		if (res->policy)
+			json_object_object_add(o, "policy", json_object_new_string(res->policy));
 		json_object_object_add(o, "capacity_blocks", json_object_new_int64(res->capacity));
 		json_object_object_add(o, "block_tokens", json_object_new_int64(res->block_tokens));
 		json_object_object_add(o, "requests", json_object_new_int64(res->requests));

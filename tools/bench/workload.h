@@ -25,6 +25,7 @@ struct wseg {
 struct wreq {
 	uint32_t seg_off, nseg;
 	uint32_t input_len, output_len;
+	double t; /* arrival, seconds (a trace's timestamp; else its index) */
 };
 
 struct workload {
@@ -73,6 +74,7 @@ struct replay_result {
 	uint64_t ops;     /* core calls */
 	uint64_t core_ns; /* time inside core calls */
 	uint64_t wall_ns; /* whole replay, prompts built included */
+	const char *policy; /* the pool's eviction policy's name, printed when set */
 	/* The offline optimum at the same capacity (replay_belady). */
 	double belady_hit_fraction; /* < 0: not computed */
 	uint64_t belady_blocks, belady_hit_blocks;
@@ -86,6 +88,19 @@ int replay_core(const struct workload *w, uint32_t block_tokens, uint32_t capaci
 int replay_core_tiers(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
 		      uint32_t host_blocks, uint32_t file_blocks, bool prompt_only,
 		      struct replay_result *res);
+/*
+ * The same with the pool's eviction policy (enum core_eviction); the core's clock is each
+ * request's arrival time (struct wreq t), so the replay is deterministic.
+ */
+int replay_core_policy(const struct workload *w, uint32_t block_tokens, uint32_t capacity,
+		       uint32_t host_blocks, uint32_t file_blocks, bool prompt_only,
+		       uint32_t eviction, struct replay_result *res);
+/*
+ * The infinite cache's hits: every leading full prompt block whose prefix an earlier prompt
+ * had (outputs are never in a later prompt of a trace), nothing rejected.  Fills blocks and
+ * hit_blocks: the bound of every policy at any capacity.
+ */
+void replay_infinite(const struct workload *w, uint32_t block_tokens, struct replay_result *res);
 
 /*
  * The offline-optimal policy (Belady's MIN: evict the cached block used farthest in the future;
