@@ -874,7 +874,7 @@ void core_set_now(struct core *c, double now)
 		value_set_now(c->value, now);
 }
 
-int core_get_value_stats(const struct core *c, struct value_stats *ret)
+int core_get_value_stats(const struct core *c, struct core_value_stats *ret)
 {
 	if (!c->value)
 		return -ENOENT;

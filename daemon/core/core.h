@@ -640,9 +640,35 @@ int core_tier_persist(struct core *c, uint32_t to, uint32_t max, struct core_per
  */
 void core_set_now(struct core *c, double now);
 
-/* What CORE_EVICT_VALUE has learned (value.h); -ENOENT for an LRU pool. */
-struct value_stats;
-int core_get_value_stats(const struct core *c, struct value_stats *ret);
+/* What CORE_EVICT_VALUE has learned, for operators (docs/policy.md). */
+#define CORE_VALUE_CLASSES 29u
+
+struct core_value_class {
+	char name[16];       /* "fresh:12" (half-octave length band), "depth2:near", ... */
+	uint32_t cached;     /* blocks in its segment now */
+	double samples;      /* decayed records that reached age 0 (exposure of the first bin) */
+	double events;       /* decayed reuse events */
+	double p_reuse;      /* predicted chance of reuse before 16 H */
+	double median_reuse; /* predicted median reuse age of those reused, in seconds; 0: none */
+	double density0;     /* hit density at age 0, per block per H */
+};
+
+struct core_value_stats {
+	double horizon;      /* H, seconds */
+	uint64_t records;    /* records left (closes and drops with a chain) */
+	uint64_t extensions; /* of those, extending or repeating an earlier chain */
+	uint64_t shares;     /* sharing a prefix of one */
+	uint64_t decisions;  /* victims chosen */
+	uint64_t passed_over; /* heads passed over for having cached children */
+	uint64_t lru_fallbacks; /* no leaf among the heads: the oldest cached block went */
+	uint64_t parent_first; /* victims that had cached children (leaf-first broken): 0 unless
+				  a retention policy or a store cached a parent first */
+	uint32_t nclasses;
+	struct core_value_class cls[CORE_VALUE_CLASSES];
+};
+
+/* What CORE_EVICT_VALUE has learned; -ENOENT for an LRU pool. */
+int core_get_value_stats(const struct core *c, struct core_value_stats *ret);
 
 /* Token ids in the slots of block b (block_tokens of them; meaningful where written). */
 const uint32_t *core_block_tokens(const struct core *c, uint32_t b);

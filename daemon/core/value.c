@@ -133,7 +133,7 @@ struct value {
 	uint32_t npend_cp;
 	struct core_hash pend_cp[MAX_CHECKPOINTS];
 
-	struct value_stats st;
+	struct core_value_stats st;
 };
 
 static uint32_t bin_of(double a);
@@ -701,7 +701,7 @@ static void class_name(uint32_t c, char *buf, size_t len)
 			 (c - CLASS_DEEP) / GAPS + 1 == DEPTHS ? "+" : "", gap[(c - CLASS_DEEP) % GAPS]);
 }
 
-void value_get_stats(const struct value *v, struct value_stats *ret)
+void value_get_stats(const struct value *v, struct core_value_stats *ret)
 {
 	const double H = horizon(v);
 
@@ -709,7 +709,7 @@ void value_get_stats(const struct value *v, struct value_stats *ret)
 	ret->horizon = v->started ? H : 0;
 	ret->nclasses = VALUE_CLASSES;
 	for (uint32_t c = 0; c < VALUE_CLASSES; c++) {
-		struct value_class_stats *cs = &ret->cls[c];
+		struct core_value_class *cs = &ret->cls[c];
 		double ev = 0;
 
 		for (uint32_t j = 0; j < VALUE_BINS; j++)

@@ -29,37 +29,13 @@
 #include <stdint.h>
 
 #include "daemon/core/block.h"
+#include "daemon/core/core.h"
 
 struct prefix_index;
 struct value;
 
-/* The learned state, for operators (core_get_value_stats). */
-#define VALUE_CLASSES 29u
+#define VALUE_CLASSES CORE_VALUE_CLASSES
 #define VALUE_BINS 9u
-
-struct value_class_stats {
-	char name[16];       /* "fresh:12" (half-octave length band), "depth2:near", ... */
-	uint32_t cached;     /* blocks in its segment now */
-	double samples;      /* decayed records that reached age 0 (exposure of the first bin) */
-	double events;       /* decayed reuse events */
-	double p_reuse;      /* predicted chance of reuse before 16 H */
-	double median_reuse; /* predicted median reuse age of those reused, in seconds; 0: none */
-	double density0;     /* hit density at age 0, per block per H */
-};
-
-struct value_stats {
-	double horizon;      /* H, seconds */
-	uint64_t records;    /* records left (closes and drops with a chain) */
-	uint64_t extensions; /* of those, extending or repeating an earlier chain */
-	uint64_t shares;     /* sharing a prefix of one */
-	uint64_t decisions;  /* victims chosen */
-	uint64_t passed_over; /* heads passed over for having cached children */
-	uint64_t lru_fallbacks; /* no leaf among the heads: the oldest cached block went */
-	uint64_t parent_first; /* victims that had cached children (leaf-first broken): 0 unless
-				  a retention policy or a store cached a parent first */
-	uint32_t nclasses;
-	struct value_class_stats cls[VALUE_CLASSES];
-};
 
 /*
  * capacity: the pool's blocks (blocks[] has that many) of block_tokens; records: records kept (0: the
@@ -98,7 +74,7 @@ void value_release_end(struct value *v);
  * entry before it), which saves a lookup when it is; CORE_NONE: no guess. */
 void value_release_hint(struct value *v, uint32_t parent);
 
-void value_get_stats(const struct value *v, struct value_stats *ret);
+void value_get_stats(const struct value *v, struct core_value_stats *ret);
 
 /* Checks the segments against the blocks: 0, or -EUCLEAN with why filled in. */
 int value_verify(const struct value *v, uint32_t capacity, char *why, size_t len);

@@ -115,6 +115,40 @@ static const char *const remote_verify_keys[SEAL_NREASONS] = {
 /* A status or a reason added to the tier needs its key above. */
 _Static_assert(REMOTE_NSTATUS == 9 && SEAL_NREASONS == 9, "remote tier keys out of date");
 
+bool admin_eviction_fill(struct dpool *p, struct admin_eviction *ret)
+{
+	struct core_value_stats *vs = &ret->stats;
+
+	if (core_get_value_stats(p->core, vs) < 0)
+		return false;
+	kvpaged__v1__eviction_policy__init(&ret->policy);
+	ret->policy.policy = (char *)"value";
+	ret->policy.horizon_s = vs->horizon;
+	ret->policy.records = vs->records;
+	ret->policy.extensions = vs->extensions;
+	ret->policy.shares = vs->shares;
+	ret->policy.decisions = vs->decisions;
+	ret->policy.passed_over = vs->passed_over;
+	ret->policy.lru_fallbacks = vs->lru_fallbacks;
+	ret->policy.parent_first = vs->parent_first;
+	for (uint32_t c = 0; c < vs->nclasses && c < CORE_VALUE_CLASSES; c++) {
+		Kvpaged__V1__EvictionClass *e = &ret->classes[c];
+
+		kvpaged__v1__eviction_class__init(e);
+		e->name = vs->cls[c].name;
+		e->cached_blocks = vs->cls[c].cached;
+		e->samples = vs->cls[c].samples;
+		e->reuses = vs->cls[c].events;
+		e->p_reuse = vs->cls[c].p_reuse;
+		e->median_reuse_s = vs->cls[c].median_reuse;
+		e->density = vs->cls[c].density0;
+		ret->classp[c] = e;
+	}
+	ret->policy.n_classes = vs->nclasses < CORE_VALUE_CLASSES ? vs->nclasses : CORE_VALUE_CLASSES;
+	ret->policy.classes = ret->classp;
+	return true;
+}
+
 bool admin_remote_fill(struct dpool *p, struct admin_remote *ret)
 {
 	Kvpaged__V1__RemoteTier *x = &ret->tier;
@@ -391,6 +425,82 @@ static void events_metrics_text(struct server *srv, struct text *t)
 }
 #undef EVENTS_FIELD
 
+/* Pools that evict by value: how decisions split, the time scale, and each class's state. */
+static void eviction_metrics_text(struct server *srv, struct text *t)
+{
+	static const struct {
+		const char *name, *help;
+		size_t off; /* a uint64_t of struct core_value_stats */
+	} counters[] = {
+		{ "decisions_total", "Victims the value eviction policy chose.",
+		  offsetof(struct core_value_stats, decisions) },
+		{ "passed_over_total", "Segment heads passed over for having cached children.",
+		  offsetof(struct core_value_stats, passed_over) },
+		{ "lru_fallbacks_total", "Evictions with no leaf among the heads: the oldest went.",
+		  offsetof(struct core_value_stats, lru_fallbacks) },
+		{ "records_total", "Closed chains the value eviction policy recorded.",
+		  offsetof(struct core_value_stats, records) },
+		{ "extensions_total", "Recorded chains that extended or repeated an earlier one.",
+		  offsetof(struct core_value_stats, extensions) },
+	};
+	static const struct {
+		const char *name, *help;
+	} per_class[] = {
+		{ "class_cached_blocks", "Cached blocks in the class's segment." },
+		{ "class_p_reuse", "Predicted chance a chain of the class is reused before 16 H." },
+		{ "class_median_reuse_seconds", "Predicted median reuse age of the class's chains." },
+	};
+	struct admin_eviction *ev = calloc(srv->npools + 1, sizeof(*ev));
+	bool *has = calloc(srv->npools + 1, sizeof(*has)), any = false;
+	char pl[256], cl[64];
+
+	if (!ev || !has)
+		goto out;
+	for (size_t i = 0; i < srv->npools; i++)
+		any |= has[i] = admin_eviction_fill(&srv->pools[i], &ev[i]);
+	if (!any)
+		goto out;
+	for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
+		text_printf(t, "# HELP kvpaged_eviction_%s %s\n# TYPE kvpaged_eviction_%s counter\n",
+			    counters[k].name, counters[k].help, counters[k].name);
+		for (size_t i = 0; i < srv->npools; i++) {
+			uint64_t v;
+
+			if (!has[i])
+				continue;
+			memcpy(&v, (const char *)&ev[i].stats + counters[k].off, sizeof(v));
+			text_printf(t, "kvpaged_eviction_%s{pool=\"%s\"} %llu\n", counters[k].name,
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    (unsigned long long)v);
+		}
+	}
+	text_printf(t, "# HELP kvpaged_eviction_horizon_seconds The value eviction policy's time "
+		       "scale H: the mean age of evicted blocks.\n"
+		       "# TYPE kvpaged_eviction_horizon_seconds gauge\n");
+	for (size_t i = 0; i < srv->npools; i++)
+		if (has[i])
+			text_printf(t, "kvpaged_eviction_horizon_seconds{pool=\"%s\"} %.6g\n",
+				    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+				    ev[i].stats.horizon);
+	for (size_t k = 0; k < sizeof(per_class) / sizeof(per_class[0]); k++) {
+		text_printf(t, "# HELP kvpaged_eviction_%s %s\n# TYPE kvpaged_eviction_%s gauge\n",
+			    per_class[k].name, per_class[k].help, per_class[k].name);
+		for (size_t i = 0; i < srv->npools; i++)
+			for (uint32_t c = 0; has[i] && c < ev[i].stats.nclasses; c++) {
+				const struct core_value_class *x = &ev[i].stats.cls[c];
+				double v = k == 0 ? x->cached : k == 1 ? x->p_reuse : x->median_reuse;
+
+				text_printf(t, "kvpaged_eviction_%s{pool=\"%s\",class=\"%s\"} %.6g\n",
+					    per_class[k].name,
+					    label(srv->pools[i].cfg->name, pl, sizeof(pl)),
+					    label(x->name, cl, sizeof(cl)), v);
+			}
+	}
+out:
+	free(ev);
+	free(has);
+}
+
 static void metrics_text(struct server *srv, struct text *t)
 {
 	struct http_stats hs;
@@ -593,6 +703,7 @@ static void metrics_text(struct server *srv, struct text *t)
 	}
 	remote_metrics_text(srv, t);
 	events_metrics_text(srv, t);
+	eviction_metrics_text(srv, t);
 }
 
 int admin_metrics_text(struct server *srv, char **ret_text, size_t *ret_len)
@@ -940,7 +1051,8 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 	Kvpaged__V1__NamespaceStats *ns = calloc(nns + 1, sizeof(*ns)), **nsp = calloc(nns + 1, sizeof(*nsp));
 	struct admin_remote *remotes = calloc(np + 1, sizeof(*remotes));
 	Kvpaged__V1__EventStream *evs = calloc(np + 1, sizeof(*evs));
-	if (!ps || !pp || !ns || !nsp || !remotes || !evs) {
+	struct admin_eviction *evp = calloc(np + 1, sizeof(*evp));
+	if (!ps || !pp || !ns || !nsp || !remotes || !evs || !evp) {
 		session_reply_error(s, h->seq, ENOMEM, "out of memory");
 	} else {
 		for (size_t i = 0; i < np; i++) {
@@ -1003,6 +1115,8 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 				e->curve_public_key = p->events_curve_public;
 				x->events = e;
 			}
+			if (admin_eviction_fill(p, &evp[i]))
+				x->eviction = &evp[i].policy;
 			pp[rep.n_pools++] = x;
 			for (uint32_t j = 0; j <= p->nns; j++) {
 				const struct ns_stats *e = j < p->nns ? p->ns[j] : &p->ns_other;
@@ -1036,6 +1150,7 @@ static void on_stats(struct session *s, const struct kvp_frame_header *h, const 
 	free(nsp);
 	free(remotes);
 	free(evs);
+	free(evp);
 }
 
 static void on_metrics(struct session *s, const struct kvp_frame_header *h, const char *pool)

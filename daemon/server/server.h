@@ -755,6 +755,16 @@ struct admin_remote {
 /* Fills *ret from p's remote tier: false (and *ret untouched) when p has none. */
 bool admin_remote_fill(struct dpool *p, struct admin_remote *ret);
 
+/* The value eviction policy's learned state, for the Stats reply and the metrics. */
+struct admin_eviction {
+	Kvpaged__V1__EvictionPolicy policy;
+	Kvpaged__V1__EvictionClass classes[CORE_VALUE_CLASSES], *classp[CORE_VALUE_CLASSES];
+	struct core_value_stats stats;
+};
+
+/* Fills *ret from p's value policy: false (and *ret untouched) for an LRU pool. */
+bool admin_eviction_fill(struct dpool *p, struct admin_eviction *ret);
+
 /* http.c: the HTTP metrics endpoint, driven by the loop (no thread of its own) */
 /*
  * Binds metrics_listen and starts the endpoint when it is set (else does nothing): 0, or a

@@ -602,7 +602,7 @@ static void run_model_policy(uint64_t seed, uint32_t B, uint32_t capacity, bool 
 		       r->tier_faults);
 	}
 	if (eviction == CORE_EVICT_VALUE) {
-		struct value_stats vs;
+		struct core_value_stats vs;
 
 		ck_assert_int_eq(core_get_value_stats(r->c, &vs), 0);
 		/* The policy chose the victims, and never a block with cached children. */

@@ -237,7 +237,7 @@ END_TEST
 START_TEST(test_learned_state)
 {
 	struct hist h;
-	struct value_stats st;
+	struct core_value_stats st;
 	double p_fresh = -1, p_deep = -1;
 
 	hist_init(&h, CORE_EVICT_VALUE, CAPACITY);
@@ -276,7 +276,7 @@ END_TEST
 START_TEST(test_deterministic)
 {
 	struct core_stats a, b;
-	struct value_stats va, vb;
+	struct core_value_stats va, vb;
 	struct hist h;
 
 	hist_init(&h, CORE_EVICT_VALUE, CAPACITY / 2);

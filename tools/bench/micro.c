@@ -456,7 +456,7 @@ static void bench_evict(uint32_t B)
 		}
 		if (e == CORE_EVICT_VALUE) {
 			struct value *v = c->value;
-			struct value_stats st;
+			struct core_value_stats st;
 
 			value_get_stats(v, &st);
 			for (uint32_t r = 0; r < repeat; r++) {

@@ -70,6 +70,57 @@ static int connect_admin(const char *path)
 	return fd;
 }
 
+/* The value eviction policy's learned state (docs/policy.md). */
+static json_object *eviction_json(const Kvpaged__V1__EvictionPolicy *e)
+{
+	json_object *y = json_object_new_object(), *ca = json_object_new_array();
+
+	json_object_object_add(y, "horizon_s", json_object_new_double(e->horizon_s));
+	json_object_object_add(y, "records", json_object_new_int64((int64_t)e->records));
+	json_object_object_add(y, "extensions", json_object_new_int64((int64_t)e->extensions));
+	json_object_object_add(y, "shares", json_object_new_int64((int64_t)e->shares));
+	json_object_object_add(y, "decisions", json_object_new_int64((int64_t)e->decisions));
+	json_object_object_add(y, "passed_over", json_object_new_int64((int64_t)e->passed_over));
+	json_object_object_add(y, "lru_fallbacks",
+			       json_object_new_int64((int64_t)e->lru_fallbacks));
+	json_object_object_add(y, "parent_first", json_object_new_int64((int64_t)e->parent_first));
+	for (size_t i = 0; i < e->n_classes; i++) {
+		const Kvpaged__V1__EvictionClass *c = e->classes[i];
+		json_object *z = json_object_new_object();
+
+		json_object_object_add(z, "class", json_object_new_string(c->name));
+		json_object_object_add(z, "cached_blocks", json_object_new_int64(c->cached_blocks));
+		json_object_object_add(z, "samples", json_object_new_double(c->samples));
+		json_object_object_add(z, "reuses", json_object_new_double(c->reuses));
+		json_object_object_add(z, "p_reuse", json_object_new_double(c->p_reuse));
+		json_object_object_add(z, "median_reuse_s", json_object_new_double(c->median_reuse_s));
+		json_object_object_add(z, "density", json_object_new_double(c->density));
+		json_object_array_add(ca, z);
+	}
+	json_object_object_add(y, "classes", ca);
+	return y;
+}
+
+/* The classes that hold blocks or have been seen, one line each. */
+static void print_eviction(const char *pool, const Kvpaged__V1__EvictionPolicy *e)
+{
+	printf("\n%s: eviction by value: horizon %.3g s; %" PRIu64 " records (%" PRIu64
+	       " extended an earlier chain, %" PRIu64 " shared one); %" PRIu64 " victims, %" PRIu64
+	       " heads passed over (cached children), %" PRIu64 " LRU fallbacks\n",
+	       pool, e->horizon_s, e->records, e->extensions, e->shares, e->decisions,
+	       e->passed_over, e->lru_fallbacks);
+	printf("  %-14s %8s %9s %8s %8s %12s %10s\n", "class", "cached", "samples", "reuses",
+	       "p_reuse", "median_reuse", "density");
+	for (size_t i = 0; i < e->n_classes; i++) {
+		const Kvpaged__V1__EvictionClass *c = e->classes[i];
+
+		if (!c->cached_blocks && c->samples < 0.5)
+			continue;
+		printf("  %-14s %8u %9.1f %8.1f %8.3f %10.3g s %10.3g\n", c->name, c->cached_blocks,
+		       c->samples, c->reuses, c->p_reuse, c->median_reuse_s, c->density);
+	}
+}
+
 /*
  * kvpagedctl events: the endpoint (and CURVE server key) from the pool's stats, then a tail
  * until interrupted or count batches.
@@ -679,6 +730,9 @@ static int cmd_stats(int fd, const char *pool)
 				jadd_s(y, "curve_public_key", e->curve_public_key);
 				json_object_object_add(x, "events", y);
 			}
+			jadd_s(x, "eviction", p->eviction ? p->eviction->policy : "lru");
+			if (p->eviction)
+				json_object_object_add(x, "value_policy", eviction_json(p->eviction));
 			json_object_array_add(pa, x);
 		}
 		for (size_t i = 0; i < st->n_namespaces; i++) {
@@ -780,6 +834,8 @@ static int cmd_stats(int fd, const char *pool)
 				printf("%s: %u remote tier blocks announced; the publisher raised %" PRIu64
 				       " times (behind)\n", p->pool, e->remote_blocks, e->raised);
 			}
+			if (p->eviction)
+				print_eviction(p->pool, p->eviction);
 			if (p->namespaces_folded)
 				printf("\n%s: %" PRIu64 " namespaces no session used any more are "
 				       "counted together as (other) (max_namespaces_per_uid)\n", p->pool,
