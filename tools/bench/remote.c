@@ -218,6 +218,7 @@ int admin_pool_query(const char *path, const char *pool, struct admin_pool *ret)
 		a.hit_blocks = p->hit_blocks;
 		a.evictions = p->evictions;
 		a.collisions = p->collisions;
+		a.value = p->eviction != NULL;
 		found++;
 	}
 	for (size_t i = 0; i < ps->n_pools; i++) {

@@ -56,6 +56,7 @@ uint32_t pow2_at_least(uint32_t x);
 struct admin_pool {
 	uint64_t query_blocks, hit_blocks, evictions, collisions;
 	uint32_t free, cached, in_use, sequences;
+	bool value; /* eviction = value */
 };
 
 /* ADMIN_STATS and ADMIN_POOLS for one pool; prints why and returns -errno on failure. */

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tools/bench/bench.h"
@@ -44,6 +45,7 @@ struct replay_part {
 
 /* Shared memory of the clients (MAP_SHARED before they are forked). */
 struct replay_shared {
+	uint64_t start_ns;  /* --speed: when the trace's first request is due */
 	uint32_t next_open; /* --ordered: the request whose turn it is to open (a futex) */
 	uint32_t failed;    /* a client gave up: nobody may wait for it */
 	uint32_t pos[];     /* the request each client is at; UINT32_MAX once it is done */
@@ -137,6 +139,17 @@ static int replay_requests(const struct replay_ctx *x, uint32_t idx, struct remo
 		lag = publish_pos(x->shared, x->nclients, idx, i);
 		if (lag > part->max_lag)
 			part->max_lag = lag;
+		if (x->o->speed > 0) {
+			/* Paced: the request's timestamp, scaled, from the run's start. */
+			uint64_t due = x->shared->start_ns +
+				       (uint64_t)((q->t - w->reqs[0].t) / x->o->speed * 1e9);
+			struct timespec ts = { .tv_sec = (time_t)(due / 1000000000u),
+					       .tv_nsec = (long)(due % 1000000000u) };
+
+			*what = "waiting for its time";
+			while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+				;
+		}
 		*what = "waiting for its turn";
 		if (x->o->ordered) {
 			r = wait_turn(x->shared, i);
@@ -263,6 +276,8 @@ static int run_clients(struct replay_ctx *x, struct daemon_result *d)
 		free(part);
 		return r;
 	}
+	/* Paced clients count from here (a little ahead: each must reach its first wait). */
+	x->shared->start_ns = now_ns() + 20 * UINT64_C(1000000);
 	r = workers_start(&ws);
 	for (uint32_t i = 0; r == 0 && i < ws.n; i++) {
 		struct node_result *node = &d->node[i % x->o->nodes];
@@ -362,6 +377,9 @@ static void print_json(const struct replay_daemon_options *o, const struct repla
 	double lfrac = local->blocks ? (double)local->hit_blocks / (double)local->blocks : 0;
 	json_object *j = json_object_new_object();
 
+	json_object_object_add(j, "policy", json_object_new_string(
+					   o->eviction == CORE_EVICT_VALUE ? "value" : "lru"));
+	json_object_object_add(j, "speed", json_object_new_double(o->speed));
 	json_object_object_add(j, "capacity_blocks", json_object_new_int64(res->capacity));
 	json_object_object_add(j, "block_tokens", json_object_new_int64(res->block_tokens));
 	json_object_object_add(j, "requests", json_object_new_int64(res->requests));
@@ -487,8 +505,11 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 		x.ro.spin_us = o->spin_us;
 	}
 
-	/* The same replay in-process at the same capacity, for comparison in the same run. */
-	r = replay_core(w, B, capacity, o->prompt_only, &local);
+	/*
+	 * The same replay in-process at the same capacity and eviction policy, for comparison in
+	 * the same run; its clock is the trace's timestamps, the daemon's its own.
+	 */
+	r = replay_core_policy(w, B, capacity, 0, 0, o->prompt_only, o->eviction, &local);
 	if (r == 0 && o->belady)
 		r = replay_belady(w, B, capacity, o->prompt_only, &local);
 	if (r < 0) {
@@ -514,6 +535,15 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 		r = admin_pool_query(o->admin, pool.name, &before);
 		if (r < 0)
 			goto out;
+		if (before.value != (o->eviction == CORE_EVICT_VALUE)) {
+			fprintf(stderr, "kvpaged-bench: pool %s evicts by %s; the in-process replay "
+				"would use %s (--policy %s)\n", pool.name,
+				before.value ? "value" : "lru",
+				o->eviction == CORE_EVICT_VALUE ? "value" : "lru",
+				before.value ? "value" : "lru");
+			r = -EINVAL;
+			goto out;
+		}
 		if (before.cached || before.in_use)
 			fprintf(stderr, "kvpaged-bench: note: pool %s held %u cached and %u in-use "
 				"blocks at the start; evictions count their reuse too\n", pool.name,
@@ -541,9 +571,13 @@ int replay_daemon(const struct workload *w, uint32_t B, const struct replay_daem
 	if (o->json) {
 		print_json(o, &local, d);
 	} else if (o->nodes == 1) {
-		printf("daemon %s, pool %s: %u blocks of %u tokens; %u client%s through the %s\n",
-		       o->sockets[0], pool.name, pool.capacity_blocks, pool.block_tokens, o->clients,
-		       o->clients == 1 ? "" : "s", o->ring ? "rings" : "socket");
+		printf("daemon %s, pool %s: %u blocks of %u tokens; %u client%s through the %s; "
+		       "eviction %s", o->sockets[0], pool.name, pool.capacity_blocks,
+		       pool.block_tokens, o->clients, o->clients == 1 ? "" : "s",
+		       o->ring ? "rings" : "socket", o->eviction == CORE_EVICT_VALUE ? "value" : "lru");
+		if (o->speed > 0)
+			printf(", paced at %gx the trace", o->speed);
+		putchar('\n');
 		print_text(o, &local, d);
 	} else {
 		for (uint32_t n = 0; n < o->nodes; n++)

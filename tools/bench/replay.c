@@ -195,7 +195,7 @@ static void replay_usage(FILE *f)
 	      "       kvpaged-bench replay --trace FILE --block-tokens N --daemon SOCKET\n"
 	      "                            [--daemon SOCKET...]\n"
 	      "                            [--clients N] [--ring [--spin-us US]] [--ordered]\n"
-	      "                            [--admin SOCKET]\n"
+	      "                            [--admin SOCKET] [--policy lru|value] [--speed X]\n"
 	      "                            [--prompt-only] [--reference belady] [--requests N] [--json]\n"
 	      "\n"
 	      "Replays the trace in file order through the block manager: each request opens a\n"
@@ -215,7 +215,10 @@ static void replay_usage(FILE *f)
 	      "evictions from the admin socket.  --daemon given more than once deals the requests\n"
 	      "round-robin across the daemons (request i to node i % nodes), N clients each; the\n"
 	      "in-process replay then runs at their capacities summed, and each node's hit\n"
-	      "fraction follows the total.\n",
+	      "fraction follows the total.  --policy names the pools' eviction policy, which the\n"
+	      "in-process replay then uses (checked against the pool with --admin); --speed X\n"
+	      "opens each request at its timestamp divided by X from the start, so that the\n"
+	      "daemon's clock keeps the trace's gaps (the value policy learns from them).\n",
 	      f);
 }
 
@@ -238,6 +241,7 @@ int cmd_replay(int argc, char **argv)
 		{ "host-tier-blocks", required_argument, NULL, 'H' },
 		{ "file-tier-blocks", required_argument, NULL, 'F' },
 		{ "policy", required_argument, NULL, 'P' },
+		{ "speed", required_argument, NULL, 'X' },
 		{ "help", no_argument, NULL, 'h' },
 		{}
 	};
@@ -247,6 +251,7 @@ int cmd_replay(int argc, char **argv)
 	const char *trace = NULL;
 	bool prompt_only = false, json = false, belady = false;
 	uint32_t policies[4], npolicies = 0;
+	double speed = 0;
 	int ncaps = 0, opt, r;
 	struct workload w;
 
@@ -354,6 +359,17 @@ int cmd_replay(int argc, char **argv)
 			}
 			break;
 		}
+		case 'X': {
+			char *end;
+
+			speed = strtod(optarg, &end);
+			if (*end || end == optarg || !(speed > 0) || speed > 1e9) {
+				fprintf(stderr, "kvpaged-bench: --speed: a positive number: %s\n",
+					optarg);
+				return 2;
+			}
+			break;
+		}
 		case 'h':
 			replay_usage(stdout);
 			return 0;
@@ -389,6 +405,11 @@ int cmd_replay(int argc, char **argv)
 			MAX_CLIENTS);
 		return 2;
 	}
+	if (speed > 0 && !remote.nodes) {
+		fprintf(stderr, "kvpaged-bench: --speed needs --daemon (in-process, the clock is "
+			"the trace's)\n");
+		return 2;
+	}
 	if (spin_given && !remote.ring) {
 		fprintf(stderr, "kvpaged-bench: --spin-us needs --ring\n");
 		return 2;
@@ -400,19 +421,21 @@ int cmd_replay(int argc, char **argv)
 		workload_free(&w);
 		return 1;
 	}
-	if (remote.nodes && npolicies) {
-		fprintf(stderr, "kvpaged-bench: --policy is the daemon's pool setting (eviction) "
-			"with --daemon\n");
+	if (remote.nodes && npolicies > 1) {
+		fprintf(stderr, "kvpaged-bench: --policy with --daemon names the pools' one policy "
+			"(eviction), for the in-process replay beside them\n");
 		workload_free(&w);
 		return 2;
 	}
-	if (npolicies) {
+	if (!remote.nodes && npolicies) {
 		r = replay_policies(&w, B, caps, (uint32_t)ncaps, host, file, prompt_only, belady,
 				    policies, npolicies, json, trace);
 		workload_free(&w);
 		return r < 0 ? 1 : 0;
 	}
 	if (remote.nodes) {
+		remote.eviction = npolicies ? policies[0] : CORE_EVICT_LRU;
+		remote.speed = speed;
 		remote.prompt_only = prompt_only;
 		remote.belady = belady;
 		remote.json = json;

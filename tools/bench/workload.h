@@ -126,6 +126,8 @@ struct replay_daemon_options {
 	bool prompt_only;
 	bool belady;
 	bool json;
+	uint32_t eviction; /* the pools' policy (enum core_eviction), for the in-process replay */
+	double speed;      /* > 0: requests open at their timestamps, this many times faster */
 };
 
 /*
