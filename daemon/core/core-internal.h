@@ -213,11 +213,18 @@ static inline uint32_t chain_blocks(const struct core *c, const struct core_seq 
 	return n;
 }
 
-/* Releases a closing or dropped sequence's table, last block first (leaf-first). */
-static inline void release_table(struct core *c, struct core_seq *s)
+/*
+ * Releases a closing or dropped sequence's table, last block first (leaf-first), with the
+ * client's hint (enum core_reuse), which only the value policy takes: under LRU a block sent
+ * to the old end could be older than a cached child another chain left, and LRU keeps no
+ * count of children to know.
+ */
+static inline void release_table_reuse(struct core *c, struct core_seq *s, uint32_t reuse)
 {
 	if (c->value)
-		value_release_begin(c->value, s->table, chain_blocks(c, s), s->opened);
+		value_release_begin(c->value, s->table, chain_blocks(c, s), s->opened, reuse);
+	else
+		(void)reuse;
 	for (uint32_t i = s->nblocks; i-- > 0;) {
 		if (s->table[i] == CORE_NONE)
 			continue;
@@ -227,6 +234,11 @@ static inline void release_table(struct core *c, struct core_seq *s)
 	}
 	if (c->value)
 		value_release_end(c->value);
+}
+
+static inline void release_table(struct core *c, struct core_seq *s)
+{
+	release_table_reuse(c, s, CORE_REUSE_DEFAULT);
 }
 
 /* tier.c */

@@ -784,14 +784,22 @@ int core_seq_loaded(struct core *c, uint64_t id)
 
 int core_seq_close(struct core *c, uint64_t id)
 {
+	return core_seq_close_reuse(c, id, CORE_REUSE_DEFAULT);
+}
+
+int core_seq_close_reuse(struct core *c, uint64_t id, uint32_t reuse)
+{
 	struct core_seq *s = seq_get(c, id);
 
 	if (!s)
 		return -ENOENT;
+	if (reuse > CORE_REUSE_MAX)
+		return -EINVAL;
 	/* Its blocks are being written: closing waits for core_seq_loaded. */
 	if (s->state == CORE_SEQ_LOADING)
 		return -EBUSY;
-	release_table(c, s);
+	if (s->table)
+		release_table_reuse(c, s, reuse);
 	for (uint32_t k = 0; k < s->packed_cap / c->cfg.block_tokens; k++)
 		pool_unref(&c->pool, s->packed[k]);
 	free(s->table);

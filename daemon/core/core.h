@@ -547,6 +547,27 @@ int core_seq_scores_packed(struct core *c, uint64_t seq, const float *weights, u
 /* Releases every block reference of seq; committed full blocks stay cached. */
 int core_seq_close(struct core *c, uint64_t seq);
 
+/*
+ * What a client knows of a chain's future (docs/policy.md#hints): it overrides the prediction
+ * for the blocks the close releases.
+ */
+enum core_reuse {
+	CORE_REUSE_DEFAULT = 0, /* no hint: the policy predicts */
+	CORE_REUSE_NONE,        /* will not be reused: its blocks go first (leaf-first still) */
+	CORE_REUSE_LIKELY,      /* will be reused: counted one turn deeper */
+};
+#define CORE_REUSE_MAX CORE_REUSE_LIKELY
+
+/*
+ * core_seq_close with a hint.  Under the value policy NONE puts the blocks it releases in a
+ * class that goes first (a head with cached children is still passed over) and LIKELY classes
+ * the chain one turn deeper; what it learns (the chain's record) is the same as without a
+ * hint.  An LRU pool takes no hint: a block sent to the old end could be older than a cached
+ * child another chain left, which LRU keeps no count of.  0, -ENOENT, -EBUSY, or -EINVAL (a
+ * hint past CORE_REUSE_MAX).
+ */
+int core_seq_close_reuse(struct core *c, uint64_t seq, uint32_t reuse);
+
 /* Describes an open sequence.  0 or -ENOENT. */
 int core_seq_info(const struct core *c, uint64_t seq, struct core_seq_info *ret);
 
@@ -641,7 +662,7 @@ int core_tier_persist(struct core *c, uint32_t to, uint32_t max, struct core_per
 void core_set_now(struct core *c, double now);
 
 /* What CORE_EVICT_VALUE has learned, for operators (docs/policy.md). */
-#define CORE_VALUE_CLASSES 29u
+#define CORE_VALUE_CLASSES 30u
 
 struct core_value_class {
 	char name[16];       /* "fresh:12" (half-octave length band), "depth2:near", ... */

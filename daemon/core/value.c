@@ -47,9 +47,11 @@
 #define CLASS_DEEP (CLASS_FRESH + FRESH_BANDS)
 #define DEPTHS 3u
 #define GAPS 4u
-#define NGROUPS (2u + DEPTHS) /* other, fresh, depth 1, 2, 3+ */
+/* Chains closed with reuse = none: their density is 0, so their heads go first. */
+#define CLASS_NONE (CLASS_DEEP + DEPTHS * GAPS)
+#define NGROUPS (3u + DEPTHS) /* other, fresh, depth 1, 2, 3+, none */
 
-static_assert(CLASS_DEEP + DEPTHS * GAPS == VALUE_CLASSES, "class count");
+static_assert(CLASS_NONE + 1 == VALUE_CLASSES, "class count");
 static_assert(VALUE_CLASSES <= 32, "segments are a 32-bit mask");
 
 /* Age bins, in units of H: [0, 1/8), [1/8, 1/4), ... [8, 16), [16, inf). */
@@ -156,6 +158,8 @@ static uint32_t group_of(uint32_t cls)
 		return 0;
 	if (cls < CLASS_DEEP)
 		return 1;
+	if (cls == CLASS_NONE)
+		return NGROUPS - 1;
 	return 2 + (cls - CLASS_DEEP) / GAPS;
 }
 
@@ -214,6 +218,10 @@ static void curve_one(struct value *v, uint32_t c)
 
 		v->G[c][i] = (float)(gi > 1e-9 ? gi : 1e-9);
 	}
+	/* The client said so: below every learned class (which never falls under 1e-9). */
+	if (c == CLASS_NONE)
+		for (uint32_t i = 0; i < GRID; i++)
+			v->G[c][i] = 0;
 	v->p_reuse[c] = 1.0 - S[GRID_16H];
 	v->median[c] = 0;
 	for (uint32_t k = 0; k < GRID && v->p_reuse[c] > 0; k++)
@@ -611,7 +619,8 @@ static uint32_t classify(const struct value *v, uint32_t depth, uint32_t nf, dou
 	return CLASS_DEEP + (d - 1) * GAPS + g;
 }
 
-void value_release_begin(struct value *v, const uint32_t *chain, uint32_t n, double opened)
+void value_release_begin(struct value *v, const uint32_t *chain, uint32_t n, double opened,
+			 uint32_t reuse)
 {
 	uint32_t depth = 0;
 	double gap = -1;
@@ -643,11 +652,16 @@ void value_release_begin(struct value *v, const uint32_t *chain, uint32_t n, dou
 		}
 		break;
 	}
-	v->cur = (uint8_t)classify(v, depth, n, gap);
+	/* What it learns is the chain's own class; where its blocks go, the hint's. */
+	const uint32_t learned = classify(v, depth, n, gap);
+
+	v->cur = (uint8_t)(reuse == CORE_REUSE_NONE     ? CLASS_NONE
+			   : reuse == CORE_REUSE_LIKELY ? classify(v, depth + 1, n, gap)
+							: learned);
 	if (v->releases++ % REFRESH == 0)
 		curves(v, 1u << v->cur);
 	v->releasing = true;
-	v->pend = (struct record){ .nf = n, .cls = v->cur,
+	v->pend = (struct record){ .nf = n, .cls = (uint8_t)learned,
 				   .depth = (uint8_t)(depth < 255 ? depth : 255), .pending = true };
 	v->npend_cp = 0;
 	for (uint64_t m = 1; n && m <= n && v->npend_cp < MAX_CHECKPOINTS; m <<= 1)
@@ -693,6 +707,8 @@ static void class_name(uint32_t c, char *buf, size_t len)
 
 	if (c == CLASS_OTHER)
 		snprintf(buf, len, "other");
+	else if (c == CLASS_NONE)
+		snprintf(buf, len, "hint:none");
 	else if (c < CLASS_DEEP)
 		snprintf(buf, len, "fresh:%u", c - CLASS_FRESH);
 	/* fresh:z holds chains of 2^((z + 18) / 2) tokens and more (z = 0: any fewer). */

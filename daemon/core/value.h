@@ -65,10 +65,13 @@ uint32_t value_victim(struct value *v, uint32_t fallback);
 /*
  * A sequence is letting go of its table (close, or a drop): chain[0, n) are its leading
  * committed, findable blocks, opened the time it was opened (or resumed).  The blocks released
- * between begin and end go to its class; end leaves its record.  Blocks cached outside such a
+ * between begin and end go to its class (or the client's hint's, enum core_reuse: none, a
+ * class that goes first; likely, the class one turn deeper); end leaves its record, of the
+ * chain's own class whatever the hint.  Blocks cached outside such a
  * pair (a retention policy's, a promotion's) go to the unclassified class.
  */
-void value_release_begin(struct value *v, const uint32_t *chain, uint32_t n, double opened);
+void value_release_begin(struct value *v, const uint32_t *chain, uint32_t n, double opened,
+			 uint32_t reuse);
 void value_release_end(struct value *v);
 /* Within a release: the block released next is probably the child of parent (its table's
  * entry before it), which saves a lookup when it is; CORE_NONE: no guess. */

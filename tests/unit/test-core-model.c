@@ -341,7 +341,9 @@ static void op_close(struct run *r)
 	if (!m)
 		return;
 	check_content(r, m);
-	model_assert(r, core_seq_close(r->c, m->id) == 0, "close failed");
+	/* A third of the closes carry a hint (none or likely): leaf-first must hold all the same. */
+	model_assert(r, core_seq_close_reuse(r->c, m->id, rnd_below(r, 3) ? CORE_REUSE_DEFAULT :
+					     1 + rnd_below(r, 2)) == 0, "close failed");
 	model_assert(r, core_seq_close(r->c, m->id) == -ENOENT, "double close accepted");
 	m->open = false;
 	m->parked = false;

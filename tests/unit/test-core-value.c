@@ -298,6 +298,128 @@ START_TEST(test_deterministic)
 }
 END_TEST
 
+/* A request closed with a hint (enum core_reuse), at the history's time. */
+static void request_reuse(struct hist *h, const uint32_t *t, uint32_t n, uint32_t reuse)
+{
+	struct core_open o = { .tokens = t, .ntokens = n };
+	uint64_t seq;
+
+	core_set_now(h->c, h->now);
+	ck_assert_int_eq(core_seq_open(h->c, &o, &seq, NULL), 0);
+	ck_assert_int_ge(core_seq_commit(h->c, seq, n), 0);
+	ck_assert_int_eq(core_seq_close_reuse(h->c, seq, reuse), 0);
+}
+
+/*
+ * Hints override the prediction.  The conversation the policy would keep goes first when its
+ * client says it is finished (reuse = none), under either policy; and of two documents of one
+ * class released together, the one said to come back (likely) stays, where without the hint
+ * the first released goes first.
+ */
+static void hinted(uint32_t eviction, uint32_t conv_reuse, uint32_t doc1_reuse, uint32_t evict,
+		   bool *conv_kept, bool *doc1_kept, bool *doc2_kept)
+{
+	struct hist h;
+	uint32_t conv[MAX_TOKENS], d1[MAX_TOKENS], d2[MAX_TOKENS], t[MAX_TOKENS];
+	uint32_t nc, n1, n2;
+
+	hist_init(&h, eviction, CAPACITY);
+	history(&h, 3000, false);
+	request(&h, t, build(t, 77, 1, false));
+	h.now += GAP;
+	request(&h, t, build(t, 77, 2, false));
+	h.now += GAP;
+	core_drop_cache(h.c);
+	nc = build(conv, 77, 3, false);
+	n1 = build(d1, 88, 3, false);
+	n2 = build(d2, 89, 3, false);
+	request(&h, d1, n1);
+	core_drop_cache(h.c); /* d1 recorded: its second asking is a repeat (depth 1) */
+	request_reuse(&h, d1, n1, doc1_reuse);
+	request_reuse(&h, conv, nc, conv_reuse);
+	request(&h, d2, n2);
+	/* evict blocks must go. */
+	uint64_t seq = squeeze(&h, CAPACITY - 9 + evict);
+
+	*conv_kept = cached(&h, conv, nc) == nc;
+	*doc1_kept = cached(&h, d1, n1) == n1;
+	*doc2_kept = cached(&h, d2, n2) == n2;
+	ck_assert_int_eq(core_seq_close(h.c, seq), 0);
+	hist_done(&h);
+}
+
+START_TEST(test_hint_none_goes_first)
+{
+	bool conv, d1, d2;
+
+	/* Unhinted, the value pool lets the fresh document go (d1 is a repeat: depth 1). */
+	hinted(CORE_EVICT_VALUE, CORE_REUSE_DEFAULT, CORE_REUSE_DEFAULT, 6, &conv, &d1, &d2);
+	ck_assert_msg(conv && !d2, "value, no hints: conversation %d d1 %d d2 %d", conv, d1, d2);
+	/* The conversation said finished: it goes, however deep it is, then the fresh document. */
+	hinted(CORE_EVICT_VALUE, CORE_REUSE_NONE, CORE_REUSE_DEFAULT, 6, &conv, &d1, &d2);
+	ck_assert_msg(!conv && d1 && !d2, "value, conversation none: conversation %d d1 %d d2 %d",
+		      conv, d1, d2);
+	/* An LRU pool takes no hint: the same with and without. */
+	for (uint32_t reuse = CORE_REUSE_DEFAULT; reuse <= CORE_REUSE_NONE; reuse++) {
+		hinted(CORE_EVICT_LRU, reuse, CORE_REUSE_DEFAULT, 3, &conv, &d1, &d2);
+		ck_assert_msg(conv && !d1 && d2, "lru, hint %u: conversation %d d1 %d d2 %d", reuse,
+			      conv, d1, d2);
+	}
+}
+END_TEST
+
+START_TEST(test_hint_likely_kept)
+{
+	struct hist h;
+	uint32_t a[MAX_TOKENS], b[MAX_TOKENS], t[MAX_TOKENS];
+	uint32_t na, nb;
+	bool ka, kb;
+
+	for (int hint = 0; hint < 2; hint++) {
+		hist_init(&h, CORE_EVICT_VALUE, CAPACITY);
+		history(&h, 3000, false);
+		core_drop_cache(h.c);
+		na = build(a, 66, 3, false);
+		nb = build(b, 67, 3, false);
+		/* Two fresh documents of one class, a released first: a is its segment's head. */
+		request_reuse(&h, a, na, hint ? CORE_REUSE_LIKELY : CORE_REUSE_DEFAULT);
+		request(&h, b, nb);
+		(void)t;
+		uint64_t seq = squeeze(&h, CAPACITY - 3);
+
+		ka = cached(&h, a, na) == na;
+		kb = cached(&h, b, nb) == nb;
+		ck_assert_int_eq(core_seq_close(h.c, seq), 0);
+		hist_done(&h);
+		if (hint)
+			ck_assert_msg(ka && !kb, "likely: a %d b %d", ka, kb);
+		else
+			ck_assert_msg(!ka && kb, "no hint: a %d b %d (the case shows nothing)", ka, kb);
+	}
+}
+END_TEST
+
+/* A hint that is not one is refused, and the sequence stays open. */
+START_TEST(test_hint_refused)
+{
+	struct hist h;
+	uint32_t t[MAX_TOKENS], n;
+	uint64_t seq;
+	struct core_seq_info info;
+
+	hist_init(&h, CORE_EVICT_VALUE, CAPACITY);
+	n = build(t, 5, 2, false);
+	struct core_open o = { .tokens = t, .ntokens = n };
+
+	ck_assert_int_eq(core_seq_open(h.c, &o, &seq, NULL), 0);
+	ck_assert_int_eq(core_seq_close_reuse(h.c, seq, CORE_REUSE_MAX + 1), -EINVAL);
+	ck_assert_int_eq(core_seq_info(h.c, seq, &info), 0);
+	ck_assert_int_eq(core_seq_close_reuse(h.c, seq, CORE_REUSE_LIKELY), 0);
+	ck_assert_int_eq(core_seq_close_reuse(h.c, seq, CORE_REUSE_LIKELY), -ENOENT);
+	hist_done(&h);
+}
+END_TEST
+
 /* A bad policy is refused; a value pool without a clock still works (everything at age 0). */
 START_TEST(test_config)
 {
@@ -337,6 +459,9 @@ int main(void)
 	tcase_add_test(tc, test_learned_state);
 	tcase_add_test(tc, test_deterministic);
 	tcase_add_test(tc, test_config);
+	tcase_add_test(tc, test_hint_none_goes_first);
+	tcase_add_test(tc, test_hint_likely_kept);
+	tcase_add_test(tc, test_hint_refused);
 	suite_add_tcase(s, tc);
 	return run_suite(s);
 }
