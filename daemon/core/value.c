@@ -740,7 +740,8 @@ void value_get_stats(const struct value *v, struct core_value_stats *ret)
 	}
 }
 
-static int vfail(char *why, size_t len, const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static int vfail(char *why, size_t len, const char *fmt,
+							  ...)
 {
 	va_list ap;
 
